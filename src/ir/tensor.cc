@@ -1,0 +1,288 @@
+#include "ir/tensor.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include <fmt/ranges.h>
+
+namespace gaf {
+
+size_t DataTypeSize(DataType dt) {
+  switch (dt) {
+    case DataType::kFloat: case DataType::kInt32: case DataType::kUint32: return 4;
+    case DataType::kDouble: case DataType::kInt64: case DataType::kUint64: case DataType::kComplex64: return 8;
+    case DataType::kComplex128: return 16;
+    case DataType::kUint8: case DataType::kInt8: case DataType::kBool: return 1;
+    case DataType::kUint16: case DataType::kInt16: case DataType::kFloat16: case DataType::kBFloat16: return 2;
+    default: return 0;
+  }
+}
+
+std::string DataTypeName(DataType dt) {
+  switch (dt) {
+    case DataType::kFloat: return "float";
+    case DataType::kUint8: return "uint8";
+    case DataType::kInt8: return "int8";
+    case DataType::kUint16: return "uint16";
+    case DataType::kInt16: return "int16";
+    case DataType::kInt32: return "int32";
+    case DataType::kInt64: return "int64";
+    case DataType::kString: return "string";
+    case DataType::kBool: return "bool";
+    case DataType::kFloat16: return "float16";
+    case DataType::kDouble: return "double";
+    case DataType::kUint32: return "uint32";
+    case DataType::kUint64: return "uint64";
+    case DataType::kComplex64: return "complex64";
+    case DataType::kComplex128: return "complex128";
+    case DataType::kBFloat16: return "bfloat16";
+    case DataType::kUndefined: return "undefined";
+  }
+  return fmt::format("type#{}", static_cast<int>(dt));
+}
+
+bool IsFloatingPoint(DataType dt) {
+  return dt == DataType::kFloat || dt == DataType::kDouble || IsHalf(dt);
+}
+bool IsHalf(DataType dt) { return dt == DataType::kFloat16 || dt == DataType::kBFloat16; }
+
+float HalfToFloat(uint16_t h) {
+  uint32_t sign = (h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1f;
+  uint32_t mant = h & 0x3ff;
+  uint32_t bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: normalize
+      int e = -1;
+      do {
+        ++e;
+        mant <<= 1;
+      } while ((mant & 0x400) == 0);
+      mant &= 0x3ff;
+      bits = sign | (static_cast<uint32_t>(127 - 15 - e) << 23) | (mant << 13);
+    }
+  } else if (exp == 0x1f) {
+    bits = sign | 0x7f800000u | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t FloatToHalf(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  uint32_t sign = (x >> 16) & 0x8000u;
+  uint32_t absx = x & 0x7fffffffu;
+  if (absx >= 0x7f800000u) {  // inf or nan
+    return static_cast<uint16_t>(sign | 0x7c00u | (absx > 0x7f800000u ? 0x200u : 0));
+  }
+  if (absx >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
+  if (absx < 0x38800000u) {  // subnormal or zero in half
+    // value = absx as float; half subnormal unit = 2^-24
+    float af;
+    std::memcpy(&af, &absx, 4);
+    float scaled = af * 16777216.0f;  // / 2^-24
+    uint32_t m = static_cast<uint32_t>(std::nearbyint(scaled));
+    return static_cast<uint16_t>(sign | m);
+  }
+  uint32_t exp = ((absx >> 23) - 127 + 15);
+  uint32_t mant = absx & 0x7fffffu;
+  uint32_t h = (exp << 10) | (mant >> 13);
+  uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // round to nearest even
+  return static_cast<uint16_t>(sign | h);
+}
+
+float BFloat16ToFloat(uint16_t h) {
+  uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+uint16_t FloatToBFloat16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // nan
+  uint32_t lsb = (x >> 16) & 1u;
+  x += 0x7fffu + lsb;
+  return static_cast<uint16_t>(x >> 16);
+}
+
+int64_t NumElements(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string ShapeToString(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ",")); }
+
+namespace {
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+}  // namespace
+
+Tensor::Tensor(DataType dt, Shape shape) : dtype_(dt), shape_(std::move(shape)) {
+  for (int64_t d : shape_) GAF_CHECK(d >= 0, "negative dimension in shape {}", ShapeToString(shape_));
+  numel_ = NumElements(shape_);
+  if (dt == DataType::kString) {
+    auto* v = new std::vector<std::string>(static_cast<size_t>(numel_));
+    storage_ = std::shared_ptr<void>(v, [](void* p) { delete static_cast<std::vector<std::string>*>(p); });
+    data_ = v->data();
+    return;
+  }
+  size_t bytes = nbytes();
+  size_t alloc = ((bytes + 63) / 64) * 64;
+  if (alloc == 0) alloc = 64;
+  void* p = std::aligned_alloc(64, alloc);
+  if (p == nullptr) throw Error(fmt::format("out of memory allocating {} bytes", alloc));
+  std::memset(p, 0, alloc);
+  storage_ = std::shared_ptr<void>(p, AlignedFree());
+  data_ = p;
+}
+
+Tensor Tensor::Wrap(DataType dt, Shape shape, void* data, std::shared_ptr<void> keep_alive) {
+  Tensor t;
+  t.dtype_ = dt;
+  t.shape_ = std::move(shape);
+  t.numel_ = NumElements(t.shape_);
+  t.storage_ = std::move(keep_alive);
+  t.data_ = data;
+  return t;
+}
+
+void Tensor::CheckType(DataType want) const {
+  if (want != dtype_) {
+    // uint16_t storage access is allowed for 16-bit floats, uint8 for bool.
+    size_t ws = DataTypeSize(want);
+    if (ws != 0 && ws == DataTypeSize(dtype_) && !(want == DataType::kFloat || dtype_ == DataType::kFloat) &&
+        (IsHalf(dtype_) || dtype_ == DataType::kBool || IsHalf(want) || want == DataType::kBool))
+      return;
+    throw Error(fmt::format("tensor of type {} accessed as {}", DataTypeName(dtype_), DataTypeName(want)));
+  }
+}
+
+Tensor Tensor::Reshaped(Shape shape) const {
+  GAF_CHECK(NumElements(shape) == numel_, "cannot reshape {} to {}", ShapeToString(shape_), ShapeToString(shape));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::Clone() const {
+  if (!defined()) return Tensor();
+  Tensor t(dtype_, shape_);
+  if (dtype_ == DataType::kString) {
+    for (int64_t i = 0; i < numel_; ++i) t.data<std::string>()[i] = data<std::string>()[i];
+  } else if (nbytes() > 0) {
+    std::memcpy(t.data_, data_, nbytes());
+  }
+  return t;
+}
+
+namespace {
+template <class T>
+double ElemAsDouble(const void* p, int64_t i) {
+  return static_cast<double>(static_cast<const T*>(p)[i]);
+}
+double ElementAsDouble(DataType dt, const void* p, int64_t i) {
+  switch (dt) {
+    case DataType::kFloat: return ElemAsDouble<float>(p, i);
+    case DataType::kDouble: return ElemAsDouble<double>(p, i);
+    case DataType::kInt64: return ElemAsDouble<int64_t>(p, i);
+    case DataType::kInt32: return ElemAsDouble<int32_t>(p, i);
+    case DataType::kInt16: return ElemAsDouble<int16_t>(p, i);
+    case DataType::kInt8: return ElemAsDouble<int8_t>(p, i);
+    case DataType::kUint8: return ElemAsDouble<uint8_t>(p, i);
+    case DataType::kUint16: return ElemAsDouble<uint16_t>(p, i);
+    case DataType::kUint32: return ElemAsDouble<uint32_t>(p, i);
+    case DataType::kUint64: return ElemAsDouble<uint64_t>(p, i);
+    case DataType::kBool: return static_cast<const uint8_t*>(p)[i] ? 1.0 : 0.0;
+    case DataType::kFloat16: return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DataType::kBFloat16: return BFloat16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    default: throw UnsupportedError(fmt::format("cannot read {} elements as numbers", DataTypeName(dt)));
+  }
+}
+int64_t ElementAsInt64(DataType dt, const void* p, int64_t i) {
+  switch (dt) {
+    case DataType::kInt64: return static_cast<const int64_t*>(p)[i];
+    case DataType::kInt32: return static_cast<const int32_t*>(p)[i];
+    case DataType::kUint64: return static_cast<int64_t>(static_cast<const uint64_t*>(p)[i]);
+    default: return static_cast<int64_t>(ElementAsDouble(dt, p, i));
+  }
+}
+template <class T>
+void StoreFromDouble(void* p, int64_t i, double v) {
+  static_cast<T*>(p)[i] = static_cast<T>(v);
+}
+}  // namespace
+
+std::vector<int64_t> Tensor::ToInt64s() const {
+  std::vector<int64_t> out(static_cast<size_t>(numel_));
+  for (int64_t i = 0; i < numel_; ++i) out[i] = ElementAsInt64(dtype_, data_, i);
+  return out;
+}
+
+std::vector<double> Tensor::ToDoubles() const {
+  std::vector<double> out(static_cast<size_t>(numel_));
+  for (int64_t i = 0; i < numel_; ++i) out[i] = ElementAsDouble(dtype_, data_, i);
+  return out;
+}
+
+double Tensor::ScalarAsDouble() const {
+  GAF_CHECK(numel_ == 1, "expected a single value, got shape {}", ShapeToString(shape_));
+  return ElementAsDouble(dtype_, data_, 0);
+}
+int64_t Tensor::ScalarAsInt64() const {
+  GAF_CHECK(numel_ == 1, "expected a single value, got shape {}", ShapeToString(shape_));
+  return ElementAsInt64(dtype_, data_, 0);
+}
+
+Tensor Tensor::CastTo(DataType dt) const {
+  if (dt == dtype_) return *this;
+  Tensor out(dt, shape_);
+  if (dtype_ == DataType::kFloat && dt == DataType::kFloat16) {
+    const float* s = data<float>();
+    uint16_t* d = static_cast<uint16_t*>(out.raw());
+    for (int64_t i = 0; i < numel_; ++i) d[i] = FloatToHalf(s[i]);
+    return out;
+  }
+  if (dtype_ == DataType::kFloat16 && dt == DataType::kFloat) {
+    const uint16_t* s = static_cast<const uint16_t*>(data_);
+    float* d = out.data<float>();
+    for (int64_t i = 0; i < numel_; ++i) d[i] = HalfToFloat(s[i]);
+    return out;
+  }
+  for (int64_t i = 0; i < numel_; ++i) {
+    double v = ElementAsDouble(dtype_, data_, i);
+    void* p = out.raw();
+    switch (dt) {
+      case DataType::kFloat: StoreFromDouble<float>(p, i, v); break;
+      case DataType::kDouble: StoreFromDouble<double>(p, i, v); break;
+      case DataType::kInt64:
+        static_cast<int64_t*>(p)[i] = ElementAsInt64(dtype_, data_, i);
+        break;
+      case DataType::kInt32: StoreFromDouble<int32_t>(p, i, v); break;
+      case DataType::kInt16: StoreFromDouble<int16_t>(p, i, v); break;
+      case DataType::kInt8: StoreFromDouble<int8_t>(p, i, v); break;
+      case DataType::kUint8: StoreFromDouble<uint8_t>(p, i, v); break;
+      case DataType::kUint16: StoreFromDouble<uint16_t>(p, i, v); break;
+      case DataType::kUint32: StoreFromDouble<uint32_t>(p, i, v); break;
+      case DataType::kUint64: StoreFromDouble<uint64_t>(p, i, v); break;
+      case DataType::kBool: static_cast<uint8_t*>(p)[i] = v != 0.0; break;
+      case DataType::kFloat16: static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v)); break;
+      case DataType::kBFloat16: static_cast<uint16_t*>(p)[i] = FloatToBFloat16(static_cast<float>(v)); break;
+      default: throw UnsupportedError(fmt::format("cannot convert {} to {}", DataTypeName(dtype_), DataTypeName(dt)));
+    }
+  }
+  return out;
+}
+
+}  // namespace gaf

@@ -1,0 +1,154 @@
+// Tensors: a data type, a shape and a reference-counted, 64-byte aligned buffer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ir/error.h"
+
+namespace gaf {
+
+// Values match onnx::TensorProto_DataType so conversion is a cast.
+enum class DataType : int32_t {
+  kUndefined = 0,
+  kFloat = 1,
+  kUint8 = 2,
+  kInt8 = 3,
+  kUint16 = 4,
+  kInt16 = 5,
+  kInt32 = 6,
+  kInt64 = 7,
+  kString = 8,
+  kBool = 9,
+  kFloat16 = 10,
+  kDouble = 11,
+  kUint32 = 12,
+  kUint64 = 13,
+  kComplex64 = 14,
+  kComplex128 = 15,
+  kBFloat16 = 16,
+};
+
+// Bytes per element (0 for undefined/string).
+size_t DataTypeSize(DataType dt);
+// ONNX spelling: "float", "float16", "int64", ...
+std::string DataTypeName(DataType dt);
+bool IsFloatingPoint(DataType dt);  // float, double, float16, bfloat16
+bool IsHalf(DataType dt);           // float16, bfloat16
+
+// IEEE half and bfloat16 conversions (round to nearest even).
+float HalfToFloat(uint16_t h);
+uint16_t FloatToHalf(float f);
+float BFloat16ToFloat(uint16_t h);
+uint16_t FloatToBFloat16(float f);
+
+// Storage types used by kernels for 16-bit floats (distinct from uint16_t).
+struct Half {
+  uint16_t bits;
+};
+struct BFloat16 {
+  uint16_t bits;
+};
+
+using Shape = std::vector<int64_t>;
+int64_t NumElements(const Shape& shape);
+std::string ShapeToString(const Shape& shape);  // "[2,3,4]"
+
+// C++ type <-> DataType.
+template <class T>
+constexpr DataType DataTypeOf();
+template <> constexpr DataType DataTypeOf<float>() { return DataType::kFloat; }
+template <> constexpr DataType DataTypeOf<double>() { return DataType::kDouble; }
+template <> constexpr DataType DataTypeOf<int8_t>() { return DataType::kInt8; }
+template <> constexpr DataType DataTypeOf<uint8_t>() { return DataType::kUint8; }
+template <> constexpr DataType DataTypeOf<int16_t>() { return DataType::kInt16; }
+template <> constexpr DataType DataTypeOf<uint16_t>() { return DataType::kUint16; }
+template <> constexpr DataType DataTypeOf<int32_t>() { return DataType::kInt32; }
+template <> constexpr DataType DataTypeOf<uint32_t>() { return DataType::kUint32; }
+template <> constexpr DataType DataTypeOf<int64_t>() { return DataType::kInt64; }
+template <> constexpr DataType DataTypeOf<uint64_t>() { return DataType::kUint64; }
+template <> constexpr DataType DataTypeOf<bool>() { return DataType::kBool; }
+template <> constexpr DataType DataTypeOf<Half>() { return DataType::kFloat16; }
+template <> constexpr DataType DataTypeOf<BFloat16>() { return DataType::kBFloat16; }
+template <> constexpr DataType DataTypeOf<std::string>() { return DataType::kString; }
+
+// A dense tensor. Copying a Tensor shares its buffer (like a shared_ptr); use Clone() for a deep copy.
+// Kernels never write into their inputs.
+class Tensor {
+ public:
+  Tensor() = default;
+  // Allocates zero-initialized storage for NumElements(shape) elements of dt.
+  Tensor(DataType dt, Shape shape);
+
+  // Wraps external memory without copying; `keep_alive` owns it (may be null if the caller
+  // guarantees lifetime).
+  static Tensor Wrap(DataType dt, Shape shape, void* data, std::shared_ptr<void> keep_alive);
+
+  template <class T>
+  static Tensor Scalar(T v) {
+    Tensor t(DataTypeOf<T>(), {});
+    t.data<T>()[0] = v;
+    return t;
+  }
+  template <class T>
+  static Tensor FromVector(const std::vector<T>& v, Shape shape) {
+    Tensor t(DataTypeOf<T>(), std::move(shape));
+    GAF_CHECK(static_cast<int64_t>(v.size()) == t.numel(), "FromVector: size mismatch");
+    for (size_t i = 0; i < v.size(); ++i) t.data<T>()[i] = v[i];
+    return t;
+  }
+  // 1-D int64 tensor.
+  static Tensor FromInt64s(const std::vector<int64_t>& v) {
+    return FromVector<int64_t>(v, {static_cast<int64_t>(v.size())});
+  }
+
+  bool defined() const { return dtype_ != DataType::kUndefined; }
+  DataType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  int64_t rank() const { return static_cast<int64_t>(shape_.size()); }
+  int64_t dim(int64_t i) const { return shape_[static_cast<size_t>(i < 0 ? i + rank() : i)]; }
+  int64_t numel() const { return numel_; }
+  size_t nbytes() const { return static_cast<size_t>(numel_) * DataTypeSize(dtype_); }
+
+  void* raw() { return data_; }
+  const void* raw() const { return data_; }
+  template <class T>
+  T* data() {
+    CheckType(DataTypeOf<T>());
+    return static_cast<T*>(data_);
+  }
+  template <class T>
+  const T* data() const {
+    CheckType(DataTypeOf<T>());
+    return static_cast<const T*>(data_);
+  }
+
+  // Same buffer, new shape (element count must match).
+  Tensor Reshaped(Shape shape) const;
+  // Deep copy.
+  Tensor Clone() const;
+  // Element values as int64 (for shape-like inputs: int32/int64/uint8/bool...).
+  std::vector<int64_t> ToInt64s() const;
+  // Element values as double (any numeric type, incl. float16).
+  std::vector<double> ToDoubles() const;
+  // Single element as double / int64 (requires numel()==1).
+  double ScalarAsDouble() const;
+  int64_t ScalarAsInt64() const;
+  // Convert to another data type (numeric and bool; float16/bfloat16 through float).
+  Tensor CastTo(DataType dt) const;
+
+ private:
+  void CheckType(DataType want) const;
+
+  DataType dtype_ = DataType::kUndefined;
+  Shape shape_;
+  int64_t numel_ = 0;
+  std::shared_ptr<void> storage_;  // owns the buffer (or keeps external memory alive)
+  void* data_ = nullptr;
+};
+
+}  // namespace gaf

@@ -1,0 +1,523 @@
+#include "onnx_io/onnx_io.h"
+
+#include <fcntl.h>
+#include <google/protobuf/io/coded_stream.h>
+#include <google/protobuf/io/zero_copy_stream_impl.h>
+#include <onnx/checker.h>
+#include <onnx/onnx_pb.h>
+#include <onnx/shape_inference/implementation.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace gaf {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string ReadFile(const std::string& path) {
+  std::error_code ec;
+  GAF_CHECK(fs::exists(path, ec), "{}: no such file", path);
+  GAF_CHECK(!fs::is_directory(path, ec), "{}: is a directory, not a model file", path);
+  std::ifstream in(path, std::ios::binary);
+  GAF_CHECK(in.good(), "{}: cannot open for reading", path);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+void ParseProto(google::protobuf::MessageLite& msg, const std::string& bytes, const std::string& what) {
+  google::protobuf::io::ArrayInputStream raw(bytes.data(), static_cast<int>(bytes.size()));
+  google::protobuf::io::CodedInputStream coded(&raw);
+  coded.SetTotalBytesLimit(INT_MAX);
+  GAF_CHECK(msg.ParseFromCodedStream(&coded) && coded.ConsumedEntireMessage(),
+            "{}: not a valid ONNX protobuf (truncated or corrupted file?)", what);
+}
+
+// ---------------- import ----------------
+
+struct ImportContext {
+  std::string base_dir;
+  std::string what;  // file name for messages
+};
+
+template <class Src, class Dst>
+void CopyField(const Src& src, Dst* dst, int64_t n, const std::string& what, const std::string& name) {
+  GAF_CHECK(static_cast<int64_t>(src.size()) == n, "{}: tensor '{}' has {} values for {} elements", what, name,
+            src.size(), n);
+  for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Dst>(src.Get(static_cast<int>(i)));
+}
+
+Tensor TensorFromProto(const onnx::TensorProto& tp, const ImportContext& ctx) {
+  DataType dt = static_cast<DataType>(tp.data_type());
+  const std::string& name = tp.name();
+  GAF_CHECK(DataTypeSize(dt) > 0 || dt == DataType::kString, "{}: tensor '{}' has unknown data type {}", ctx.what,
+            name, tp.data_type());
+  Shape shape(tp.dims().begin(), tp.dims().end());
+  for (int64_t d : shape)
+    GAF_CHECK(d >= 0 && d < (int64_t{1} << 40), "{}: tensor '{}' has invalid dimension {}", ctx.what, name, d);
+  GAF_CHECK(!tp.has_segment(), "{}: tensor '{}' uses segments, which are not supported", ctx.what, name);
+  if (dt == DataType::kComplex64 || dt == DataType::kComplex128)
+    throw UnsupportedError(fmt::format("{}: tensor '{}' is complex, which is not supported", ctx.what, name));
+  int64_t n = NumElements(shape);
+  GAF_CHECK(n < (int64_t{1} << 36), "{}: tensor '{}' is implausibly large ({} elements)", ctx.what, name, n);
+  Tensor t(dt, shape);
+  if (dt == DataType::kString) {
+    GAF_CHECK(tp.string_data_size() == n, "{}: string tensor '{}' has {} values for {} elements", ctx.what, name,
+              tp.string_data_size(), n);
+    for (int64_t i = 0; i < n; ++i) t.data<std::string>()[i] = tp.string_data(static_cast<int>(i));
+    return t;
+  }
+  if (tp.data_location() == onnx::TensorProto::EXTERNAL) {
+    std::string location;
+    int64_t offset = 0, length = -1;
+    for (const auto& kv : tp.external_data()) {
+      if (kv.key() == "location") location = kv.value();
+      else if (kv.key() == "offset") offset = std::stoll(kv.value());
+      else if (kv.key() == "length") length = std::stoll(kv.value());
+    }
+    GAF_CHECK(!location.empty(), "{}: tensor '{}' is external but names no location", ctx.what, name);
+    GAF_CHECK(location.find("..") == std::string::npos && location[0] != '/',
+              "{}: tensor '{}' external location '{}' must stay inside the model's folder", ctx.what, name, location);
+    std::string path = (fs::path(ctx.base_dir) / location).string();
+    std::ifstream in(path, std::ios::binary);
+    GAF_CHECK(in.good(), "{}: external data file '{}' of tensor '{}' cannot be opened", ctx.what, path, name);
+    if (length < 0) length = static_cast<int64_t>(t.nbytes());
+    GAF_CHECK(length == static_cast<int64_t>(t.nbytes()), "{}: tensor '{}' external length {} != {} bytes", ctx.what,
+              name, length, t.nbytes());
+    in.seekg(offset);
+    in.read(static_cast<char*>(t.raw()), length);
+    GAF_CHECK(in.gcount() == length, "{}: external data file '{}' is too short for tensor '{}'", ctx.what, path,
+              name);
+    return t;
+  }
+  if (tp.has_raw_data()) {
+    GAF_CHECK(tp.raw_data().size() == t.nbytes(), "{}: tensor '{}' has {} raw bytes, expected {}", ctx.what, name,
+              tp.raw_data().size(), t.nbytes());
+    if (t.nbytes() > 0) std::memcpy(t.raw(), tp.raw_data().data(), t.nbytes());
+    return t;
+  }
+  switch (dt) {
+    case DataType::kFloat: CopyField(tp.float_data(), t.data<float>(), n, ctx.what, name); break;
+    case DataType::kDouble: CopyField(tp.double_data(), t.data<double>(), n, ctx.what, name); break;
+    case DataType::kInt64: CopyField(tp.int64_data(), t.data<int64_t>(), n, ctx.what, name); break;
+    case DataType::kUint64: CopyField(tp.uint64_data(), t.data<uint64_t>(), n, ctx.what, name); break;
+    case DataType::kUint32: CopyField(tp.uint64_data(), t.data<uint32_t>(), n, ctx.what, name); break;
+    case DataType::kInt32: CopyField(tp.int32_data(), t.data<int32_t>(), n, ctx.what, name); break;
+    case DataType::kInt16: CopyField(tp.int32_data(), t.data<int16_t>(), n, ctx.what, name); break;
+    case DataType::kUint16:
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+      CopyField(tp.int32_data(), static_cast<uint16_t*>(t.raw()), n, ctx.what, name);
+      break;
+    case DataType::kInt8: CopyField(tp.int32_data(), t.data<int8_t>(), n, ctx.what, name); break;
+    case DataType::kUint8:
+    case DataType::kBool: CopyField(tp.int32_data(), static_cast<uint8_t*>(t.raw()), n, ctx.what, name); break;
+    default: throw UnsupportedError(fmt::format("{}: tensor '{}' type {} not supported", ctx.what, name, DataTypeName(dt)));
+  }
+  return t;
+}
+
+std::string TypeProtoSummary(const onnx::TypeProto& tp) {
+  if (tp.has_sequence_type()) return "sequence";
+  if (tp.has_map_type()) return "map";
+  if (tp.has_optional_type()) return "optional";
+  if (tp.has_sparse_tensor_type()) return "sparse_tensor";
+  return "unknown";
+}
+
+ValueInfo ValueInfoFromProto(const onnx::ValueInfoProto& vp) {
+  ValueInfo v;
+  v.name = vp.name();
+  v.doc_string = vp.doc_string();
+  const onnx::TypeProto& tp = vp.type();
+  if (tp.has_tensor_type()) {
+    v.dtype = static_cast<DataType>(tp.tensor_type().elem_type());
+    if (tp.tensor_type().has_shape()) {
+      v.has_shape = true;
+      for (const auto& d : tp.tensor_type().shape().dim()) {
+        if (d.has_dim_value()) v.dims.push_back(Dim::Known(d.dim_value()));
+        else v.dims.push_back(Dim::Symbolic(d.has_dim_param() ? d.dim_param() : ""));
+      }
+    }
+  } else if (vp.has_type()) {
+    v.non_tensor_type = TypeProtoSummary(tp);
+  }
+  return v;
+}
+
+Graph GraphFromProto(const onnx::GraphProto& gp, const ImportContext& ctx);
+
+Attribute AttributeFromProto(const onnx::AttributeProto& ap, const ImportContext& ctx) {
+  Attribute a;
+  a.name = ap.name();
+  a.ref_attr_name = ap.ref_attr_name();
+  a.doc_string = ap.doc_string();
+  using T = Attribute::Type;
+  T type = static_cast<T>(ap.type());
+  if (ap.type() == onnx::AttributeProto::UNDEFINED) {  // old exporters: infer from the filled field
+    if (ap.has_f()) type = T::kFloat;
+    else if (ap.has_i()) type = T::kInt;
+    else if (ap.has_s()) type = T::kString;
+    else if (ap.has_t()) type = T::kTensor;
+    else if (ap.has_g()) type = T::kGraph;
+    else if (ap.floats_size()) type = T::kFloats;
+    else if (ap.ints_size()) type = T::kInts;
+    else if (ap.strings_size()) type = T::kStrings;
+  }
+  a.type = type;
+  switch (type) {
+    case T::kFloat: a.f = ap.f(); break;
+    case T::kInt: a.i = ap.i(); break;
+    case T::kString: a.s = ap.s(); break;
+    case T::kTensor: a.t = TensorFromProto(ap.t(), ctx); break;
+    case T::kGraph: a.g = std::make_shared<Graph>(GraphFromProto(ap.g(), ctx)); break;
+    case T::kFloats: a.floats.assign(ap.floats().begin(), ap.floats().end()); break;
+    case T::kInts: a.ints.assign(ap.ints().begin(), ap.ints().end()); break;
+    case T::kStrings: a.strings.assign(ap.strings().begin(), ap.strings().end()); break;
+    case T::kTensors:
+      for (const auto& t : ap.tensors()) a.tensors.push_back(TensorFromProto(t, ctx));
+      break;
+    case T::kGraphs:
+      for (const auto& g : ap.graphs()) a.graphs.push_back(std::make_shared<Graph>(GraphFromProto(g, ctx)));
+      break;
+    default: a.opaque_proto = ap.SerializeAsString(); break;
+  }
+  return a;
+}
+
+Node NodeFromProto(const onnx::NodeProto& np, const ImportContext& ctx) {
+  Node n;
+  n.name = np.name();
+  n.op_type = np.op_type();
+  n.domain = np.domain() == "ai.onnx" ? "" : np.domain();
+  n.doc_string = np.doc_string();
+  n.inputs.assign(np.input().begin(), np.input().end());
+  n.outputs.assign(np.output().begin(), np.output().end());
+  GAF_CHECK(!n.op_type.empty(), "{}: node '{}' has no op_type", ctx.what, n.name);
+  for (const auto& ap : np.attribute()) n.attributes.push_back(AttributeFromProto(ap, ctx));
+  return n;
+}
+
+Graph GraphFromProto(const onnx::GraphProto& gp, const ImportContext& ctx) {
+  Graph g;
+  g.name = gp.name();
+  g.doc_string = gp.doc_string();
+  for (const auto& vp : gp.input()) g.inputs.push_back(ValueInfoFromProto(vp));
+  for (const auto& vp : gp.output()) g.outputs.push_back(ValueInfoFromProto(vp));
+  for (const auto& vp : gp.value_info()) g.value_info.push_back(ValueInfoFromProto(vp));
+  for (const auto& tp : gp.initializer()) {
+    GAF_CHECK(!tp.name().empty(), "{}: graph '{}' has an initializer without a name", ctx.what, g.name);
+    g.initializers.emplace_back(tp.name(), TensorFromProto(tp, ctx));
+  }
+  for (const auto& sp : gp.sparse_initializer()) g.sparse_initializers.push_back(sp.SerializeAsString());
+  g.nodes.reserve(gp.node_size());
+  for (const auto& np : gp.node()) g.nodes.push_back(NodeFromProto(np, ctx));
+  return g;
+}
+
+// ---------------- export ----------------
+
+struct ExportContext {
+  const SaveOptions* options = nullptr;
+  std::ofstream* external = nullptr;
+  std::string external_location;
+  int64_t external_offset = 0;
+};
+
+void TensorToProto(const Tensor& t, const std::string& name, onnx::TensorProto* tp, ExportContext* ectx) {
+  tp->set_name(name);
+  tp->set_data_type(static_cast<int32_t>(t.dtype()));
+  for (int64_t d : t.shape()) tp->add_dims(d);
+  if (t.dtype() == DataType::kString) {
+    for (int64_t i = 0; i < t.numel(); ++i) tp->add_string_data(t.data<std::string>()[i]);
+    return;
+  }
+  if (ectx != nullptr && ectx->external != nullptr && t.nbytes() >= ectx->options->external_threshold) {
+    // Align each tensor to 4 KiB so that the file can be memory-mapped.
+    int64_t pad = (4096 - ectx->external_offset % 4096) % 4096;
+    if (pad) {
+      std::string zeros(static_cast<size_t>(pad), '\0');
+      ectx->external->write(zeros.data(), pad);
+      ectx->external_offset += pad;
+    }
+    ectx->external->write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
+    tp->set_data_location(onnx::TensorProto::EXTERNAL);
+    auto add = [&](const std::string& k, const std::string& v) {
+      auto* e = tp->add_external_data();
+      e->set_key(k);
+      e->set_value(v);
+    };
+    add("location", ectx->external_location);
+    add("offset", std::to_string(ectx->external_offset));
+    add("length", std::to_string(t.nbytes()));
+    ectx->external_offset += static_cast<int64_t>(t.nbytes());
+    return;
+  }
+  tp->set_raw_data(t.raw(), t.nbytes());
+}
+
+void ValueInfoToProto(const ValueInfo& v, onnx::ValueInfoProto* vp) {
+  vp->set_name(v.name);
+  if (!v.doc_string.empty()) vp->set_doc_string(v.doc_string);
+  if (!v.non_tensor_type.empty() || v.dtype == DataType::kUndefined) return;
+  auto* tt = vp->mutable_type()->mutable_tensor_type();
+  tt->set_elem_type(static_cast<int32_t>(v.dtype));
+  if (v.has_shape) {
+    auto* sh = tt->mutable_shape();
+    for (const Dim& d : v.dims) {
+      auto* dp = sh->add_dim();
+      if (d.known()) dp->set_dim_value(d.value);
+      else if (!d.param.empty()) dp->set_dim_param(d.param);
+    }
+  }
+}
+
+void GraphToProto(const Graph& g, onnx::GraphProto* gp, ExportContext* ectx);
+
+void AttributeToProto(const Attribute& a, onnx::AttributeProto* ap, ExportContext* ectx) {
+  if (!a.opaque_proto.empty()) {
+    ap->ParseFromString(a.opaque_proto);
+    return;
+  }
+  ap->set_name(a.name);
+  if (!a.ref_attr_name.empty()) ap->set_ref_attr_name(a.ref_attr_name);
+  if (!a.doc_string.empty()) ap->set_doc_string(a.doc_string);
+  ap->set_type(static_cast<onnx::AttributeProto_AttributeType>(a.type));
+  using T = Attribute::Type;
+  switch (a.type) {
+    case T::kFloat: ap->set_f(a.f); break;
+    case T::kInt: ap->set_i(a.i); break;
+    case T::kString: ap->set_s(a.s); break;
+    case T::kTensor: TensorToProto(a.t, a.t.defined() ? "" : "", ap->mutable_t(), nullptr); break;
+    case T::kGraph: GraphToProto(*a.g, ap->mutable_g(), ectx); break;
+    case T::kFloats: for (float f : a.floats) ap->add_floats(f); break;
+    case T::kInts: for (int64_t i : a.ints) ap->add_ints(i); break;
+    case T::kStrings: for (const auto& s : a.strings) ap->add_strings(s); break;
+    case T::kTensors: for (const auto& t : a.tensors) TensorToProto(t, "", ap->add_tensors(), nullptr); break;
+    case T::kGraphs: for (const auto& g : a.graphs) GraphToProto(*g, ap->add_graphs(), ectx); break;
+    default: break;
+  }
+}
+
+void NodeToProto(const Node& n, onnx::NodeProto* np, ExportContext* ectx) {
+  if (!n.name.empty()) np->set_name(n.name);
+  np->set_op_type(n.op_type);
+  if (!n.domain.empty()) np->set_domain(n.domain);
+  if (!n.doc_string.empty()) np->set_doc_string(n.doc_string);
+  for (const auto& i : n.inputs) np->add_input(i);
+  for (const auto& o : n.outputs) np->add_output(o);
+  for (const Attribute& a : n.attributes) AttributeToProto(a, np->add_attribute(), ectx);
+}
+
+void GraphToProto(const Graph& g, onnx::GraphProto* gp, ExportContext* ectx) {
+  gp->set_name(g.name);
+  if (!g.doc_string.empty()) gp->set_doc_string(g.doc_string);
+  for (const Node& n : g.nodes) NodeToProto(n, gp->add_node(), ectx);
+  for (const auto& [name, t] : g.initializers) TensorToProto(t, name, gp->add_initializer(), ectx);
+  for (const auto& s : g.sparse_initializers) gp->add_sparse_initializer()->ParseFromString(s);
+  for (const auto& v : g.inputs) ValueInfoToProto(v, gp->add_input());
+  for (const auto& v : g.outputs) ValueInfoToProto(v, gp->add_output());
+  for (const auto& v : g.value_info) ValueInfoToProto(v, gp->add_value_info());
+}
+
+void ModelToProto(const Model& m, onnx::ModelProto* mp, ExportContext* ectx) {
+  mp->set_ir_version(m.ir_version);
+  for (const OpsetImport& o : m.opset_imports) {
+    auto* op = mp->add_opset_import();
+    op->set_domain(o.domain);
+    op->set_version(o.version);
+  }
+  if (!m.producer_name.empty()) mp->set_producer_name(m.producer_name);
+  if (!m.producer_version.empty()) mp->set_producer_version(m.producer_version);
+  if (!m.domain.empty()) mp->set_domain(m.domain);
+  if (m.model_version) mp->set_model_version(m.model_version);
+  if (!m.doc_string.empty()) mp->set_doc_string(m.doc_string);
+  for (const auto& [k, v] : m.metadata_props) {
+    auto* p = mp->add_metadata_props();
+    p->set_key(k);
+    p->set_value(v);
+  }
+  for (const Function& f : m.functions) {
+    auto* fp = mp->add_functions();
+    fp->set_name(f.name);
+    fp->set_domain(f.domain);
+    if (!f.doc_string.empty()) fp->set_doc_string(f.doc_string);
+    for (const auto& i : f.inputs) fp->add_input(i);
+    for (const auto& o : f.outputs) fp->add_output(o);
+    for (const auto& a : f.attributes) fp->add_attribute(a);
+    for (const Node& n : f.nodes) NodeToProto(n, fp->add_node(), ectx);
+    for (const OpsetImport& o : f.opset_imports) {
+      auto* op = fp->add_opset_import();
+      op->set_domain(o.domain);
+      op->set_version(o.version);
+    }
+  }
+  GraphToProto(m.graph, mp->mutable_graph(), ectx);
+}
+
+Model ModelFromProto(const onnx::ModelProto& mp, const ImportContext& ctx) {
+  Model m;
+  m.ir_version = mp.ir_version();
+  for (const auto& o : mp.opset_import())
+    m.opset_imports.push_back(OpsetImport{o.domain() == "ai.onnx" ? "" : o.domain(), o.version()});
+  m.producer_name = mp.producer_name();
+  m.producer_version = mp.producer_version();
+  m.domain = mp.domain();
+  m.model_version = mp.model_version();
+  m.doc_string = mp.doc_string();
+  for (const auto& p : mp.metadata_props()) m.metadata_props.emplace_back(p.key(), p.value());
+  for (const auto& fp : mp.functions()) {
+    Function f;
+    f.name = fp.name();
+    f.domain = fp.domain();
+    f.doc_string = fp.doc_string();
+    f.inputs.assign(fp.input().begin(), fp.input().end());
+    f.outputs.assign(fp.output().begin(), fp.output().end());
+    f.attributes.assign(fp.attribute().begin(), fp.attribute().end());
+    for (const auto& np : fp.node()) f.nodes.push_back(NodeFromProto(np, ctx));
+    for (const auto& o : fp.opset_import()) f.opset_imports.push_back(OpsetImport{o.domain(), o.version()});
+    m.functions.push_back(std::move(f));
+  }
+  GAF_CHECK(mp.has_graph(), "{}: the model has no graph (not an ONNX model?)", ctx.what);
+  m.graph = GraphFromProto(mp.graph(), ctx);
+  // IR version < 4 lists initializers as graph inputs too; that is fine for the runtime.
+  return m;
+}
+
+}  // namespace
+
+Model ModelFromBytes(const std::string& bytes, const std::string& base_dir, const std::string& what) {
+  GAF_CHECK(!bytes.empty(), "{}: file is empty", what);
+  onnx::ModelProto mp;
+  ParseProto(mp, bytes, what);
+  GAF_CHECK(mp.has_graph() && mp.ir_version() > 0, "{}: not an ONNX model (no graph or ir_version)", what);
+  ImportContext ctx{base_dir, what};
+  Model m = ModelFromProto(mp, ctx);
+  std::vector<std::string> problems = VerifyModel(m);
+  if (!problems.empty()) {
+    std::string msg = fmt::format("{}: invalid graph: {}", what, problems[0]);
+    if (problems.size() > 1) msg += fmt::format(" (and {} more problems)", problems.size() - 1);
+    throw Error(msg);
+  }
+  return m;
+}
+
+Model LoadModel(const std::string& path) {
+  std::string bytes = ReadFile(path);
+  std::string dir = fs::path(path).parent_path().string();
+  return ModelFromBytes(bytes, dir.empty() ? "." : dir, path);
+}
+
+std::string ModelToBytes(const Model& model) {
+  onnx::ModelProto mp;
+  ModelToProto(model, &mp, nullptr);
+  std::string out;
+  GAF_CHECK(mp.SerializeToString(&out), "cannot serialize the model (over 2 GiB? save with external data)");
+  return out;
+}
+
+static void AtomicWrite(const std::string& path, const std::string& bytes) {
+  std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    GAF_CHECK(out.good(), "{}: cannot open for writing", tmp);
+    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    out.flush();
+    if (!out.good()) {
+      std::remove(tmp.c_str());
+      throw Error(fmt::format("{}: write failed (disk full?)", tmp));
+    }
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    std::remove(tmp.c_str());
+    throw Error(fmt::format("{}: cannot rename temporary file into place: {}", path, ec.message()));
+  }
+}
+
+void SaveModel(const Model& model, const std::string& path, const SaveOptions& options) {
+  onnx::ModelProto mp;
+  ExportContext ectx;
+  ectx.options = &options;
+  std::ofstream ext;
+  std::string ext_tmp, ext_path;
+  if (options.external_data) {
+    ectx.external_location =
+        options.external_file.empty() ? fs::path(path).filename().string() + ".data" : options.external_file;
+    ext_path = (fs::path(path).parent_path() / ectx.external_location).string();
+    ext_tmp = ext_path + ".tmp." + std::to_string(::getpid());
+    ext.open(ext_tmp, std::ios::binary | std::ios::trunc);
+    GAF_CHECK(ext.good(), "{}: cannot open for writing", ext_tmp);
+    ectx.external = &ext;
+  }
+  ModelToProto(model, &mp, &ectx);
+  std::string bytes;
+  if (!mp.SerializeToString(&bytes)) {
+    if (!ext_tmp.empty()) std::remove(ext_tmp.c_str());
+    throw Error(fmt::format("{}: cannot serialize the model (over 2 GiB? use external data)", path));
+  }
+  if (options.external_data) {
+    ext.close();
+    std::error_code ec;
+    fs::rename(ext_tmp, ext_path, ec);
+    GAF_CHECK(!ec, "{}: cannot rename temporary file into place: {}", ext_path, ec.message());
+  }
+  AtomicWrite(path, bytes);
+}
+
+Tensor LoadTensorPb(const std::string& path) {
+  std::string bytes = ReadFile(path);
+  onnx::TensorProto tp;
+  ParseProto(tp, bytes, path);
+  ImportContext ctx{fs::path(path).parent_path().string(), path};
+  return TensorFromProto(tp, ctx);
+}
+
+void SaveTensorPb(const Tensor& t, const std::string& name, const std::string& path) {
+  onnx::TensorProto tp;
+  TensorToProto(t, name, &tp, nullptr);
+  AtomicWrite(path, tp.SerializeAsString());
+}
+
+std::string CheckModel(const Model& model) {
+  onnx::ModelProto mp;
+  ModelToProto(model, &mp, nullptr);
+  try {
+    onnx::checker::check_model(mp);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string InferShapes(Model& model) {
+  onnx::ModelProto mp;
+  ModelToProto(model, &mp, nullptr);
+  try {
+    onnx::ShapeInferenceOptions opts{/*check_type=*/false, /*error_mode=*/0, /*enable_data_propagation=*/true};
+    onnx::shape_inference::InferShapes(mp, onnx::OpSchemaRegistry::Instance(), opts);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  model.graph.value_info.clear();
+  for (const auto& vp : mp.graph().value_info()) model.graph.value_info.push_back(ValueInfoFromProto(vp));
+  for (int i = 0; i < mp.graph().output_size() && i < static_cast<int>(model.graph.outputs.size()); ++i) {
+    ValueInfo inferred = ValueInfoFromProto(mp.graph().output(i));
+    ValueInfo& out = model.graph.outputs[static_cast<size_t>(i)];
+    if (out.dtype == DataType::kUndefined) out.dtype = inferred.dtype;
+    if (!out.has_shape && inferred.has_shape) {
+      out.has_shape = true;
+      out.dims = inferred.dims;
+    }
+  }
+  return "";
+}
+
+}  // namespace gaf

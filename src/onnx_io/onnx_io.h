@@ -1,0 +1,39 @@
+// ONNX import and export through the ONNX library's protobuf classes, checker and shape inference.
+// Errors name the file and what is wrong (gaf::Error). No ONNX type leaks into this interface.
+#pragma once
+
+#include <string>
+
+#include "ir/graph.h"
+
+namespace gaf {
+
+// Reads a .onnx file (any size up to 2 GiB of protobuf; weights in external-data files are
+// read from the model's folder). Throws gaf::Error naming the file for a missing, truncated or
+// corrupt file, or for a structurally invalid graph.
+Model LoadModel(const std::string& path);
+// Same from bytes already in memory; `base_dir` resolves external data, `what` names the source.
+Model ModelFromBytes(const std::string& bytes, const std::string& base_dir, const std::string& what);
+
+struct SaveOptions {
+  // Write initializers of at least `external_threshold` bytes to `external_file` (relative to the
+  // model's folder; default "<model file name>.data"). Needed for models over 2 GiB.
+  bool external_data = false;
+  size_t external_threshold = 1024;
+  std::string external_file;
+};
+// Writes atomically: a temporary file in the same folder, then rename.
+void SaveModel(const Model& model, const std::string& path, const SaveOptions& options = {});
+std::string ModelToBytes(const Model& model);
+
+// A serialized TensorProto (the .pb files of the ONNX test data).
+Tensor LoadTensorPb(const std::string& path);
+void SaveTensorPb(const Tensor& t, const std::string& name, const std::string& path);
+
+// Runs the ONNX checker (full check); returns "" when it passes, else its message.
+std::string CheckModel(const Model& model);
+// Runs ONNX shape inference and stores the inferred types/shapes in graph.value_info (replacing
+// it) and graph outputs. Returns "" or the inference error message (the model is unchanged then).
+std::string InferShapes(Model& model);
+
+}  // namespace gaf

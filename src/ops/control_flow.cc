@@ -1,0 +1,169 @@
+// Control flow: If, Loop, Scan. Bodies run through ctx.subgraphs, which resolves outer-scope
+// values from the calling frame.
+#include <cstring>
+
+#include "ops/kernel.h"
+#include "ops/kernel_util.h"
+
+namespace gaf {
+namespace {
+
+bool TruthValue(const Tensor& t, const Node& node, const char* what) {
+  GAF_CHECK(t.numel() == 1, "{}: {} must hold a single value, got shape {}", node.Describe(), what,
+            ShapeToString(t.shape()));
+  return t.ScalarAsDouble() != 0.0;
+}
+
+void IfKernel(KernelContext& ctx) {
+  const Node& n = ctx.node;
+  bool cond = TruthValue(ctx.input(0), n, "the condition");
+  const Graph* branch = n.GetGraph(cond ? "then_branch" : "else_branch");
+  GAF_CHECK(branch != nullptr, "{}: missing {} attribute", n.Describe(), cond ? "then_branch" : "else_branch");
+  std::vector<Tensor> outs = ctx.subgraphs->RunSubgraph(*branch, {});
+  GAF_CHECK(outs.size() >= ctx.num_outputs(), "{}: branch produced {} outputs, node has {}", n.Describe(),
+            outs.size(), ctx.num_outputs());
+  for (size_t i = 0; i < ctx.num_outputs(); ++i) ctx.outputs[i] = outs[i];
+}
+
+// Stacks equally shaped tensors along a new axis `axis` (0..rank).
+Tensor Stack(const std::vector<Tensor>& items, int64_t axis, const Node& node) {
+  GAF_CHECK(!items.empty(), "{}: nothing to stack", node.Describe());
+  const Shape& s = items[0].shape();
+  for (const Tensor& t : items)
+    GAF_CHECK(t.shape() == s && t.dtype() == items[0].dtype(),
+              "{}: scan outputs change shape or type between iterations ({} vs {})", node.Describe(),
+              ShapeToString(s), ShapeToString(t.shape()));
+  Shape out_shape = s;
+  out_shape.insert(out_shape.begin() + axis, static_cast<int64_t>(items.size()));
+  Tensor out(items[0].dtype(), out_shape);
+  GAF_CHECK(items[0].dtype() != DataType::kString, "{}: string scan outputs are not supported", node.Describe());
+  size_t esz = DataTypeSize(items[0].dtype());
+  int64_t outer = 1;
+  for (int64_t i = 0; i < axis; ++i) outer *= s[i];
+  int64_t inner = items[0].numel() / std::max<int64_t>(outer, 1);
+  if (items[0].numel() == 0) return out;
+  size_t block = static_cast<size_t>(inner) * esz;
+  char* dst = static_cast<char*>(out.raw());
+  for (int64_t o = 0; o < outer; ++o)
+    for (size_t k = 0; k < items.size(); ++k) {
+      std::memcpy(dst, static_cast<const char*>(items[k].raw()) + o * block, block);
+      dst += block;
+    }
+  return out;
+}
+
+// Slice index `idx` along `axis`, removing that axis.
+Tensor TakeAlong(const Tensor& t, int64_t axis, int64_t idx) {
+  Shape s = t.shape();
+  int64_t n = s[axis];
+  s.erase(s.begin() + axis);
+  Tensor out(t.dtype(), s);
+  size_t esz = DataTypeSize(t.dtype());
+  int64_t outer = 1;
+  for (int64_t i = 0; i < axis; ++i) outer *= t.shape()[i];
+  int64_t inner = out.numel() / std::max<int64_t>(outer, 1);
+  if (out.numel() == 0) return out;
+  size_t block = static_cast<size_t>(inner) * esz;
+  for (int64_t o = 0; o < outer; ++o)
+    std::memcpy(static_cast<char*>(out.raw()) + o * block,
+                static_cast<const char*>(t.raw()) + (o * n + idx) * block, block);
+  return out;
+}
+
+void LoopKernel(KernelContext& ctx) {
+  const Node& n = ctx.node;
+  const Graph* body = n.GetGraph("body");
+  GAF_CHECK(body != nullptr, "{}: missing body attribute", n.Describe());
+  int64_t max_trip = ctx.has_input(0) ? ctx.input(0).ScalarAsInt64() : INT64_MAX;
+  bool cond = ctx.has_input(1) ? TruthValue(ctx.input(1), n, "the loop condition") : true;
+  size_t num_carried = ctx.num_inputs() >= 2 ? ctx.num_inputs() - 2 : 0;
+  std::vector<Tensor> carried;
+  for (size_t i = 0; i < num_carried; ++i) {
+    GAF_CHECK(ctx.has_input(2 + i), "{}: loop-carried input {} is missing (optional types not supported)",
+              n.Describe(), i);
+    carried.push_back(*ctx.inputs[2 + i]);
+  }
+  size_t num_scan = ctx.num_outputs() - num_carried;
+  std::vector<std::vector<Tensor>> scans(num_scan);
+  for (int64_t it = 0; it < max_trip && cond; ++it) {
+    std::vector<Tensor> in;
+    in.push_back(Tensor::Scalar<int64_t>(it));
+    in.push_back(Tensor::Scalar<bool>(cond));
+    for (const Tensor& c : carried) in.push_back(c);
+    std::vector<Tensor> out = ctx.subgraphs->RunSubgraph(*body, in);
+    GAF_CHECK(out.size() == 1 + num_carried + num_scan, "{}: body returned {} values, expected {}", n.Describe(),
+              out.size(), 1 + num_carried + num_scan);
+    cond = TruthValue(out[0], n, "the body's condition output");
+    for (size_t i = 0; i < num_carried; ++i) carried[i] = out[1 + i];
+    for (size_t i = 0; i < num_scan; ++i) scans[i].push_back(out[1 + num_carried + i]);
+  }
+  for (size_t i = 0; i < num_carried; ++i) ctx.outputs[i] = carried[i];
+  for (size_t i = 0; i < num_scan; ++i) {
+    if (scans[i].empty()) {
+      // Zero iterations: an empty tensor; its element type comes from the body's declaration.
+      const ValueInfo& v = body->outputs[1 + num_carried + i];
+      Shape s{0};
+      if (v.has_shape)
+        for (const Dim& d : v.dims) s.push_back(d.known() ? d.value : 0);
+      ctx.outputs[num_carried + i] = Tensor(v.dtype == DataType::kUndefined ? DataType::kFloat : v.dtype, s);
+    } else {
+      ctx.outputs[num_carried + i] = Stack(scans[i], 0, n);
+    }
+  }
+}
+
+void ScanKernel(KernelContext& ctx) {
+  const Node& n = ctx.node;
+  if (ctx.opset < 9) GAF_UNSUPPORTED("{}: Scan before opset 9 (with sequence_lens) is not supported", n.Describe());
+  const Graph* body = n.GetGraph("body");
+  GAF_CHECK(body != nullptr, "{}: missing body attribute", n.Describe());
+  int64_t num_scan_in = n.GetInt("num_scan_inputs", -1);
+  GAF_CHECK(num_scan_in >= 0 && num_scan_in <= static_cast<int64_t>(ctx.num_inputs()),
+            "{}: invalid num_scan_inputs", n.Describe());
+  size_t num_state = ctx.num_inputs() - static_cast<size_t>(num_scan_in);
+  size_t num_scan_out = ctx.num_outputs() - num_state;
+  std::vector<int64_t> in_axes = n.GetInts("scan_input_axes", std::vector<int64_t>(num_scan_in, 0));
+  std::vector<int64_t> in_dirs = n.GetInts("scan_input_directions", std::vector<int64_t>(num_scan_in, 0));
+  std::vector<int64_t> out_axes = n.GetInts("scan_output_axes", std::vector<int64_t>(num_scan_out, 0));
+  std::vector<int64_t> out_dirs = n.GetInts("scan_output_directions", std::vector<int64_t>(num_scan_out, 0));
+  std::vector<Tensor> state;
+  for (size_t i = 0; i < num_state; ++i) state.push_back(ctx.input(i));
+  int64_t steps = -1;
+  for (int64_t k = 0; k < num_scan_in; ++k) {
+    const Tensor& t = ctx.input(num_state + k);
+    in_axes[k] = NormalizeAxis(in_axes[k], t.rank(), n);
+    int64_t len = t.shape()[in_axes[k]];
+    GAF_CHECK(steps < 0 || steps == len, "{}: scan inputs have different lengths", n.Describe());
+    steps = len;
+  }
+  std::vector<std::vector<Tensor>> scans(num_scan_out);
+  for (int64_t it = 0; it < std::max<int64_t>(steps, 0); ++it) {
+    std::vector<Tensor> in = state;
+    for (int64_t k = 0; k < num_scan_in; ++k) {
+      int64_t idx = in_dirs[k] ? steps - 1 - it : it;
+      in.push_back(TakeAlong(ctx.input(num_state + k), in_axes[k], idx));
+    }
+    std::vector<Tensor> out = ctx.subgraphs->RunSubgraph(*body, in);
+    GAF_CHECK(out.size() == num_state + num_scan_out, "{}: body returned {} values, expected {}", n.Describe(),
+              out.size(), num_state + num_scan_out);
+    for (size_t i = 0; i < num_state; ++i) state[i] = out[i];
+    for (size_t i = 0; i < num_scan_out; ++i) scans[i].push_back(out[num_state + i]);
+  }
+  for (size_t i = 0; i < num_state; ++i) ctx.outputs[i] = state[i];
+  for (size_t i = 0; i < num_scan_out; ++i) {
+    GAF_CHECK(!scans[i].empty(), "{}: scan over zero steps is not supported", n.Describe());
+    if (out_dirs[i]) std::reverse(scans[i].begin(), scans[i].end());
+    int64_t axis = NormalizeAxis(out_axes[i], scans[i][0].rank() + 1, n);
+    ctx.outputs[num_state + i] = Stack(scans[i], axis, n);
+  }
+}
+
+}  // namespace
+
+void RegisterControlFlowKernels(OpRegistry& r) {
+  r.Register({"", "If", OpKind::kOpaque, IfKernel, false});
+  r.Register({"", "Loop", OpKind::kOpaque, LoopKernel, false});
+  r.Register({"", "Scan", OpKind::kOpaque, ScanKernel, false});
+}
+
+}  // namespace gaf

@@ -1,0 +1,86 @@
+// The kernel interface of the reference CPU runtime.
+//
+// A kernel reads ctx.inputs (nullptr for an absent optional input), reads attributes from
+// ctx.node, and assigns every present output: ctx.outputs[i] = Tensor(...). It never writes into
+// an input. It throws gaf::Error for invalid input (naming what is wrong) and
+// gaf::UnsupportedError for valid input it does not implement (a type, a mode, an attribute).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/tensor.h"
+
+namespace gaf {
+
+// Runs subgraphs (If/Loop/Scan bodies) for control-flow kernels. `inputs` bind to the
+// subgraph's formal inputs in order; outer-scope values are resolved from the calling frame.
+class SubgraphRunner {
+ public:
+  virtual ~SubgraphRunner() = default;
+  virtual std::vector<Tensor> RunSubgraph(const Graph& body, const std::vector<Tensor>& inputs) = 0;
+};
+
+struct KernelContext {
+  const Node& node;
+  int64_t opset = 0;  // version of the node's domain imported by the model
+  std::vector<const Tensor*> inputs;
+  std::vector<Tensor> outputs;  // sized to node.outputs.size()
+  SubgraphRunner* subgraphs = nullptr;
+  int num_threads = 1;
+
+  size_t num_inputs() const { return inputs.size(); }
+  bool has_input(size_t i) const { return i < inputs.size() && inputs[i] != nullptr; }
+  // Throws gaf::Error naming the node if input i is absent.
+  const Tensor& input(size_t i) const;
+  size_t num_outputs() const { return outputs.size(); }
+  bool has_output(size_t i) const { return node.HasOutput(i); }
+};
+
+using KernelFn = std::function<void(KernelContext&)>;
+
+// Ordered scale of operator kinds for fusion (TVM's scale): combining kinds is max().
+enum class OpKind : int {
+  kElementwise = 0,   // one output element from the same-index input elements
+  kBroadcast = 1,     // elementwise with broadcasting
+  kInjective = 2,     // data movement / reshape / index mapping
+  kReduction = 3,     // reduces along axes (incl. normalizations, softmax)
+  kContraction = 4,   // MatMul, Gemm, Conv: accepts elementwise epilogues
+  kOpaque = 5,        // everything else (control flow, sorting, random, ...)
+};
+const char* OpKindName(OpKind k);
+
+struct KernelInfo {
+  std::string domain;   // "" for ai.onnx
+  std::string op_type;
+  OpKind kind = OpKind::kOpaque;
+  KernelFn fn;
+  // When true the runtime converts float16/bfloat16 inputs to float before calling fn and
+  // converts float outputs back to the half type afterwards ("computed in float32").
+  bool upcast_half = true;
+};
+
+class OpRegistry {
+ public:
+  static OpRegistry& Global();  // built on first use by RegisterAllKernels()
+  void Register(KernelInfo info);
+  const KernelInfo* Find(const std::string& domain, const std::string& op_type) const;
+  std::vector<const KernelInfo*> All() const;
+
+ private:
+  std::vector<KernelInfo> kernels_;
+};
+
+// Registration functions, one per kernel family, called explicitly from RegisterAllKernels
+// (registry.cc); no static self-registration.
+void RegisterElementwiseKernels(OpRegistry& r);  // unary/binary math, activations, logic, Cast, Where, Clip
+void RegisterTensorKernels(OpRegistry& r);       // shape/data movement: Reshape, Transpose, Concat, Slice, Gather, ...
+void RegisterReduceKernels(OpRegistry& r);       // Reduce*, ArgMax/Min, Softmax family, normalizations, CumSum, TopK
+void RegisterNnKernels(OpRegistry& r);           // MatMul, Gemm, Conv, ConvTranspose, pooling, ...
+void RegisterRnnKernels(OpRegistry& r);          // LSTM, GRU, RNN
+void RegisterControlFlowKernels(OpRegistry& r);  // If, Loop, Scan
+
+}  // namespace gaf

@@ -1,0 +1,70 @@
+#include "ops/kernel_util.h"
+
+namespace gaf {
+
+int64_t NormalizeAxis(int64_t axis, int64_t rank, const Node& node) {
+  GAF_CHECK(axis >= -rank && axis < std::max<int64_t>(rank, 1), "{}: axis {} is out of range for rank {}",
+            node.Describe(), axis, rank);
+  return axis < 0 ? axis + rank : axis;
+}
+
+Shape BroadcastShapes(const Shape& a, const Shape& b, const Node& node) {
+  size_t r = std::max(a.size(), b.size());
+  Shape out(r);
+  for (size_t i = 0; i < r; ++i) {
+    int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
+    int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
+    GAF_CHECK(da == db || da == 1 || db == 1, "{}: shapes {} and {} cannot be broadcast together", node.Describe(),
+              ShapeToString(a), ShapeToString(b));
+    out[i] = da == 1 ? db : da;
+  }
+  return out;
+}
+
+Shape BroadcastShapes(const std::vector<const Tensor*>& ins, const Node& node) {
+  Shape out;
+  bool first = true;
+  for (const Tensor* t : ins) {
+    if (t == nullptr) continue;
+    out = first ? t->shape() : BroadcastShapes(out, t->shape(), node);
+    first = false;
+  }
+  return out;
+}
+
+std::vector<int64_t> Strides(const Shape& shape) {
+  std::vector<int64_t> s(shape.size());
+  int64_t acc = 1;
+  for (size_t i = shape.size(); i-- > 0;) {
+    s[i] = acc;
+    acc *= shape[i];
+  }
+  return s;
+}
+
+std::vector<int64_t> BroadcastStrides(const Shape& in_shape, const Shape& out_shape) {
+  std::vector<int64_t> in_strides = Strides(in_shape);
+  std::vector<int64_t> s(out_shape.size(), 0);
+  size_t off = out_shape.size() - in_shape.size();
+  for (size_t i = 0; i < in_shape.size(); ++i) s[off + i] = in_shape[i] == 1 ? 0 : in_strides[i];
+  return s;
+}
+
+const Tensor& KernelContext::input(size_t i) const {
+  GAF_CHECK(has_input(i), "{}: required input {} is missing", node.Describe(), i);
+  return *inputs[i];
+}
+
+const char* OpKindName(OpKind k) {
+  switch (k) {
+    case OpKind::kElementwise: return "elementwise";
+    case OpKind::kBroadcast: return "broadcast";
+    case OpKind::kInjective: return "injective";
+    case OpKind::kReduction: return "reduction";
+    case OpKind::kContraction: return "contraction";
+    case OpKind::kOpaque: return "opaque";
+  }
+  return "?";
+}
+
+}  // namespace gaf

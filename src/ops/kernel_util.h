@@ -1,0 +1,87 @@
+// Helpers shared by kernels: axis handling, broadcasting, dtype dispatch, parallel loops.
+#pragma once
+
+#include <omp.h>
+
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "ir/error.h"
+#include "ir/tensor.h"
+#include "ops/kernel.h"
+
+namespace gaf {
+
+// Normalizes a possibly negative axis into [0, rank); throws naming the node when out of range.
+int64_t NormalizeAxis(int64_t axis, int64_t rank, const Node& node);
+
+// Numpy-style multidirectional broadcast of shapes; throws when incompatible.
+Shape BroadcastShapes(const Shape& a, const Shape& b, const Node& node);
+Shape BroadcastShapes(const std::vector<const Tensor*>& ins, const Node& node);
+
+// Row-major strides (in elements).
+std::vector<int64_t> Strides(const Shape& shape);
+// Strides of `in_shape` broadcast to `out_shape` (0 on broadcast dims), right-aligned.
+std::vector<int64_t> BroadcastStrides(const Shape& in_shape, const Shape& out_shape);
+
+// Calls fn(T{}) with T the C++ type of dt for all numeric types (not half, not string, not bool
+// unless with_bool). Throws UnsupportedError otherwise.
+template <class F>
+decltype(auto) DispatchNumeric(DataType dt, const Node& node, F&& fn) {
+  switch (dt) {
+    case DataType::kFloat: return fn(float{});
+    case DataType::kDouble: return fn(double{});
+    case DataType::kInt64: return fn(int64_t{});
+    case DataType::kInt32: return fn(int32_t{});
+    case DataType::kInt8: return fn(int8_t{});
+    case DataType::kUint8: return fn(uint8_t{});
+    case DataType::kInt16: return fn(int16_t{});
+    case DataType::kUint16: return fn(uint16_t{});
+    case DataType::kUint32: return fn(uint32_t{});
+    case DataType::kUint64: return fn(uint64_t{});
+    default:
+      GAF_UNSUPPORTED("{}: data type {} is not supported", node.Describe(), DataTypeName(dt));
+  }
+}
+template <class F>
+decltype(auto) DispatchFloat(DataType dt, const Node& node, F&& fn) {
+  switch (dt) {
+    case DataType::kFloat: return fn(float{});
+    case DataType::kDouble: return fn(double{});
+    default:
+      GAF_UNSUPPORTED("{}: data type {} is not supported", node.Describe(), DataTypeName(dt));
+  }
+}
+// Every type with a fixed element size, dispatched by element size only (for data movement):
+// calls fn(uintN_t{}) with N = 8, 16, 32, 64. Strings and bool are handled (bool as uint8).
+template <class F>
+decltype(auto) DispatchBySize(DataType dt, const Node& node, F&& fn) {
+  switch (DataTypeSize(dt)) {
+    case 1: return fn(uint8_t{});
+    case 2: return fn(uint16_t{});
+    case 4: return fn(uint32_t{});
+    case 8: return fn(uint64_t{});
+    default:
+      GAF_UNSUPPORTED("{}: data type {} is not supported", node.Describe(), DataTypeName(dt));
+  }
+}
+
+// Parallel loop over [0, n) in chunks; runs serially when n < grain. fn(begin, end).
+template <class F>
+void ParallelFor(int64_t n, int64_t grain, F&& fn) {
+  if (n <= 0) return;
+  if (n < 2 * grain || omp_get_max_threads() == 1 || omp_in_parallel()) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  int nt = omp_get_max_threads();
+  int64_t chunks = std::min<int64_t>(nt * 4, (n + grain - 1) / grain);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    int64_t b = n * c / chunks, e = n * (c + 1) / chunks;
+    if (b < e) fn(b, e);
+  }
+}
+
+}  // namespace gaf

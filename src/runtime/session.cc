@@ -1,0 +1,377 @@
+#include "runtime/session.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <unordered_set>
+
+namespace gaf {
+
+// ---------------- function inlining ----------------
+
+namespace {
+
+void InlineInGraph(Graph& g, const Model& m, int& counter, int depth);
+
+// Resolves ref_attr_name attributes of body nodes against the caller's attributes.
+std::vector<Attribute> ResolveAttributes(const std::vector<Attribute>& attrs, const Node& caller) {
+  std::vector<Attribute> out;
+  for (const Attribute& a : attrs) {
+    if (a.ref_attr_name.empty()) {
+      out.push_back(a);
+      continue;
+    }
+    if (const Attribute* ca = caller.FindAttr(a.ref_attr_name)) {
+      Attribute r = *ca;
+      r.name = a.name;
+      out.push_back(std::move(r));
+    }  // absent: the attribute takes its default
+  }
+  return out;
+}
+
+std::vector<Node> ExpandCall(const Node& call, const Function& f, int& counter) {
+  GAF_CHECK(call.inputs.size() <= f.inputs.size(), "{}: passes {} inputs to function {} which takes {}",
+            call.Describe(), call.inputs.size(), f.name, f.inputs.size());
+  std::string prefix = fmt::format("{}__{}_{}/", call.name.empty() ? f.name : call.name, f.name, counter++);
+  std::unordered_map<std::string, std::string> rename;
+  for (size_t i = 0; i < f.inputs.size(); ++i) rename[f.inputs[i]] = i < call.inputs.size() ? call.inputs[i] : "";
+  for (size_t i = 0; i < f.outputs.size(); ++i)
+    if (i < call.outputs.size()) rename[f.outputs[i]] = call.outputs[i];
+  auto map_name = [&](const std::string& n) -> std::string {
+    if (n.empty()) return n;
+    auto it = rename.find(n);
+    if (it != rename.end()) return it->second;
+    return prefix + n;
+  };
+  std::vector<Node> out;
+  for (const Node& b : f.nodes) {
+    Node n = b;
+    n.name = prefix + b.name;
+    for (auto& i : n.inputs) i = map_name(i);
+    for (auto& o : n.outputs) {
+      // A function output the caller did not bind still needs a unique name.
+      auto it = rename.find(o);
+      o = (it != rename.end() && !it->second.empty()) ? it->second : (o.empty() ? o : prefix + o);
+    }
+    n.attributes = ResolveAttributes(b.attributes, call);
+    out.push_back(std::move(n));
+  }
+  return out;
+}
+
+void InlineInGraph(Graph& g, const Model& m, int& counter, int depth) {
+  GAF_CHECK(depth < 32, "function calls nest deeper than 32 levels (recursive functions?)");
+  bool changed = false;
+  std::vector<Node> result;
+  for (Node& n : g.nodes) {
+    for (Attribute& a : n.attributes) {
+      if (a.g) InlineInGraph(*a.g, m, counter, depth);
+      for (auto& sg : a.graphs) InlineInGraph(*sg, m, counter, depth);
+    }
+    const Function* f = m.FindFunction(n.domain, n.op_type);
+    if (f != nullptr) {
+      std::vector<Node> body = ExpandCall(n, *f, counter);
+      for (Node& b : body) result.push_back(std::move(b));
+      changed = true;
+    } else {
+      result.push_back(std::move(n));
+    }
+  }
+  g.nodes = std::move(result);
+  if (changed) InlineInGraph(g, m, counter, depth + 1);  // functions calling functions
+}
+
+}  // namespace
+
+void InlineFunctions(Model& model) {
+  if (model.functions.empty()) return;
+  int counter = 0;
+  InlineInGraph(model.graph, model, counter, 0);
+}
+
+// ---------------- plans ----------------
+
+struct Session::Plan {
+  struct Step {
+    const Node* node = nullptr;
+    const KernelInfo* kernel = nullptr;
+    int64_t opset = 0;
+    std::vector<int> in_slots;   // -1 = absent optional input
+    std::vector<int> out_slots;  // -1 = absent output
+    std::vector<int> release;    // slots whose last use is this step
+  };
+  const Graph* graph = nullptr;
+  std::unordered_map<std::string, int> slot_of;  // local values
+  std::vector<std::string> slot_names;
+  std::vector<int> input_slots;                        // formal graph inputs
+  std::vector<std::pair<int, const Tensor*>> consts;   // initializers
+  std::vector<int> output_slots;
+  std::vector<std::string> outer_names;  // values read from enclosing scopes
+  std::vector<int> outer_slots;
+  std::vector<Step> steps;
+};
+
+struct Session::Frame {
+  const Plan* plan = nullptr;
+  Frame* parent = nullptr;
+  std::vector<Tensor> slots;
+
+  const Tensor* Lookup(const std::string& name) const {
+    for (const Frame* f = this; f != nullptr; f = f->parent) {
+      auto it = f->plan->slot_of.find(name);
+      if (it != f->plan->slot_of.end() && f->slots[it->second].defined()) return &f->slots[it->second];
+    }
+    return nullptr;
+  }
+};
+
+const Session::Plan& Session::PlanFor(const Graph& g) {
+  auto it = plans_.find(&g);
+  if (it != plans_.end()) return *it->second;
+  auto plan = std::make_unique<Plan>();
+  plan->graph = &g;
+  auto slot = [&](const std::string& n) {
+    auto [pos, inserted] = plan->slot_of.emplace(n, static_cast<int>(plan->slot_names.size()));
+    if (inserted) plan->slot_names.push_back(n);
+    return pos->second;
+  };
+  std::unordered_set<std::string> defined;
+  for (const ValueInfo& v : g.inputs) {
+    plan->input_slots.push_back(slot(v.name));
+    defined.insert(v.name);
+  }
+  for (const auto& [n, t] : g.initializers) {
+    plan->consts.emplace_back(slot(n), &t);
+    defined.insert(n);
+  }
+  // Outer-scope values get local slots too, filled from the parent frame at the start.
+  for (const std::string& n : OuterScopeValues(g)) {
+    plan->outer_names.push_back(n);
+    plan->outer_slots.push_back(slot(n));
+  }
+  OpRegistry& reg = OpRegistry::Global();
+  for (const Node& node : g.nodes) {
+    Plan::Step st;
+    st.node = &node;
+    st.kernel = reg.Find(node.domain, node.op_type);
+    if (st.kernel == nullptr) {
+      std::string dom = node.domain.empty() ? "ai.onnx" : node.domain;
+      throw UnsupportedError(fmt::format("unsupported operator {}::{} ({})", dom, node.op_type, node.Describe()));
+    }
+    st.opset = model_.OpsetVersion(node.domain);
+    for (const std::string& i : node.inputs) st.in_slots.push_back(i.empty() ? -1 : slot(i));
+    for (const std::string& o : node.outputs) st.out_slots.push_back(o.empty() ? -1 : slot(o));
+    plan->steps.push_back(std::move(st));
+  }
+  for (const ValueInfo& v : g.outputs) plan->output_slots.push_back(slot(v.name));
+
+  // Last use of each slot: the last step reading it directly or through a subgraph.
+  std::vector<int> last(plan->slot_names.size(), -1);
+  for (int s = 0; s < static_cast<int>(plan->steps.size()); ++s) {
+    const Plan::Step& st = plan->steps[s];
+    for (int i : st.in_slots)
+      if (i >= 0) last[i] = s;
+    for (const Attribute& a : st.node->attributes) {
+      std::vector<const Graph*> subs;
+      if (a.g) subs.push_back(a.g.get());
+      for (const auto& sg : a.graphs) subs.push_back(sg.get());
+      for (const Graph* sg : subs)
+        for (const std::string& n : OuterScopeValues(*sg)) {
+          auto f = plan->slot_of.find(n);
+          if (f != plan->slot_of.end()) last[f->second] = s;
+        }
+    }
+  }
+  std::unordered_set<int> keep(plan->output_slots.begin(), plan->output_slots.end());
+  for (int s = 0; s < static_cast<int>(last.size()); ++s)
+    if (last[s] >= 0 && !keep.count(s)) plan->steps[last[s]].release.push_back(s);
+  // Outputs that are never consumed (unused optional results) are released right away.
+  for (int s = 0; s < static_cast<int>(plan->steps.size()); ++s)
+    for (int o : plan->steps[s].out_slots)
+      if (o >= 0 && last[o] < 0 && !keep.count(o)) plan->steps[s].release.push_back(o);
+
+  const Plan& ref = *plan;
+  plans_.emplace(&g, std::move(plan));
+  return ref;
+}
+
+// ---------------- execution ----------------
+
+class FrameRunner : public SubgraphRunner {
+ public:
+  FrameRunner(Session* s, Session::Frame* f) : session_(s), frame_(f) {}
+  std::vector<Tensor> RunSubgraph(const Graph& body, const std::vector<Tensor>& inputs) override {
+    const Session::Plan& plan = session_->PlanFor(body);
+    return session_->Execute(plan, frame_, inputs, nullptr);
+  }
+
+ private:
+  Session* session_;
+  Session::Frame* frame_;
+};
+
+Session::Session(const Model& model, SessionOptions options) : model_(model), options_(options) {
+  InlineFunctions(model_);
+  std::unordered_set<std::string> inits;
+  for (const auto& [n, t] : model_.graph.initializers) inits.insert(n);
+  for (const ValueInfo& v : model_.graph.inputs)
+    if (!inits.count(v.name)) inputs_.push_back(v);
+  outputs_ = model_.graph.outputs;
+  // Graph inputs that are also initializers (IR < 4) become overridable defaults: the plan
+  // binds formal inputs only to the fed ones.
+  PlanFor(model_.graph);
+}
+
+Session::~Session() = default;
+
+namespace {
+
+void CheckFeed(const ValueInfo& v, const Tensor& t) {
+  GAF_CHECK(t.defined(), "input '{}' was given an empty tensor", v.name);
+  if (v.dtype != DataType::kUndefined)
+    GAF_CHECK(t.dtype() == v.dtype, "input '{}' expects {} but was given {}", v.name, DataTypeName(v.dtype),
+              DataTypeName(t.dtype()));
+  if (v.has_shape) {
+    GAF_CHECK(t.rank() == static_cast<int64_t>(v.dims.size()), "input '{}' expects shape {} but was given {}",
+              v.name, DimsToString(v.dims), ShapeToString(t.shape()));
+    for (size_t i = 0; i < v.dims.size(); ++i)
+      GAF_CHECK(!v.dims[i].known() || v.dims[i].value == t.shape()[i],
+                "input '{}' expects shape {} but was given {}", v.name, DimsToString(v.dims),
+                ShapeToString(t.shape()));
+  }
+}
+
+}  // namespace
+
+std::vector<Tensor> Session::Execute(const Plan& plan, Frame* parent, const std::vector<Tensor>& graph_inputs,
+                                     const std::map<std::string, Tensor>* feeds) {
+  Frame frame;
+  frame.plan = &plan;
+  frame.parent = parent;
+  frame.slots.resize(plan.slot_names.size());
+  for (const auto& [s, t] : plan.consts) frame.slots[s] = *t;
+  const Graph& g = *plan.graph;
+  if (feeds != nullptr) {
+    for (size_t i = 0; i < g.inputs.size(); ++i) {
+      const ValueInfo& v = g.inputs[i];
+      auto it = feeds->find(v.name);
+      if (it == feeds->end()) {
+        GAF_CHECK(g.FindInitializer(v.name) != nullptr, "input '{}' was not given", v.name);
+        continue;  // initializer default
+      }
+      CheckFeed(v, it->second);
+      frame.slots[plan.input_slots[i]] = it->second;
+    }
+  } else {
+    GAF_CHECK(graph_inputs.size() <= g.inputs.size(), "subgraph '{}' takes {} inputs, {} given", g.name,
+              g.inputs.size(), graph_inputs.size());
+    for (size_t i = 0; i < graph_inputs.size(); ++i) frame.slots[plan.input_slots[i]] = graph_inputs[i];
+  }
+  for (size_t i = 0; i < plan.outer_names.size(); ++i) {
+    if (frame.slots[plan.outer_slots[i]].defined()) continue;
+    const Tensor* t = parent ? parent->Lookup(plan.outer_names[i]) : nullptr;
+    if (t != nullptr) frame.slots[plan.outer_slots[i]] = *t;
+  }
+
+  FrameRunner runner(this, &frame);
+  int threads = omp_get_max_threads();
+  for (const Plan::Step& st : plan.steps) {
+    const Node& node = *st.node;
+    KernelContext ctx{node, st.opset, {}, {}, &runner, threads};
+    ctx.inputs.resize(st.in_slots.size(), nullptr);
+    std::vector<Tensor> upcast;  // keeps converted half inputs alive
+    DataType half_type = DataType::kUndefined;
+    for (size_t i = 0; i < st.in_slots.size(); ++i) {
+      int s = st.in_slots[i];
+      if (s < 0) continue;
+      const Tensor& t = frame.slots[s];
+      GAF_CHECK(t.defined(), "{}: input '{}' has no value (produced by an earlier failed or skipped node?)",
+                node.Describe(), node.inputs[i]);
+      ctx.inputs[i] = &t;
+      if (st.kernel->upcast_half && IsHalf(t.dtype())) half_type = t.dtype();
+    }
+    if (half_type != DataType::kUndefined) {
+      upcast.reserve(ctx.inputs.size());
+      for (auto& in : ctx.inputs) {
+        if (in != nullptr && IsHalf(in->dtype())) {
+          upcast.push_back(in->CastTo(DataType::kFloat));
+          in = &upcast.back();
+        }
+      }
+    }
+    ctx.outputs.resize(node.outputs.size());
+    auto t0 = std::chrono::steady_clock::now();
+    try {
+      st.kernel->fn(ctx);
+    } catch (const UnsupportedError&) {
+      throw;
+    } catch (const Error& e) {
+      std::string msg = e.what();
+      if (msg.find(node.Describe()) == std::string::npos) msg = node.Describe() + ": " + msg;
+      throw Error(msg);
+    } catch (const std::exception& e) {
+      throw Error(fmt::format("{}: {}", node.Describe(), e.what()));
+    }
+    if (options_.profile) {
+      double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      OpProfile& p = profile_[node.op_type];
+      p.op_type = node.op_type;
+      p.calls++;
+      p.seconds += dt;
+    }
+    for (size_t o = 0; o < st.out_slots.size(); ++o) {
+      if (st.out_slots[o] < 0) continue;
+      Tensor& out = ctx.outputs[o];
+      GAF_CHECK(out.defined(), "{}: kernel produced no value for output '{}'", node.Describe(), node.outputs[o]);
+      if (half_type != DataType::kUndefined && out.dtype() == DataType::kFloat) out = out.CastTo(half_type);
+      frame.slots[st.out_slots[o]] = std::move(out);
+    }
+    for (int s : st.release) frame.slots[s] = Tensor();
+  }
+  std::vector<Tensor> results;
+  results.reserve(plan.output_slots.size());
+  for (size_t i = 0; i < plan.output_slots.size(); ++i) {
+    const Tensor& t = frame.slots[plan.output_slots[i]];
+    if (t.defined()) {
+      results.push_back(t);
+    } else {
+      const Tensor* outer = parent ? parent->Lookup(g.outputs[i].name) : nullptr;
+      GAF_CHECK(outer != nullptr, "graph output '{}' was not produced", g.outputs[i].name);
+      results.push_back(*outer);
+    }
+  }
+  return results;
+}
+
+std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,
+                                 const std::vector<std::string>& output_names) {
+  for (const auto& [name, t] : feeds) {
+    bool known = false;
+    for (const ValueInfo& v : model_.graph.inputs) known |= v.name == name;
+    GAF_CHECK(known, "'{}' is not an input of the model", name);
+  }
+  int threads = options_.num_threads > 0 ? options_.num_threads : omp_get_num_procs();
+  omp_set_num_threads(threads);
+  std::vector<Tensor> all = Execute(PlanFor(model_.graph), nullptr, {}, &feeds);
+  if (output_names.empty()) return all;
+  std::vector<Tensor> out;
+  for (const std::string& n : output_names) {
+    size_t i = 0;
+    while (i < outputs_.size() && outputs_[i].name != n) ++i;
+    GAF_CHECK(i < outputs_.size(), "'{}' is not an output of the model", n);
+    out.push_back(all[i]);
+  }
+  return out;
+}
+
+std::vector<OpProfile> Session::Profile() const {
+  std::vector<OpProfile> out;
+  for (const auto& [k, v] : profile_) out.push_back(v);
+  std::sort(out.begin(), out.end(), [](const OpProfile& a, const OpProfile& b) { return a.seconds > b.seconds; });
+  return out;
+}
+
+}  // namespace gaf

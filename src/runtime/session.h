@@ -1,0 +1,70 @@
+// The reference CPU runtime: executes a model's graph on given inputs.
+//
+// At construction the session inlines model-local functions, resolves a kernel for every node
+// (an operator without a kernel is a gaf::UnsupportedError naming the node), assigns each value a
+// slot and computes where each value is used last, so a tensor's memory is released right after
+// its last consumer runs.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ops/kernel.h"
+
+namespace gaf {
+
+struct SessionOptions {
+  int num_threads = 0;   // 0 = all cores
+  bool profile = false;  // accumulate time per op type (see Session::Profile)
+};
+
+struct OpProfile {
+  std::string op_type;
+  int64_t calls = 0;
+  double seconds = 0;
+};
+
+class Session {
+ public:
+  Session(const Model& model, SessionOptions options = {});
+  ~Session();
+
+  // Graph inputs that must be fed (initializers excluded), and graph outputs.
+  const std::vector<ValueInfo>& inputs() const { return inputs_; }
+  const std::vector<ValueInfo>& outputs() const { return outputs_; }
+  const Model& model() const { return model_; }
+
+  // Runs the graph. Feeds are checked against the declared input types and known dimensions;
+  // a mismatch is a gaf::Error naming the input. Returns the requested outputs (all graph outputs
+  // when `output_names` is empty), in that order.
+  std::vector<Tensor> Run(const std::map<std::string, Tensor>& feeds,
+                          const std::vector<std::string>& output_names = {});
+
+  // Per op type totals since construction (only with options.profile), largest first.
+  std::vector<OpProfile> Profile() const;
+
+  struct Plan;    // compiled form of one graph
+  struct Frame;   // values of one graph execution
+
+ private:
+  const Plan& PlanFor(const Graph& g);
+  std::vector<Tensor> Execute(const Plan& plan, Frame* parent, const std::vector<Tensor>& graph_inputs,
+                              const std::map<std::string, Tensor>* feeds);
+  friend class FrameRunner;
+
+  Model model_;  // with functions inlined
+  SessionOptions options_;
+  std::vector<ValueInfo> inputs_, outputs_;
+  std::unordered_map<const Graph*, std::unique_ptr<Plan>> plans_;
+  std::map<std::string, OpProfile> profile_;
+};
+
+// Replaces every call of a model-local function (in the graph and its subgraphs) with the
+// function's body, values renamed apart and attribute references resolved. Exposed for tests.
+void InlineFunctions(Model& model);
+
+}  // namespace gaf
