@@ -1,8 +1,1375 @@
+// Contraction and pooling kernels: MatMul, Gemm, MatMulInteger, Einsum, Conv, ConvTranspose,
+// MaxPool, AveragePool, LpPool and their global variants.
+//
+// float32 products go through Sgemm(): oneDNN's dnnl_sgemm, except batch-1 products with a
+// row-major [K,N] weight (the decode step of an LLM), which use GemvRows(): an OpenMP-parallel
+// streaming kernel that reads the weight once, split over K across threads.
+#include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "ops/kernel.h"
 #include "ops/kernel_util.h"
 
 namespace gaf {
+namespace {
 
-void RegisterNnKernels(OpRegistry& r) {}
+// ------------------------------------------------------------------------------------------
+// Small integer helpers.
+
+inline int64_t FloorDiv(int64_t a, int64_t b) {
+  int64_t q = a / b;
+  if ((a % b != 0) && ((a < 0) != (b < 0))) --q;
+  return q;
+}
+inline int64_t CeilDiv(int64_t a, int64_t b) { return -FloorDiv(-a, b); }
+
+// Range [lo, hi) of k in [0, kmax) such that pos = o * s + off + k * d lies in [0, limit).
+// With d == 0 treated as 1.
+inline void KernelRange(int64_t base, int64_t d, int64_t kmax, int64_t limit, int64_t* lo,
+                        int64_t* hi) {
+  // base + k*d >= 0  -> k >= ceil(-base/d); base + k*d <= limit-1 -> k <= floor((limit-1-base)/d)
+  int64_t l = std::min<int64_t>(kmax, std::max<int64_t>(0, CeilDiv(-base, d)));
+  int64_t h = std::min<int64_t>(kmax, FloorDiv(limit - 1 - base, d) + 1);
+  *lo = l;
+  *hi = std::max(l, h);
+}
+
+// ------------------------------------------------------------------------------------------
+// GEMM.
+
+// acc[0:n] += sum_{k in [k0,k1)} x[k] * w[k*ldw + 0:n]; rows streamed four at a time.
+void RowAccumulate(float* __restrict acc, const float* __restrict x, const float* __restrict w,
+                   int64_t ldw, int64_t k0, int64_t k1, int64_t n) {
+  int64_t k = k0;
+  for (; k + 4 <= k1; k += 4) {
+    const float a0 = x[k], a1 = x[k + 1], a2 = x[k + 2], a3 = x[k + 3];
+    const float* __restrict r0 = w + k * ldw;
+    const float* __restrict r1 = r0 + ldw;
+    const float* __restrict r2 = r1 + ldw;
+    const float* __restrict r3 = r2 + ldw;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) acc[j] += a0 * r0[j] + a1 * r1[j] + a2 * r2[j] + a3 * r3[j];
+  }
+  for (; k < k1; ++k) {
+    const float a0 = x[k];
+    const float* __restrict r0 = w + k * ldw;
+#pragma omp simd
+    for (int64_t j = 0; j < n; ++j) acc[j] += a0 * r0[j];
+  }
+}
+
+// y[0:N] (+)= x[0:K] * W[K,N] (row-major, leading dimension ldw). Each thread streams a
+// contiguous block of rows of W once into a private accumulator; partials are then summed.
+void GemvRows(const float* x, const float* w, int64_t ldw, float* y, int64_t K, int64_t N,
+              bool accumulate) {
+  constexpr int64_t kColBlock = 8192;  // accumulator block that stays in L1/L2
+  int max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  int64_t work = K * N;
+  int nt = static_cast<int>(std::min<int64_t>({max_threads, std::max<int64_t>(1, work / 32768),
+                                               std::max<int64_t>(1, K / 8)}));
+  auto run_rows = [&](float* acc, int64_t k0, int64_t k1, bool zero) {
+    for (int64_t c0 = 0; c0 < N; c0 += kColBlock) {
+      int64_t cn = std::min(kColBlock, N - c0);
+      if (zero) std::memset(acc + c0, 0, sizeof(float) * cn);
+      RowAccumulate(acc + c0, x, w + c0, ldw, k0, k1, cn);
+    }
+  };
+  if (nt <= 1) {
+    run_rows(y, 0, K, !accumulate);
+    return;
+  }
+  std::unique_ptr<float[]> scratch(new float[static_cast<size_t>(nt - 1) * N]);
+#pragma omp parallel num_threads(nt)
+  {
+    int t = omp_get_thread_num();
+    int team = omp_get_num_threads();
+    int64_t k0 = K * t / team, k1 = K * (t + 1) / team;
+    float* acc = t == 0 ? y : scratch.get() + static_cast<int64_t>(t - 1) * N;
+    run_rows(acc, k0, k1, t != 0 || !accumulate);
+#pragma omp barrier
+    int64_t n0 = N * t / team, n1 = N * (t + 1) / team;
+    for (int s = 1; s < team; ++s) {
+      const float* __restrict p = scratch.get() + static_cast<int64_t>(s - 1) * N;
+      float* __restrict yy = y;
+#pragma omp simd
+      for (int64_t j = n0; j < n1; ++j) yy[j] += p[j];
+    }
+  }
+}
+
+// C[M,N] = alpha * op(A) * op(B) + beta * C, row-major.
+void Sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) C[m * ldc + n] = beta == 0.f ? 0.f : beta * C[m * ldc + n];
+    return;
+  }
+  if (M == 1 && !tb && (beta == 0.f || beta == 1.f)) {
+    const float* x = A;
+    std::vector<float> tmp;
+    if (ta || alpha != 1.f) {
+      tmp.resize(K);
+      for (int64_t k = 0; k < K; ++k) tmp[k] = alpha * (ta ? A[k * lda] : A[k]);
+      x = tmp.data();
+    }
+    GemvRows(x, B, ldb, C, K, N, beta == 1.f);
+    return;
+  }
+  dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
+                                beta, C, ldc);
+  GAF_CHECK(st == dnnl_success, "oneDNN sgemm failed with status {}", static_cast<int>(st));
+}
+
+// Reference GEMM for non-float32 types (double, integers).
+template <class T>
+void GemmRef(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, const T* A,
+             int64_t lda, const T* B, int64_t ldb, double beta, T* C, int64_t ldc) {
+  ParallelFor(M, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, N * K)), [&](int64_t m0,
+                                                                               int64_t m1) {
+    std::vector<T> row(N);
+    for (int64_t m = m0; m < m1; ++m) {
+      std::fill(row.begin(), row.end(), T{});
+      for (int64_t k = 0; k < K; ++k) {
+        T a = ta ? A[k * lda + m] : A[m * lda + k];
+        if (!tb) {
+          const T* b = B + k * ldb;
+          for (int64_t n = 0; n < N; ++n) row[n] += a * b[n];
+        } else {
+          for (int64_t n = 0; n < N; ++n) row[n] += a * B[n * ldb + k];
+        }
+      }
+      T* c = C + m * ldc;
+      for (int64_t n = 0; n < N; ++n) {
+        double v = alpha == 1.0 ? static_cast<double>(row[n]) : alpha * static_cast<double>(row[n]);
+        if (alpha == 1.0 && beta == 0.0) {
+          c[n] = row[n];
+        } else if (beta == 0.0) {
+          c[n] = static_cast<T>(v);
+        } else {
+          c[n] = static_cast<T>(v + beta * static_cast<double>(c[n]));
+        }
+      }
+    }
+  });
+}
+
+template <class T>
+void Gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const T* A, int64_t lda,
+          const T* B, int64_t ldb, float beta, T* C, int64_t ldc) {
+  if constexpr (std::is_same_v<T, float>) {
+    Sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  } else {
+    GemmRef<T>(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  }
+}
+
+// C[b] = A[b] (MxK) * B[b] (KxN) for each batch b, with per-batch element offsets into A and B;
+// C batches are contiguous. Small products run in parallel over the batch.
+template <class T>
+void BatchedGemm(int64_t batch, int64_t M, int64_t N, int64_t K, const T* A,
+                 const std::vector<int64_t>& a_off, const T* B,
+                 const std::vector<int64_t>& b_off, T* C) {
+  int64_t per = M * N * std::max<int64_t>(K, 1);
+  auto one = [&](int64_t b) {
+    Gemm<T>(false, false, M, N, K, 1.f, A + a_off[b], K, B + b_off[b], N, 0.f, C + b * M * N, N);
+  };
+  if (batch > 1 && per < (int64_t{1} << 21)) {
+    ParallelFor(batch, std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(per, 1)),
+                [&](int64_t b0, int64_t b1) {
+                  for (int64_t b = b0; b < b1; ++b) one(b);
+                });
+  } else {
+    for (int64_t b = 0; b < batch; ++b) one(b);
+  }
+}
+
+// Per-batch offsets (in elements) of a [..., R, C] operand broadcast to `out_batch`.
+std::vector<int64_t> BatchOffsets(const Shape& batch_shape, int64_t mat_size,
+                                  const Shape& out_batch) {
+  int64_t nb = NumElements(out_batch);
+  std::vector<int64_t> offs(nb);
+  std::vector<int64_t> st = BroadcastStrides(batch_shape, out_batch);
+  size_t r = out_batch.size();
+  std::vector<int64_t> idx(r, 0);
+  int64_t off = 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    offs[b] = off * mat_size;
+    for (int64_t d = static_cast<int64_t>(r) - 1; d >= 0; --d) {
+      if (++idx[d] < out_batch[d]) {
+        off += st[d];
+        break;
+      }
+      off -= st[d] * (out_batch[d] - 1);
+      idx[d] = 0;
+    }
+  }
+  return offs;
+}
+
+// ------------------------------------------------------------------------------------------
+// MatMul.
+
+struct MatMulPlan {
+  int64_t M = 1, N = 1, K = 1;
+  Shape a_batch, b_batch, out_batch, out_shape;
+};
+
+MatMulPlan PlanMatMul(const Shape& as, const Shape& bs, const Node& node) {
+  GAF_CHECK(!as.empty() && !bs.empty(), "{}: MatMul inputs must have rank >= 1 (got {} and {})",
+            node.Describe(), ShapeToString(as), ShapeToString(bs));
+  MatMulPlan p;
+  bool a1 = as.size() == 1, b1 = bs.size() == 1;
+  p.M = a1 ? 1 : as[as.size() - 2];
+  int64_t ka = as.back();
+  int64_t kb = b1 ? bs[0] : bs[bs.size() - 2];
+  p.N = b1 ? 1 : bs.back();
+  GAF_CHECK(ka == kb, "{}: MatMul inner dimensions differ: {} x {}", node.Describe(),
+            ShapeToString(as), ShapeToString(bs));
+  p.K = ka;
+  if (as.size() > 2) p.a_batch.assign(as.begin(), as.end() - 2);
+  if (bs.size() > 2) p.b_batch.assign(bs.begin(), bs.end() - 2);
+  p.out_batch = BroadcastShapes(p.a_batch, p.b_batch, node);
+  p.out_shape = p.out_batch;
+  if (!a1) p.out_shape.push_back(p.M);
+  if (!b1) p.out_shape.push_back(p.N);
+  return p;
+}
+
+template <class T>
+void RunMatMul(const MatMulPlan& p, const T* a, const T* b, T* c) {
+  int64_t nb = NumElements(p.out_batch);
+  if (nb == 0 || p.M == 0 || p.N == 0) return;
+  if (NumElements(p.b_batch) == 1 && NumElements(p.a_batch) == nb) {
+    // B shared by all batches: one GEMM with M' = batch * M.
+    Gemm<T>(false, false, nb * p.M, p.N, p.K, 1.f, a, p.K, b, p.N, 0.f, c, p.N);
+    return;
+  }
+  std::vector<int64_t> ao = BatchOffsets(p.a_batch, p.M * p.K, p.out_batch);
+  std::vector<int64_t> bo = BatchOffsets(p.b_batch, p.K * p.N, p.out_batch);
+  BatchedGemm<T>(nb, p.M, p.N, p.K, a, ao, b, bo, c);
+}
+
+void MatMulKernel(KernelContext& ctx) {
+  const Tensor& A = ctx.input(0);
+  const Tensor& B = ctx.input(1);
+  const Node& node = ctx.node;
+  GAF_CHECK(A.dtype() == B.dtype(), "{}: MatMul input types differ ({} vs {})", node.Describe(),
+            DataTypeName(A.dtype()), DataTypeName(B.dtype()));
+  MatMulPlan p = PlanMatMul(A.shape(), B.shape(), node);
+  ctx.outputs[0] = Tensor(A.dtype(), p.out_shape);
+  Tensor& Y = ctx.outputs[0];
+  switch (A.dtype()) {
+    case DataType::kFloat: RunMatMul<float>(p, A.data<float>(), B.data<float>(), Y.data<float>()); break;
+    case DataType::kDouble: RunMatMul<double>(p, A.data<double>(), B.data<double>(), Y.data<double>()); break;
+    case DataType::kInt32: RunMatMul<int32_t>(p, A.data<int32_t>(), B.data<int32_t>(), Y.data<int32_t>()); break;
+    case DataType::kInt64: RunMatMul<int64_t>(p, A.data<int64_t>(), B.data<int64_t>(), Y.data<int64_t>()); break;
+    case DataType::kUint32: RunMatMul<uint32_t>(p, A.data<uint32_t>(), B.data<uint32_t>(), Y.data<uint32_t>()); break;
+    case DataType::kUint64: RunMatMul<uint64_t>(p, A.data<uint64_t>(), B.data<uint64_t>(), Y.data<uint64_t>()); break;
+    default:
+      GAF_UNSUPPORTED("{}: MatMul of type {} is not supported", node.Describe(),
+                      DataTypeName(A.dtype()));
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Gemm: Y = alpha * op(A) * op(B) + beta * C, C unidirectionally broadcast to [M, N].
+
+template <class T>
+void RunGemm(KernelContext& ctx) {
+  const Node& node = ctx.node;
+  const Tensor& A = ctx.input(0);
+  const Tensor& B = ctx.input(1);
+  const Tensor* C = ctx.has_input(2) ? ctx.inputs[2] : nullptr;
+  bool ta = node.GetInt("transA", 0) != 0, tb = node.GetInt("transB", 0) != 0;
+  float alpha = node.GetFloat("alpha", 1.f), beta = node.GetFloat("beta", 1.f);
+  GAF_CHECK(A.rank() == 2 && B.rank() == 2, "{}: Gemm inputs must be 2-D (got {} and {})",
+            node.Describe(), ShapeToString(A.shape()), ShapeToString(B.shape()));
+  int64_t M = ta ? A.dim(1) : A.dim(0), K = ta ? A.dim(0) : A.dim(1);
+  int64_t kb = tb ? B.dim(1) : B.dim(0), N = tb ? B.dim(0) : B.dim(1);
+  GAF_CHECK(K == kb, "{}: Gemm inner dimensions differ: A {} (transA={}) B {} (transB={})",
+            node.Describe(), ShapeToString(A.shape()), ta, ShapeToString(B.shape()), tb);
+  ctx.outputs[0] = Tensor(A.dtype(), {M, N});
+  T* y = ctx.outputs[0].data<T>();
+  float gemm_beta = 0.f;
+  if (C != nullptr && beta != 0.f && C->numel() > 0) {
+    GAF_CHECK(C->dtype() == A.dtype(), "{}: Gemm C type {} differs from A type {}",
+              node.Describe(), DataTypeName(C->dtype()), DataTypeName(A.dtype()));
+    GAF_CHECK(C->rank() <= 2, "{}: Gemm C must have rank <= 2 (got {})", node.Describe(),
+              ShapeToString(C->shape()));
+    Shape cs = C->shape();
+    while (cs.size() < 2) cs.insert(cs.begin(), 1);
+    GAF_CHECK((cs[0] == 1 || cs[0] == M) && (cs[1] == 1 || cs[1] == N),
+              "{}: Gemm C of shape {} cannot broadcast to [{},{}]", node.Describe(),
+              ShapeToString(C->shape()), M, N);
+    const T* c = C->data<T>();
+    int64_t rs = cs[0] == 1 ? 0 : cs[1], cst = cs[1] == 1 ? 0 : 1;
+    T b = static_cast<T>(beta);
+    for (int64_t m = 0; m < M; ++m) {
+      T* yr = y + m * N;
+      const T* cr = c + m * rs;
+      if (cst == 1) {
+        if (beta == 1.f) {
+          std::memcpy(yr, cr, sizeof(T) * N);
+        } else {
+          for (int64_t n = 0; n < N; ++n) yr[n] = b * cr[n];
+        }
+      } else {
+        T v = beta == 1.f ? cr[0] : static_cast<T>(b * cr[0]);
+        std::fill(yr, yr + N, v);
+      }
+    }
+    gemm_beta = 1.f;
+  }
+  Gemm<T>(ta, tb, M, N, K, alpha, A.data<T>(), A.dim(1), B.data<T>(), B.dim(1), gemm_beta, y, N);
+}
+
+void GemmKernel(KernelContext& ctx) {
+  const Tensor& A = ctx.input(0);
+  switch (A.dtype()) {
+    case DataType::kFloat: return RunGemm<float>(ctx);
+    case DataType::kDouble: return RunGemm<double>(ctx);
+    case DataType::kInt32: return RunGemm<int32_t>(ctx);
+    case DataType::kInt64: return RunGemm<int64_t>(ctx);
+    case DataType::kUint32: return RunGemm<uint32_t>(ctx);
+    case DataType::kUint64: return RunGemm<uint64_t>(ctx);
+    default:
+      GAF_UNSUPPORTED("{}: Gemm of type {} is not supported", ctx.node.Describe(),
+                      DataTypeName(A.dtype()));
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// MatMulInteger: int32 Y = (A - a_zero_point) * (B - b_zero_point).
+
+std::vector<int32_t> ToInt32Values(const Tensor& t, const Node& node, const char* what) {
+  std::vector<int32_t> v(t.numel());
+  if (t.dtype() == DataType::kUint8) {
+    const uint8_t* p = t.data<uint8_t>();
+    for (int64_t i = 0; i < t.numel(); ++i) v[i] = p[i];
+  } else if (t.dtype() == DataType::kInt8) {
+    const int8_t* p = t.data<int8_t>();
+    for (int64_t i = 0; i < t.numel(); ++i) v[i] = p[i];
+  } else {
+    GAF_UNSUPPORTED("{}: {} of type {} is not supported (uint8/int8 only)", node.Describe(), what,
+                    DataTypeName(t.dtype()));
+  }
+  return v;
+}
+
+void MatMulIntegerKernel(KernelContext& ctx) {
+  const Node& node = ctx.node;
+  const Tensor& A = ctx.input(0);
+  const Tensor& B = ctx.input(1);
+  MatMulPlan p = PlanMatMul(A.shape(), B.shape(), node);
+  std::vector<int32_t> a = ToInt32Values(A, node, "A");
+  std::vector<int32_t> b = ToInt32Values(B, node, "B");
+  int64_t M = p.M, N = p.N, K = p.K;
+  if (ctx.has_input(2)) {
+    const Tensor& za = *ctx.inputs[2];
+    GAF_CHECK(za.dtype() == A.dtype(), "{}: a_zero_point type differs from A", node.Describe());
+    std::vector<int32_t> z = ToInt32Values(za, node, "a_zero_point");
+    if (z.size() == 1) {
+      for (auto& v : a) v -= z[0];
+    } else {
+      // Per-row zero points: one per row of each A matrix.
+      GAF_CHECK(static_cast<int64_t>(z.size()) == M && A.rank() >= 2,
+                "{}: a_zero_point must be a scalar or have M={} elements (got {})",
+                node.Describe(), M, ShapeToString(za.shape()));
+      for (size_t i = 0; i < a.size(); ++i) a[i] -= z[(i / K) % M];
+    }
+  }
+  if (ctx.has_input(3)) {
+    const Tensor& zb = *ctx.inputs[3];
+    GAF_CHECK(zb.dtype() == B.dtype(), "{}: b_zero_point type differs from B", node.Describe());
+    std::vector<int32_t> z = ToInt32Values(zb, node, "b_zero_point");
+    if (z.size() == 1) {
+      for (auto& v : b) v -= z[0];
+    } else {
+      GAF_CHECK(static_cast<int64_t>(z.size()) == N && B.rank() >= 2,
+                "{}: b_zero_point must be a scalar or have N={} elements (got {})",
+                node.Describe(), N, ShapeToString(zb.shape()));
+      for (size_t i = 0; i < b.size(); ++i) b[i] -= z[i % N];
+    }
+  }
+  ctx.outputs[0] = Tensor(DataType::kInt32, p.out_shape);
+  RunMatMul<int32_t>(p, a.data(), b.data(), ctx.outputs[0].data<int32_t>());
+}
+
+// ------------------------------------------------------------------------------------------
+// Einsum: diagonals, sums and pairwise contractions reduced to batched GEMMs.
+
+template <class T>
+struct Labeled {
+  std::vector<T> data;
+  std::vector<int> labels;
+  std::vector<int64_t> dims;
+};
+
+// dst (row-major over dims) = src[sum_i idx_i * strides_i].
+template <class T>
+void StridedCopy(const T* src, const std::vector<int64_t>& dims,
+                 const std::vector<int64_t>& strides, T* dst) {
+  int64_t n = NumElements(dims);
+  if (n == 0) return;
+  if (dims.empty()) {
+    dst[0] = src[0];
+    return;
+  }
+  size_t r = dims.size();
+  int64_t inner = dims[r - 1], is = strides[r - 1];
+  std::vector<int64_t> idx(r, 0);
+  int64_t off = 0;
+  for (int64_t o = 0; o < n; o += inner) {
+    for (int64_t j = 0; j < inner; ++j) dst[o + j] = src[off + j * is];
+    for (int64_t d = static_cast<int64_t>(r) - 2; d >= 0; --d) {
+      if (++idx[d] < dims[d]) {
+        off += strides[d];
+        break;
+      }
+      off -= strides[d] * (dims[d] - 1);
+      idx[d] = 0;
+    }
+  }
+}
+
+template <class T>
+Labeled<T> Permute(const Labeled<T>& x, const std::vector<int>& order_labels) {
+  std::vector<int64_t> st = Strides(x.dims);
+  Labeled<T> y;
+  y.labels = order_labels;
+  std::vector<int64_t> ps;
+  for (int l : order_labels) {
+    size_t i = std::find(x.labels.begin(), x.labels.end(), l) - x.labels.begin();
+    y.dims.push_back(x.dims[i]);
+    ps.push_back(st[i]);
+  }
+  if (y.labels == x.labels) {
+    y.data = x.data;
+    return y;
+  }
+  y.data.resize(NumElements(y.dims));
+  StridedCopy(x.data.data(), y.dims, ps, y.data.data());
+  return y;
+}
+
+// Sums out the labels for which drop(label) is true.
+template <class T, class Pred>
+Labeled<T> SumOut(const Labeled<T>& x, Pred drop) {
+  std::vector<int> keep, gone;
+  for (int l : x.labels) (drop(l) ? gone : keep).push_back(l);
+  if (gone.empty()) return x;
+  std::vector<int> order = keep;
+  order.insert(order.end(), gone.begin(), gone.end());
+  Labeled<T> p = Permute(x, order);
+  Labeled<T> y;
+  y.labels = keep;
+  int64_t inner = 1;
+  for (size_t i = 0; i < p.dims.size(); ++i) {
+    if (i < keep.size()) {
+      y.dims.push_back(p.dims[i]);
+    } else {
+      inner *= p.dims[i];
+    }
+  }
+  int64_t outer = NumElements(y.dims);
+  y.data.assign(outer, T{});
+  for (int64_t o = 0; o < outer; ++o) {
+    T s{};
+    const T* row = p.data.data() + o * inner;
+    for (int64_t j = 0; j < inner; ++j) s += row[j];
+    y.data[o] = s;
+  }
+  return y;
+}
+
+template <class T>
+Labeled<T> Contract(const Labeled<T>& a0, const Labeled<T>& b0, const std::vector<int>& keep) {
+  auto has = [](const std::vector<int>& v, int l) {
+    return std::find(v.begin(), v.end(), l) != v.end();
+  };
+  Labeled<T> a = SumOut(a0, [&](int l) { return !has(keep, l) && !has(b0.labels, l); });
+  Labeled<T> b = SumOut(b0, [&](int l) { return !has(keep, l) && !has(a.labels, l); });
+  std::vector<int> bat, ms, ks, ns;
+  for (int l : a.labels) {
+    if (has(b.labels, l)) {
+      (has(keep, l) ? bat : ks).push_back(l);
+    } else {
+      ms.push_back(l);
+    }
+  }
+  for (int l : b.labels)
+    if (!has(a.labels, l)) ns.push_back(l);
+  auto dim_of = [](const Labeled<T>& x, int l) {
+    return x.dims[std::find(x.labels.begin(), x.labels.end(), l) - x.labels.begin()];
+  };
+  int64_t nb = 1, M = 1, K = 1, N = 1;
+  for (int l : bat) nb *= dim_of(a, l);
+  for (int l : ms) M *= dim_of(a, l);
+  for (int l : ks) K *= dim_of(a, l);
+  for (int l : ns) N *= dim_of(b, l);
+  std::vector<int> ao = bat, bo = bat;
+  ao.insert(ao.end(), ms.begin(), ms.end());
+  ao.insert(ao.end(), ks.begin(), ks.end());
+  bo.insert(bo.end(), ks.begin(), ks.end());
+  bo.insert(bo.end(), ns.begin(), ns.end());
+  Labeled<T> ap = Permute(a, ao), bp = Permute(b, bo);
+  Labeled<T> y;
+  y.labels = bat;
+  y.labels.insert(y.labels.end(), ms.begin(), ms.end());
+  y.labels.insert(y.labels.end(), ns.begin(), ns.end());
+  for (int l : bat) y.dims.push_back(dim_of(a, l));
+  for (int l : ms) y.dims.push_back(dim_of(a, l));
+  for (int l : ns) y.dims.push_back(dim_of(b, l));
+  y.data.assign(nb * M * N, T{});
+  if (nb * M * N > 0) {
+    std::vector<int64_t> aoff(nb), boff(nb);
+    for (int64_t i = 0; i < nb; ++i) {
+      aoff[i] = i * M * K;
+      boff[i] = i * K * N;
+    }
+    BatchedGemm<T>(nb, M, N, K, ap.data.data(), aoff, bp.data.data(), boff, y.data.data());
+  }
+  return y;
+}
+
+struct EinsumSpec {
+  std::vector<std::vector<int>> in_labels;  // per operand, one label per dimension
+  std::vector<int> out_labels;
+};
+
+constexpr int kEllipsisLabel = 256;  // ellipsis dims get labels 256 + j
+
+EinsumSpec ParseEinsum(const std::string& eq_raw, const std::vector<const Tensor*>& ins,
+                       const Node& node) {
+  std::string eq;
+  for (char ch : eq_raw)
+    if (ch != ' ') eq += ch;
+  EinsumSpec spec;
+  size_t arrow = eq.find("->");
+  std::string lhs = arrow == std::string::npos ? eq : eq.substr(0, arrow);
+  std::vector<std::string> terms;
+  size_t start = 0;
+  while (true) {
+    size_t c = lhs.find(',', start);
+    terms.push_back(lhs.substr(start, c == std::string::npos ? std::string::npos : c - start));
+    if (c == std::string::npos) break;
+    start = c + 1;
+  }
+  GAF_CHECK(terms.size() == ins.size(), "{}: Einsum equation '{}' has {} operands but {} inputs",
+            node.Describe(), eq_raw, terms.size(), ins.size());
+  // Parse a term into letters and an ellipsis position.
+  auto parse_term = [&](const std::string& t, int64_t rank, int64_t* ell_rank_out,
+                        int64_t max_ell) {
+    std::vector<int> labels;
+    size_t e = t.find("...");
+    std::string pre = e == std::string::npos ? t : t.substr(0, e);
+    std::string post = e == std::string::npos ? "" : t.substr(e + 3);
+    for (char ch : pre + post)
+      GAF_CHECK(std::isalpha(static_cast<unsigned char>(ch)),
+                "{}: invalid character '{}' in Einsum equation '{}'", node.Describe(), ch, eq_raw);
+    int64_t nletters = static_cast<int64_t>(pre.size() + post.size());
+    int64_t ell = 0;
+    if (e != std::string::npos) {
+      ell = rank >= 0 ? rank - nletters : max_ell;
+      GAF_CHECK(ell >= 0, "{}: Einsum term '{}' does not match input rank {}", node.Describe(), t,
+                rank);
+    } else {
+      GAF_CHECK(rank < 0 || rank == nletters, "{}: Einsum term '{}' does not match input rank {}",
+                node.Describe(), t, rank);
+    }
+    for (char ch : pre) labels.push_back(static_cast<unsigned char>(ch));
+    int64_t base = max_ell >= 0 ? max_ell - ell : 0;
+    for (int64_t j = 0; j < ell; ++j) labels.push_back(kEllipsisLabel + static_cast<int>(base + j));
+    for (char ch : post) labels.push_back(static_cast<unsigned char>(ch));
+    if (ell_rank_out) *ell_rank_out = ell;
+    return labels;
+  };
+  int64_t max_ell = 0;
+  std::vector<int64_t> ells(terms.size());
+  for (size_t i = 0; i < terms.size(); ++i) {
+    parse_term(terms[i], ins[i]->rank(), &ells[i], 0);
+    max_ell = std::max(max_ell, ells[i]);
+  }
+  for (size_t i = 0; i < terms.size(); ++i)
+    spec.in_labels.push_back(parse_term(terms[i], ins[i]->rank(), nullptr, max_ell));
+  if (arrow != std::string::npos) {
+    std::string rhs = eq.substr(arrow + 2);
+    spec.out_labels = parse_term(rhs, -1, nullptr, max_ell);
+    std::vector<int> sorted = spec.out_labels;
+    std::sort(sorted.begin(), sorted.end());
+    GAF_CHECK(std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end(),
+              "{}: Einsum output '{}' repeats a label", node.Describe(), rhs);
+  } else {
+    for (int64_t j = 0; j < max_ell; ++j) spec.out_labels.push_back(kEllipsisLabel + static_cast<int>(j));
+    std::vector<int> count(kEllipsisLabel, 0);
+    for (auto& ls : spec.in_labels)
+      for (int l : ls)
+        if (l < kEllipsisLabel) ++count[l];
+    for (int l = 0; l < kEllipsisLabel; ++l)
+      if (count[l] == 1) spec.out_labels.push_back(l);
+  }
+  return spec;
+}
+
+template <class T>
+void RunEinsum(KernelContext& ctx, const EinsumSpec& spec) {
+  const Node& node = ctx.node;
+  size_t nin = ctx.num_inputs();
+  // Global size of each label (size-1 dims broadcast).
+  std::vector<int64_t> size(kEllipsisLabel * 2, -1);
+  for (size_t i = 0; i < nin; ++i) {
+    const Tensor& t = *ctx.inputs[i];
+    for (size_t d = 0; d < spec.in_labels[i].size(); ++d) {
+      int l = spec.in_labels[i][d];
+      int64_t v = t.dim(static_cast<int64_t>(d));
+      if (size[l] < 0 || size[l] == 1) {
+        size[l] = v;
+      } else {
+        GAF_CHECK(v == size[l] || v == 1, "{}: Einsum dimension sizes {} and {} conflict",
+                  node.Describe(), size[l], v);
+      }
+    }
+  }
+  for (int l : spec.out_labels)
+    GAF_CHECK(size[l] >= 0, "{}: Einsum output label does not appear in any input",
+              node.Describe());
+  std::vector<Labeled<T>> ops;
+  for (size_t i = 0; i < nin; ++i) {
+    const Tensor& t = *ctx.inputs[i];
+    std::vector<int64_t> st = Strides(t.shape());
+    // Unique labels (diagonal for repeats), broadcast size-1 dims to the global size.
+    Labeled<T> x;
+    std::vector<int64_t> xs;
+    const auto& ls = spec.in_labels[i];
+    for (size_t d = 0; d < ls.size(); ++d) {
+      auto it = std::find(x.labels.begin(), x.labels.end(), ls[d]);
+      int64_t dimv = t.dim(static_cast<int64_t>(d));
+      if (it == x.labels.end()) {
+        x.labels.push_back(ls[d]);
+        x.dims.push_back(size[ls[d]]);
+        xs.push_back(dimv == 1 && size[ls[d]] != 1 ? 0 : st[d]);
+      } else {
+        size_t j = it - x.labels.begin();
+        GAF_CHECK(dimv == x.dims[j], "{}: Einsum diagonal dimensions differ", node.Describe());
+        xs[j] += st[d];
+      }
+    }
+    x.data.resize(NumElements(x.dims));
+    StridedCopy(t.data<T>(), x.dims, xs, x.data.data());
+    ops.push_back(std::move(x));
+  }
+  auto has = [](const std::vector<int>& v, int l) {
+    return std::find(v.begin(), v.end(), l) != v.end();
+  };
+  // Labels needed after operand i: output labels and those of later operands.
+  auto needed_after = [&](size_t i) {
+    std::vector<int> keep = spec.out_labels;
+    for (size_t j = i + 1; j < ops.size(); ++j)
+      for (int l : ops[j].labels)
+        if (!has(keep, l)) keep.push_back(l);
+    return keep;
+  };
+  Labeled<T> acc = SumOut(ops[0], [&](int l) {
+    std::vector<int> k = needed_after(0);
+    return !has(k, l);
+  });
+  for (size_t i = 1; i < ops.size(); ++i) acc = Contract(acc, ops[i], needed_after(i));
+  acc = SumOut(acc, [&](int l) { return !has(spec.out_labels, l); });
+  Labeled<T> out = Permute(acc, spec.out_labels);
+  Shape oshape;
+  for (int l : spec.out_labels) oshape.push_back(size[l]);
+  ctx.outputs[0] = Tensor(ctx.inputs[0]->dtype(), oshape);
+  if (!out.data.empty()) std::memcpy(ctx.outputs[0].raw(), out.data.data(), sizeof(T) * out.data.size());
+}
+
+void EinsumKernel(KernelContext& ctx) {
+  const Node& node = ctx.node;
+  GAF_CHECK(ctx.num_inputs() >= 1, "{}: Einsum needs at least one input", node.Describe());
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) {
+    GAF_CHECK(ctx.has_input(i), "{}: Einsum input {} is missing", node.Describe(), i);
+    GAF_CHECK(ctx.inputs[i]->dtype() == ctx.inputs[0]->dtype(), "{}: Einsum input types differ",
+              node.Describe());
+  }
+  std::string eq = node.GetString("equation", "");
+  GAF_CHECK(!eq.empty(), "{}: Einsum requires the 'equation' attribute", node.Describe());
+  EinsumSpec spec = ParseEinsum(eq, ctx.inputs, node);
+  DataType dt = ctx.inputs[0]->dtype();
+  switch (dt) {
+    case DataType::kFloat: return RunEinsum<float>(ctx, spec);
+    case DataType::kDouble: return RunEinsum<double>(ctx, spec);
+    case DataType::kInt32: return RunEinsum<int32_t>(ctx, spec);
+    case DataType::kInt64: return RunEinsum<int64_t>(ctx, spec);
+    case DataType::kUint32: return RunEinsum<uint32_t>(ctx, spec);
+    case DataType::kUint64: return RunEinsum<uint64_t>(ctx, spec);
+    default:
+      GAF_UNSUPPORTED("{}: Einsum of type {} is not supported", node.Describe(), DataTypeName(dt));
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Spatial geometry shared by Conv and pooling. Up to 3 spatial dims, normalized to 3 by
+// prepending unit dims (in=1, k=1, s=1, d=1, no padding).
+
+struct Geom {
+  int nsp = 0;  // original number of spatial dims
+  std::array<int64_t, 3> in{1, 1, 1}, out{1, 1, 1}, k{1, 1, 1}, s{1, 1, 1}, d{1, 1, 1},
+      pb{0, 0, 0}, pe{0, 0, 0};
+  int64_t in_size() const { return in[0] * in[1] * in[2]; }
+  int64_t out_size() const { return out[0] * out[1] * out[2]; }
+  int64_t k_size() const { return k[0] * k[1] * k[2]; }
+};
+
+std::vector<int64_t> SpatialAttr(const Node& node, const char* name, size_t nsp, int64_t def) {
+  std::vector<int64_t> v = node.GetInts(name, {});
+  if (v.empty()) v.assign(nsp, def);
+  GAF_CHECK(v.size() == nsp, "{}: attribute '{}' has {} values, expected {}", node.Describe(),
+            name, v.size(), nsp);
+  return v;
+}
+
+// Computes output size and pads from the conv/pool attributes (auto_pad, pads, strides,
+// dilations, ceil_mode).
+Geom MakeGeom(const Node& node, const Shape& x_shape, const std::vector<int64_t>& kernel,
+              bool ceil_mode, bool allow_dilations = true) {
+  size_t nsp = kernel.size();
+  GAF_CHECK(x_shape.size() == nsp + 2, "{}: input of shape {} does not match a {}-D kernel",
+            node.Describe(), ShapeToString(x_shape), nsp);
+  if (nsp < 1 || nsp > 3)
+    GAF_UNSUPPORTED("{}: {} spatial dimensions are not supported (1 to 3)", node.Describe(), nsp);
+  std::vector<int64_t> strides = SpatialAttr(node, "strides", nsp, 1);
+  std::vector<int64_t> dil = allow_dilations ? SpatialAttr(node, "dilations", nsp, 1)
+                                             : std::vector<int64_t>(nsp, 1);
+  std::vector<int64_t> pads = node.GetInts("pads", {});
+  if (pads.empty()) pads.assign(2 * nsp, 0);
+  GAF_CHECK(pads.size() == 2 * nsp, "{}: 'pads' has {} values, expected {}", node.Describe(),
+            pads.size(), 2 * nsp);
+  std::string auto_pad = node.GetString("auto_pad", "NOTSET");
+  Geom g;
+  g.nsp = static_cast<int>(nsp);
+  size_t off = 3 - nsp;
+  for (size_t i = 0; i < nsp; ++i) {
+    int64_t in = x_shape[2 + i], k = kernel[i], s = strides[i], d = dil[i];
+    GAF_CHECK(k >= 1 && s >= 1 && d >= 1,
+              "{}: kernel, strides and dilations must be positive (got {}, {}, {})",
+              node.Describe(), k, s, d);
+    int64_t ek = (k - 1) * d + 1;
+    int64_t pb = 0, pe = 0, out = 0;
+    if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      out = CeilDiv(in, s);
+      int64_t total = std::max<int64_t>(0, (out - 1) * s + ek - in);
+      if (auto_pad == "SAME_UPPER") {
+        pb = total / 2;
+        pe = total - pb;
+      } else {
+        pe = total / 2;
+        pb = total - pe;
+      }
+    } else if (auto_pad == "VALID") {
+      out = in >= ek ? (in - ek) / s + 1 : 0;
+    } else if (auto_pad == "NOTSET" || auto_pad.empty()) {
+      pb = pads[i];
+      pe = pads[i + nsp];
+      GAF_CHECK(pb >= 0 && pe >= 0, "{}: negative pads are not allowed", node.Describe());
+      int64_t span = in + pb + pe - ek;
+      if (span < 0) {
+        out = 0;
+      } else if (ceil_mode) {
+        out = CeilDiv(span, s) + 1;
+        if ((out - 1) * s >= in + pb) --out;  // last window must start inside the input
+      } else {
+        out = span / s + 1;
+      }
+    } else {
+      GAF_CHECK(false, "{}: invalid auto_pad '{}'", node.Describe(), auto_pad);
+    }
+    g.in[off + i] = in;
+    g.out[off + i] = out;
+    g.k[off + i] = k;
+    g.s[off + i] = s;
+    g.d[off + i] = d;
+    g.pb[off + i] = pb;
+    g.pe[off + i] = pe;
+  }
+  return g;
+}
+
+Shape OutShape(int64_t n, int64_t c, const Geom& g) {
+  Shape s{n, c};
+  for (int i = 3 - g.nsp; i < 3; ++i) s.push_back(g.out[i]);
+  return s;
+}
+
+// col[C*kvol, out_size] from x[C, in...] (zero where the window hits padding).
+template <class T>
+void Im2Col(const T* x, int64_t C, const Geom& g, T* col) {
+  const int64_t kvol = g.k_size(), osz = g.out_size(), isz = g.in_size();
+  const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2];
+  const int64_t IH = g.in[1], IW = g.in[2];
+  ParallelFor(C * kvol, std::max<int64_t>(1, 32768 / std::max<int64_t>(osz, 1)),
+              [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      int64_t c = r / kvol, kk = r % kvol;
+      int64_t kd = kk / (g.k[1] * g.k[2]), kh = (kk / g.k[2]) % g.k[1], kw = kk % g.k[2];
+      const T* xc = x + c * isz;
+      T* dst = col + r * osz;
+      int64_t offw = kw * g.d[2] - g.pb[2];
+      int64_t lo, hi;
+      KernelRange(offw, g.s[2], OW, IW, &lo, &hi);
+      for (int64_t od = 0; od < OD; ++od) {
+        int64_t id = od * g.s[0] - g.pb[0] + kd * g.d[0];
+        for (int64_t oh = 0; oh < OH; ++oh, dst += OW) {
+          int64_t ih = oh * g.s[1] - g.pb[1] + kh * g.d[1];
+          if (id < 0 || id >= g.in[0] || ih < 0 || ih >= IH) {
+            std::fill(dst, dst + OW, T{});
+            continue;
+          }
+          const T* src = xc + (id * IH + ih) * IW + offw;
+          std::fill(dst, dst + lo, T{});
+          if (g.s[2] == 1) {
+            std::memcpy(dst + lo, src + lo, sizeof(T) * (hi - lo));
+          } else {
+            const int64_t sw = g.s[2];
+            for (int64_t ow = lo; ow < hi; ++ow) dst[ow] = src[ow * sw];
+          }
+          std::fill(dst + hi, dst + OW, T{});
+        }
+      }
+    }
+  });
+}
+
+// ------------------------------------------------------------------------------------------
+// Conv.
+
+template <class T>
+void DepthwiseConv(const T* x, const T* w, const T* bias, T* y, int64_t N, int64_t C,
+                   int64_t M, const Geom& g) {
+  const int64_t mult = M / C, isz = g.in_size(), osz = g.out_size(), kvol = g.k_size();
+  const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2], IH = g.in[1], IW = g.in[2];
+  ParallelFor(N * M, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, osz * kvol)),
+              [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      int64_t n = p / M, m = p % M, c = m / mult;
+      const T* xc = x + (n * C + c) * isz;
+      const T* wm = w + m * kvol;
+      T* yp = y + p * osz;
+      T b = bias ? bias[m] : T{};
+      std::fill(yp, yp + osz, b);
+      for (int64_t kd = 0; kd < g.k[0]; ++kd)
+        for (int64_t kh = 0; kh < g.k[1]; ++kh)
+          for (int64_t kw = 0; kw < g.k[2]; ++kw) {
+            T wv = wm[(kd * g.k[1] + kh) * g.k[2] + kw];
+            int64_t offw = kw * g.d[2] - g.pb[2];
+            int64_t lo, hi;
+            KernelRange(offw, g.s[2], OW, IW, &lo, &hi);
+            for (int64_t od = 0; od < OD; ++od) {
+              int64_t id = od * g.s[0] - g.pb[0] + kd * g.d[0];
+              if (id < 0 || id >= g.in[0]) continue;
+              for (int64_t oh = 0; oh < OH; ++oh) {
+                int64_t ih = oh * g.s[1] - g.pb[1] + kh * g.d[1];
+                if (ih < 0 || ih >= IH) continue;
+                const T* src = xc + (id * IH + ih) * IW + offw;
+                T* dst = yp + (od * OH + oh) * OW;
+                if (g.s[2] == 1) {
+                  for (int64_t ow = lo; ow < hi; ++ow) dst[ow] += wv * src[ow];
+                } else {
+                  const int64_t sw = g.s[2];
+                  for (int64_t ow = lo; ow < hi; ++ow) dst[ow] += wv * src[ow * sw];
+                }
+              }
+            }
+          }
+    }
+  });
+}
+
+template <class T>
+void RunConv(KernelContext& ctx) {
+  const Node& node = ctx.node;
+  const Tensor& X = ctx.input(0);
+  const Tensor& W = ctx.input(1);
+  const Tensor* B = ctx.has_input(2) ? ctx.inputs[2] : nullptr;
+  GAF_CHECK(X.rank() >= 3 && W.rank() == X.rank(),
+            "{}: Conv input {} and weight {} ranks are invalid", node.Describe(),
+            ShapeToString(X.shape()), ShapeToString(W.shape()));
+  GAF_CHECK(W.dtype() == X.dtype(), "{}: Conv weight type differs from input", node.Describe());
+  int64_t group = node.GetInt("group", 1);
+  int64_t N = X.dim(0), C = X.dim(1), M = W.dim(0);
+  GAF_CHECK(group >= 1 && C % group == 0 && M % group == 0 && W.dim(1) == C / group,
+            "{}: Conv channels do not match: input {}, weight {}, group {}", node.Describe(),
+            ShapeToString(X.shape()), ShapeToString(W.shape()), group);
+  std::vector<int64_t> kernel(W.shape().begin() + 2, W.shape().end());
+  std::vector<int64_t> ks = node.GetInts("kernel_shape", {});
+  GAF_CHECK(ks.empty() || ks == kernel, "{}: kernel_shape does not match weight shape {}",
+            node.Describe(), ShapeToString(W.shape()));
+  if (B) {
+    GAF_CHECK(B->numel() == M && B->dtype() == X.dtype(), "{}: Conv bias must have {} elements",
+              node.Describe(), M);
+  }
+  Geom g = MakeGeom(node, X.shape(), kernel, false);
+  ctx.outputs[0] = Tensor(X.dtype(), OutShape(N, M, g));
+  T* y = ctx.outputs[0].data<T>();
+  if (ctx.outputs[0].numel() == 0) return;
+  const T* x = X.data<T>();
+  const T* w = W.data<T>();
+  const T* bias = B ? B->data<T>() : nullptr;
+  const int64_t isz = g.in_size(), osz = g.out_size(), kvol = g.k_size();
+  const int64_t Cg = C / group, Mg = M / group;
+  if (group == C && Cg == 1 && group > 1) {
+    DepthwiseConv<T>(x, w, bias, y, N, C, M, g);
+    return;
+  }
+  bool pointwise = kvol == 1 && g.s == std::array<int64_t, 3>{1, 1, 1} &&
+                   g.pb == std::array<int64_t, 3>{0, 0, 0} && g.pe == g.pb;
+  std::vector<T> col;
+  if (!pointwise) col.resize(static_cast<size_t>(Cg * kvol * osz));
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t gi = 0; gi < group; ++gi) {
+      const T* xg = x + (n * C + gi * Cg) * isz;
+      const T* src = xg;
+      if (!pointwise) {
+        Im2Col<T>(xg, Cg, g, col.data());
+        src = col.data();
+      }
+      T* yg = y + (n * M + gi * Mg) * osz;
+      Gemm<T>(false, false, Mg, osz, Cg * kvol, 1.f, w + gi * Mg * Cg * kvol, Cg * kvol, src, osz,
+              0.f, yg, osz);
+    }
+    if (bias) {
+      T* yn = y + n * M * osz;
+      ParallelFor(M, std::max<int64_t>(1, 32768 / osz), [&](int64_t m0, int64_t m1) {
+        for (int64_t m = m0; m < m1; ++m) {
+          T b = bias[m];
+          T* p = yn + m * osz;
+          for (int64_t i = 0; i < osz; ++i) p[i] += b;
+        }
+      });
+    }
+  }
+}
+
+void ConvKernel(KernelContext& ctx) {
+  DataType dt = ctx.input(0).dtype();
+  if (dt == DataType::kFloat) return RunConv<float>(ctx);
+  if (dt == DataType::kDouble) return RunConv<double>(ctx);
+  GAF_UNSUPPORTED("{}: Conv of type {} is not supported", ctx.node.Describe(), DataTypeName(dt));
+}
+
+// ------------------------------------------------------------------------------------------
+// ConvTranspose: col = W^T * X per group, then col2im scatter-add into Y.
+
+template <class T>
+void RunConvTranspose(KernelContext& ctx) {
+  const Node& node = ctx.node;
+  const Tensor& X = ctx.input(0);
+  const Tensor& W = ctx.input(1);
+  const Tensor* B = ctx.has_input(2) ? ctx.inputs[2] : nullptr;
+  GAF_CHECK(X.rank() >= 3 && W.rank() == X.rank(),
+            "{}: ConvTranspose input {} and weight {} ranks are invalid", node.Describe(),
+            ShapeToString(X.shape()), ShapeToString(W.shape()));
+  GAF_CHECK(W.dtype() == X.dtype(), "{}: weight type differs from input", node.Describe());
+  size_t nsp = static_cast<size_t>(X.rank() - 2);
+  if (nsp > 3)
+    GAF_UNSUPPORTED("{}: {} spatial dimensions are not supported (1 to 3)", node.Describe(), nsp);
+  int64_t group = node.GetInt("group", 1);
+  int64_t N = X.dim(0), C = X.dim(1);
+  GAF_CHECK(group >= 1 && C % group == 0 && W.dim(0) == C,
+            "{}: ConvTranspose channels do not match: input {}, weight {}, group {}",
+            node.Describe(), ShapeToString(X.shape()), ShapeToString(W.shape()), group);
+  int64_t Mg = W.dim(1), M = Mg * group, Cg = C / group;
+  std::vector<int64_t> kernel(W.shape().begin() + 2, W.shape().end());
+  std::vector<int64_t> ks = node.GetInts("kernel_shape", {});
+  GAF_CHECK(ks.empty() || ks == kernel, "{}: kernel_shape does not match weight shape {}",
+            node.Describe(), ShapeToString(W.shape()));
+  std::vector<int64_t> strides = SpatialAttr(node, "strides", nsp, 1);
+  std::vector<int64_t> dil = SpatialAttr(node, "dilations", nsp, 1);
+  std::vector<int64_t> opad = SpatialAttr(node, "output_padding", nsp, 0);
+  std::vector<int64_t> pads = node.GetInts("pads", {});
+  std::vector<int64_t> oshape = node.GetInts("output_shape", {});
+  std::string auto_pad = node.GetString("auto_pad", "NOTSET");
+  if (!oshape.empty()) {
+    GAF_CHECK(oshape.size() >= nsp, "{}: output_shape has too few values", node.Describe());
+    oshape.erase(oshape.begin(), oshape.end() - nsp);
+  }
+  bool have_pads = !pads.empty();
+  if (pads.empty()) pads.assign(2 * nsp, 0);
+  GAF_CHECK(pads.size() == 2 * nsp, "{}: 'pads' has {} values, expected {}", node.Describe(),
+            pads.size(), 2 * nsp);
+  Geom g;  // here "in" is X's spatial size and "out" is Y's
+  g.nsp = static_cast<int>(nsp);
+  size_t off = 3 - nsp;
+  for (size_t i = 0; i < nsp; ++i) {
+    int64_t in = X.dim(2 + i), k = kernel[i], s = strides[i], d = dil[i];
+    GAF_CHECK(s >= 1 && d >= 1, "{}: strides and dilations must be positive", node.Describe());
+    int64_t ek = (k - 1) * d + 1;
+    int64_t full = s * (in - 1) + opad[i] + ek;
+    int64_t pb, pe, out;
+    bool same = auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER";
+    if (!oshape.empty() || (same && !have_pads)) {
+      out = !oshape.empty() ? oshape[i] : in * s;
+      int64_t total = full - out;
+      if (auto_pad == "SAME_UPPER") {
+        pb = FloorDiv(total, 2);
+        pe = total - pb;
+      } else {
+        pe = FloorDiv(total, 2);
+        pb = total - pe;
+      }
+    } else {
+      if (auto_pad == "VALID") {
+        pb = pe = 0;
+      } else {
+        pb = pads[i];
+        pe = pads[i + nsp];
+      }
+      out = full - pb - pe;
+    }
+    GAF_CHECK(out >= 0, "{}: ConvTranspose output size is negative", node.Describe());
+    g.in[off + i] = in;
+    g.out[off + i] = out;
+    g.k[off + i] = k;
+    g.s[off + i] = s;
+    g.d[off + i] = d;
+    g.pb[off + i] = pb;
+    g.pe[off + i] = pe;
+  }
+  if (B) {
+    GAF_CHECK(B->numel() == M && B->dtype() == X.dtype(),
+              "{}: ConvTranspose bias must have {} elements", node.Describe(), M);
+  }
+  ctx.outputs[0] = Tensor(X.dtype(), OutShape(N, M, g));
+  T* y = ctx.outputs[0].data<T>();
+  if (ctx.outputs[0].numel() == 0) return;
+  const T* x = X.data<T>();
+  const T* w = W.data<T>();
+  const int64_t isz = g.in_size(), osz = g.out_size(), kvol = g.k_size();
+  const int64_t ID = g.in[0], IH = g.in[1], IW = g.in[2];
+  const int64_t OH = g.out[1], OW = g.out[2];
+  std::vector<T> col(static_cast<size_t>(Mg * kvol * isz));
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t gi = 0; gi < group; ++gi) {
+      // col[Mg*kvol, isz] = W_g^T [Mg*kvol, Cg] * X_g [Cg, isz]
+      Gemm<T>(true, false, Mg * kvol, isz, Cg, 1.f, w + gi * Cg * Mg * kvol, Mg * kvol,
+              x + (n * C + gi * Cg) * isz, isz, 0.f, col.data(), isz);
+      T* yg = y + (n * M + gi * Mg) * osz;
+      ParallelFor(Mg, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, kvol * isz)),
+                  [&](int64_t m0, int64_t m1) {
+        for (int64_t m = m0; m < m1; ++m) {
+          T* ym = yg + m * osz;
+          const T* cm = col.data() + m * kvol * isz;
+          for (int64_t kd = 0; kd < g.k[0]; ++kd)
+            for (int64_t kh = 0; kh < g.k[1]; ++kh)
+              for (int64_t kw = 0; kw < g.k[2]; ++kw) {
+                const T* crow = cm + ((kd * g.k[1] + kh) * g.k[2] + kw) * isz;
+                int64_t offw = kw * g.d[2] - g.pb[2];
+                int64_t lo, hi;
+                KernelRange(offw, g.s[2], IW, OW, &lo, &hi);  // iw range with ow in [0, OW)
+                for (int64_t id = 0; id < ID; ++id) {
+                  int64_t od = id * g.s[0] - g.pb[0] + kd * g.d[0];
+                  if (od < 0 || od >= g.out[0]) continue;
+                  for (int64_t ih = 0; ih < IH; ++ih) {
+                    int64_t oh = ih * g.s[1] - g.pb[1] + kh * g.d[1];
+                    if (oh < 0 || oh >= OH) continue;
+                    T* dst = ym + (od * OH + oh) * OW + offw;
+                    const T* srow = crow + (id * IH + ih) * IW;
+                    const int64_t sw = g.s[2];
+                    for (int64_t iw = lo; iw < hi; ++iw) dst[iw * sw] += srow[iw];
+                  }
+                }
+              }
+          if (B) {
+            T b = B->data<T>()[gi * Mg + m];
+            for (int64_t i = 0; i < osz; ++i) ym[i] += b;
+          }
+        }
+      });
+    }
+  }
+}
+
+void ConvTransposeKernel(KernelContext& ctx) {
+  DataType dt = ctx.input(0).dtype();
+  if (dt == DataType::kFloat) return RunConvTranspose<float>(ctx);
+  if (dt == DataType::kDouble) return RunConvTranspose<double>(ctx);
+  GAF_UNSUPPORTED("{}: ConvTranspose of type {} is not supported", ctx.node.Describe(),
+                  DataTypeName(dt));
+}
+
+// ------------------------------------------------------------------------------------------
+// Pooling.
+
+std::vector<int64_t> PoolKernelShape(const Node& node, const Tensor& X) {
+  std::vector<int64_t> k = node.GetInts("kernel_shape", {});
+  GAF_CHECK(!k.empty(), "{}: 'kernel_shape' attribute is required", node.Describe());
+  GAF_CHECK(X.rank() == static_cast<int64_t>(k.size()) + 2,
+            "{}: input of shape {} does not match kernel_shape of {} dims", node.Describe(),
+            ShapeToString(X.shape()), k.size());
+  return k;
+}
+
+template <class T>
+void RunMaxPool(KernelContext& ctx) {
+  const Node& node = ctx.node;
+  const Tensor& X = ctx.input(0);
+  std::vector<int64_t> kernel = PoolKernelShape(node, X);
+  bool ceil_mode = node.GetInt("ceil_mode", 0) != 0;
+  int64_t storage_order = node.GetInt("storage_order", 0);
+  Geom g = MakeGeom(node, X.shape(), kernel, ceil_mode);
+  int64_t N = X.dim(0), C = X.dim(1);
+  ctx.outputs[0] = Tensor(X.dtype(), OutShape(N, C, g));
+  bool want_idx = ctx.num_outputs() > 1 && ctx.has_output(1);
+  if (want_idx) ctx.outputs[1] = Tensor(DataType::kInt64, OutShape(N, C, g));
+  const T* x = X.data<T>();
+  T* y = ctx.outputs[0].data<T>();
+  int64_t* yi = want_idx ? ctx.outputs[1].data<int64_t>() : nullptr;
+  const int64_t isz = g.in_size(), osz = g.out_size();
+  const int64_t ID = g.in[0], IH = g.in[1], IW = g.in[2];
+  const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2];
+  ParallelFor(N * C, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, osz * g.k_size())),
+              [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const T* xp = x + p * isz;
+      T* yp = y + p * osz;
+      for (int64_t od = 0; od < OD; ++od) {
+        int64_t bd = od * g.s[0] - g.pb[0], dlo, dhi;
+        KernelRange(bd, g.d[0], g.k[0], ID, &dlo, &dhi);
+        for (int64_t oh = 0; oh < OH; ++oh) {
+          int64_t bh = oh * g.s[1] - g.pb[1], hlo, hhi;
+          KernelRange(bh, g.d[1], g.k[1], IH, &hlo, &hhi);
+          for (int64_t ow = 0; ow < OW; ++ow) {
+            int64_t bw = ow * g.s[2] - g.pb[2], wlo, whi;
+            KernelRange(bw, g.d[2], g.k[2], IW, &wlo, &whi);
+            T best = std::numeric_limits<T>::lowest();
+            int64_t arg = -1;
+            for (int64_t kd = dlo; kd < dhi; ++kd) {
+              int64_t id = bd + kd * g.d[0];
+              for (int64_t kh = hlo; kh < hhi; ++kh) {
+                int64_t ih = bh + kh * g.d[1];
+                const T* row = xp + (id * IH + ih) * IW;
+                for (int64_t kw = wlo; kw < whi; ++kw) {
+                  int64_t iw = bw + kw * g.d[2];
+                  T v = row[iw];
+                  if (v > best || arg < 0) {
+                    best = v;
+                    arg = (id * IH + ih) * IW + iw;
+                  }
+                }
+              }
+            }
+            int64_t o = (od * OH + oh) * OW + ow;
+            if (arg < 0) best = T{};  // window entirely in padding
+            yp[o] = best;
+            if (yi) {
+              int64_t idx = 0;
+              if (arg >= 0) {
+                if (storage_order == 0) {
+                  idx = arg;
+                } else {
+                  int64_t iw = arg % IW, ih = (arg / IW) % IH, id = arg / (IW * IH);
+                  // Column-major over the original spatial dims.
+                  if (g.nsp == 3) {
+                    idx = id + ih * ID + iw * ID * IH;
+                  } else {
+                    idx = ih + iw * IH;
+                  }
+                }
+              }
+              yi[p * osz + o] = p * isz + idx;
+            }
+          }
+        }
+      }
+    }
+  });
+}
+
+void MaxPoolKernel(KernelContext& ctx) {
+  DataType dt = ctx.input(0).dtype();
+  switch (dt) {
+    case DataType::kFloat: return RunMaxPool<float>(ctx);
+    case DataType::kDouble: return RunMaxPool<double>(ctx);
+    case DataType::kInt8: return RunMaxPool<int8_t>(ctx);
+    case DataType::kUint8: return RunMaxPool<uint8_t>(ctx);
+    case DataType::kInt32: return RunMaxPool<int32_t>(ctx);
+    case DataType::kInt64: return RunMaxPool<int64_t>(ctx);
+    default:
+      GAF_UNSUPPORTED("{}: MaxPool of type {} is not supported", ctx.node.Describe(),
+                      DataTypeName(dt));
+  }
+}
+
+// AveragePool (lp == 0) and LpPool (lp = p).
+template <class T>
+void RunAvgLpPool(KernelContext& ctx, bool is_lp) {
+  const Node& node = ctx.node;
+  const Tensor& X = ctx.input(0);
+  std::vector<int64_t> kernel = PoolKernelShape(node, X);
+  bool ceil_mode = node.GetInt("ceil_mode", 0) != 0;
+  bool include_pad = node.GetInt("count_include_pad", 0) != 0;
+  double p_norm = is_lp ? static_cast<double>(node.GetInt("p", 2)) : 0.0;
+  Geom g = MakeGeom(node, X.shape(), kernel, ceil_mode);
+  int64_t N = X.dim(0), C = X.dim(1);
+  ctx.outputs[0] = Tensor(X.dtype(), OutShape(N, C, g));
+  const T* x = X.data<T>();
+  T* y = ctx.outputs[0].data<T>();
+  const int64_t isz = g.in_size(), osz = g.out_size();
+  const int64_t ID = g.in[0], IH = g.in[1], IW = g.in[2];
+  const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2];
+  ParallelFor(N * C, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, osz * g.k_size())),
+              [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const T* xp = x + p * isz;
+      T* yp = y + p * osz;
+      for (int64_t od = 0; od < OD; ++od) {
+        int64_t bd = od * g.s[0] - g.pb[0], dlo, dhi, pdlo, pdhi;
+        KernelRange(bd, g.d[0], g.k[0], ID, &dlo, &dhi);
+        KernelRange(bd + g.pb[0], g.d[0], g.k[0], ID + g.pb[0] + g.pe[0], &pdlo, &pdhi);
+        for (int64_t oh = 0; oh < OH; ++oh) {
+          int64_t bh = oh * g.s[1] - g.pb[1], hlo, hhi, phlo, phhi;
+          KernelRange(bh, g.d[1], g.k[1], IH, &hlo, &hhi);
+          KernelRange(bh + g.pb[1], g.d[1], g.k[1], IH + g.pb[1] + g.pe[1], &phlo, &phhi);
+          for (int64_t ow = 0; ow < OW; ++ow) {
+            int64_t bw = ow * g.s[2] - g.pb[2], wlo, whi, pwlo, pwhi;
+            KernelRange(bw, g.d[2], g.k[2], IW, &wlo, &whi);
+            KernelRange(bw + g.pb[2], g.d[2], g.k[2], IW + g.pb[2] + g.pe[2], &pwlo, &pwhi);
+            double acc = 0;
+            for (int64_t kd = dlo; kd < dhi; ++kd) {
+              int64_t id = bd + kd * g.d[0];
+              for (int64_t kh = hlo; kh < hhi; ++kh) {
+                int64_t ih = bh + kh * g.d[1];
+                const T* row = xp + (id * IH + ih) * IW + bw;
+                if (!is_lp) {
+                  for (int64_t kw = wlo; kw < whi; ++kw) acc += static_cast<double>(row[kw * g.d[2]]);
+                } else if (p_norm == 2.0) {
+                  for (int64_t kw = wlo; kw < whi; ++kw) {
+                    double v = static_cast<double>(row[kw * g.d[2]]);
+                    acc += v * v;
+                  }
+                } else {
+                  for (int64_t kw = wlo; kw < whi; ++kw)
+                    acc += std::pow(std::abs(static_cast<double>(row[kw * g.d[2]])), p_norm);
+                }
+              }
+            }
+            double r;
+            if (is_lp) {
+              r = p_norm == 2.0 ? std::sqrt(acc) : p_norm == 1.0 ? acc : std::pow(acc, 1.0 / p_norm);
+            } else {
+              int64_t cnt = include_pad ? (pdhi - pdlo) * (phhi - phlo) * (pwhi - pwlo)
+                                        : (dhi - dlo) * (hhi - hlo) * (whi - wlo);
+              r = cnt > 0 ? acc / static_cast<double>(cnt) : 0.0;
+            }
+            yp[(od * OH + oh) * OW + ow] = static_cast<T>(r);
+          }
+        }
+      }
+    }
+  });
+}
+
+void AveragePoolKernel(KernelContext& ctx) {
+  DataType dt = ctx.input(0).dtype();
+  if (dt == DataType::kFloat) return RunAvgLpPool<float>(ctx, false);
+  if (dt == DataType::kDouble) return RunAvgLpPool<double>(ctx, false);
+  GAF_UNSUPPORTED("{}: AveragePool of type {} is not supported", ctx.node.Describe(),
+                  DataTypeName(dt));
+}
+
+void LpPoolKernel(KernelContext& ctx) {
+  DataType dt = ctx.input(0).dtype();
+  if (dt == DataType::kFloat) return RunAvgLpPool<float>(ctx, true);
+  if (dt == DataType::kDouble) return RunAvgLpPool<double>(ctx, true);
+  GAF_UNSUPPORTED("{}: LpPool of type {} is not supported", ctx.node.Describe(), DataTypeName(dt));
+}
+
+enum class GlobalMode { kAvg, kMax, kLp };
+
+template <class T>
+void RunGlobalPool(KernelContext& ctx, GlobalMode mode) {
+  const Node& node = ctx.node;
+  const Tensor& X = ctx.input(0);
+  GAF_CHECK(X.rank() >= 2, "{}: input must have rank >= 2 (got {})", node.Describe(),
+            ShapeToString(X.shape()));
+  int64_t N = X.dim(0), C = X.dim(1);
+  int64_t sp = 1;
+  Shape os{N, C};
+  for (int64_t i = 2; i < X.rank(); ++i) {
+    sp *= X.dim(i);
+    os.push_back(1);
+  }
+  double p = mode == GlobalMode::kLp ? static_cast<double>(node.GetInt("p", 2)) : 0.0;
+  ctx.outputs[0] = Tensor(X.dtype(), os);
+  const T* x = X.data<T>();
+  T* y = ctx.outputs[0].data<T>();
+  ParallelFor(N * C, std::max<int64_t>(1, 32768 / std::max<int64_t>(1, sp)),
+              [&](int64_t p0, int64_t p1) {
+    for (int64_t c = p0; c < p1; ++c) {
+      const T* xp = x + c * sp;
+      if (mode == GlobalMode::kMax) {
+        T m = sp > 0 ? xp[0] : T{};
+        for (int64_t i = 1; i < sp; ++i) m = xp[i] > m ? xp[i] : m;
+        y[c] = m;
+      } else if (mode == GlobalMode::kAvg) {
+        T s{};
+#pragma omp simd reduction(+ : s)
+        for (int64_t i = 0; i < sp; ++i) s += xp[i];
+        y[c] = sp > 0 ? static_cast<T>(s / static_cast<T>(sp)) : T{};
+      } else {
+        double s = 0;
+        if (p == 2.0) {
+          for (int64_t i = 0; i < sp; ++i) s += static_cast<double>(xp[i]) * xp[i];
+          y[c] = static_cast<T>(std::sqrt(s));
+        } else {
+          for (int64_t i = 0; i < sp; ++i) s += std::pow(std::abs(static_cast<double>(xp[i])), p);
+          y[c] = static_cast<T>(std::pow(s, 1.0 / p));
+        }
+      }
+    }
+  });
+}
+
+template <GlobalMode kMode>
+void GlobalPoolKernel(KernelContext& ctx) {
+  DataType dt = ctx.input(0).dtype();
+  switch (dt) {
+    case DataType::kFloat: return RunGlobalPool<float>(ctx, kMode);
+    case DataType::kDouble: return RunGlobalPool<double>(ctx, kMode);
+    default:
+      if (kMode == GlobalMode::kMax) {
+        if (dt == DataType::kInt8) return RunGlobalPool<int8_t>(ctx, kMode);
+        if (dt == DataType::kUint8) return RunGlobalPool<uint8_t>(ctx, kMode);
+      }
+      GAF_UNSUPPORTED("{}: type {} is not supported", ctx.node.Describe(), DataTypeName(dt));
+  }
+}
+
+}  // namespace
+
+void RegisterNnKernels(OpRegistry& r) {
+  r.Register({"", "MatMul", OpKind::kContraction, MatMulKernel, true});
+  r.Register({"", "Gemm", OpKind::kContraction, GemmKernel, true});
+  r.Register({"", "MatMulInteger", OpKind::kContraction, MatMulIntegerKernel, false});
+  r.Register({"", "Einsum", OpKind::kContraction, EinsumKernel, true});
+  r.Register({"", "Conv", OpKind::kContraction, ConvKernel, true});
+  r.Register({"", "ConvTranspose", OpKind::kContraction, ConvTransposeKernel, true});
+  r.Register({"", "MaxPool", OpKind::kReduction, MaxPoolKernel, true});
+  r.Register({"", "AveragePool", OpKind::kReduction, AveragePoolKernel, true});
+  r.Register({"", "LpPool", OpKind::kReduction, LpPoolKernel, true});
+  r.Register({"", "GlobalAveragePool", OpKind::kReduction, GlobalPoolKernel<GlobalMode::kAvg>, true});
+  r.Register({"", "GlobalMaxPool", OpKind::kReduction, GlobalPoolKernel<GlobalMode::kMax>, true});
+  r.Register({"", "GlobalLpPool", OpKind::kReduction, GlobalPoolKernel<GlobalMode::kLp>, true});
+}
 
 }  // namespace gaf

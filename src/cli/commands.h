@@ -1,0 +1,16 @@
+// Subcommands of the `autofusion` CLI. Each Add*Command registers its options on the app and
+// sets a callback that runs it; errors propagate as gaf::Error and are printed by main().
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace gaf::cli {
+
+void AddInfoCommand(CLI::App& app);
+void AddRunCommand(CLI::App& app);
+void AddDumpCommand(CLI::App& app);
+void AddCheckCommand(CLI::App& app);
+void AddExampleCommand(CLI::App& app);   // example.cc
+void AddGenerateCommand(CLI::App& app);  // generate.cc
+
+}  // namespace gaf::cli

@@ -1,0 +1,5 @@
+#include "cli/commands.h"
+
+namespace gaf::cli {
+void AddExampleCommand(CLI::App& app) {}
+}  // namespace gaf::cli

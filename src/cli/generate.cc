@@ -1,0 +1,5 @@
+#include "cli/commands.h"
+
+namespace gaf::cli {
+void AddGenerateCommand(CLI::App& app) {}
+}  // namespace gaf::cli

@@ -1,0 +1,335 @@
+// `autofusion info`, `run`, `dump`, `check`.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "cli/commands.h"
+#include "onnx_io/npy.h"
+#include "onnx_io/onnx_io.h"
+#include "runtime/session.h"
+
+namespace gaf::cli {
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+std::string DomainName(const std::string& d) { return d.empty() ? "ai.onnx" : d; }
+
+void CountOps(const Graph& g, std::map<std::string, int>& hist, int64_t& nodes) {
+  for (const Node& n : g.nodes) {
+    hist[n.domain.empty() ? n.op_type : n.domain + "." + n.op_type]++;
+    nodes++;
+    for (const Attribute& a : n.attributes) {
+      if (a.g) CountOps(*a.g, hist, nodes);
+      for (const auto& sg : a.graphs) CountOps(*sg, hist, nodes);
+    }
+  }
+}
+
+json ValueInfoJson(const ValueInfo& v) {
+  json j{{"name", v.name}, {"type", v.non_tensor_type.empty() ? DataTypeName(v.dtype) : v.non_tensor_type}};
+  if (v.has_shape) {
+    json dims = json::array();
+    for (const Dim& d : v.dims) {
+      if (d.known()) dims.push_back(d.value);
+      else dims.push_back(d.param.empty() ? "?" : d.param);
+    }
+    j["shape"] = dims;
+  } else {
+    j["shape"] = nullptr;
+  }
+  return j;
+}
+
+std::string HumanBytes(double b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB"};
+  int u = 0;
+  while (b >= 1024 && u < 3) {
+    b /= 1024;
+    ++u;
+  }
+  return fmt::format("{:.1f} {}", b, units[u]);
+}
+
+void RunInfo(const std::string& path, bool as_json) {
+  Model m = LoadModel(path);
+  std::map<std::string, int> hist;
+  int64_t nodes = 0;
+  CountOps(m.graph, hist, nodes);
+  int64_t params = 0, bytes = 0;
+  for (const auto& [n, t] : m.graph.initializers) {
+    params += t.numel();
+    bytes += static_cast<int64_t>(t.nbytes());
+  }
+  std::set<std::string> init_names;
+  for (const auto& [n, t] : m.graph.initializers) init_names.insert(n);
+  std::vector<const ValueInfo*> inputs;
+  for (const ValueInfo& v : m.graph.inputs)
+    if (!init_names.count(v.name)) inputs.push_back(&v);
+  std::vector<std::pair<int, std::string>> ops;
+  for (const auto& [k, v] : hist) ops.emplace_back(v, k);
+  std::sort(ops.begin(), ops.end(), [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : a.second < b.second; });
+  std::vector<std::string> unsupported;
+  for (const auto& [k, v] : hist) {
+    auto dot = k.rfind('.');
+    std::string dom = dot == std::string::npos ? "" : k.substr(0, dot);
+    std::string op = dot == std::string::npos ? k : k.substr(dot + 1);
+    if (!OpRegistry::Global().Find(dom, op) && !m.FindFunction(dom, op)) unsupported.push_back(k);
+  }
+  if (as_json) {
+    json j;
+    j["file"] = path;
+    j["ir_version"] = m.ir_version;
+    j["producer"] = m.producer_name + (m.producer_version.empty() ? "" : " " + m.producer_version);
+    json opsets = json::object();
+    for (const OpsetImport& o : m.opset_imports) opsets[DomainName(o.domain)] = o.version;
+    j["opsets"] = opsets;
+    j["inputs"] = json::array();
+    for (const ValueInfo* v : inputs) j["inputs"].push_back(ValueInfoJson(*v));
+    j["outputs"] = json::array();
+    for (const ValueInfo& v : m.graph.outputs) j["outputs"].push_back(ValueInfoJson(v));
+    j["nodes"] = nodes;
+    json hj = json::object();
+    for (const auto& [c, k] : ops) hj[k] = c;
+    j["op_histogram"] = hj;
+    j["parameters"] = params;
+    j["parameter_bytes"] = bytes;
+    j["initializers"] = m.graph.initializers.size();
+    j["functions"] = m.functions.size();
+    j["unsupported_ops"] = unsupported;
+    json md = json::object();
+    for (const auto& [k, v] : m.metadata_props) md[k] = v;
+    j["metadata"] = md;
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+  fmt::print("model      {}\n", path);
+  fmt::print("ir_version {}   producer {} {}\n", m.ir_version, m.producer_name.empty() ? "-" : m.producer_name,
+             m.producer_version);
+  std::vector<std::string> os;
+  for (const OpsetImport& o : m.opset_imports) os.push_back(fmt::format("{} {}", DomainName(o.domain), o.version));
+  fmt::print("opsets     {}\n", fmt::join(os, ", "));
+  fmt::print("inputs\n");
+  for (const ValueInfo* v : inputs)
+    fmt::print("  {:<32} {} {}\n", v->name, v->non_tensor_type.empty() ? DataTypeName(v->dtype) : v->non_tensor_type,
+               v->has_shape ? DimsToString(v->dims) : "[*]");
+  fmt::print("outputs\n");
+  for (const ValueInfo& v : m.graph.outputs)
+    fmt::print("  {:<32} {} {}\n", v.name, v.non_tensor_type.empty() ? DataTypeName(v.dtype) : v.non_tensor_type,
+               v.has_shape ? DimsToString(v.dims) : "[*]");
+  fmt::print("parameters {} in {} initializers ({})\n", params, m.graph.initializers.size(), HumanBytes(bytes));
+  fmt::print("nodes      {} ({} op types){}\n", nodes, hist.size(),
+             m.functions.empty() ? "" : fmt::format(", {} model-local functions", m.functions.size()));
+  for (const auto& [c, k] : ops) fmt::print("  {:>6}  {}\n", c, k);
+  if (!unsupported.empty())
+    fmt::print("unsupported by the runtime: {}\n", fmt::join(unsupported, ", "));
+  for (const auto& [k, v] : m.metadata_props) fmt::print("metadata   {} = {}\n", k, v);
+}
+
+// ---- run ----
+
+Tensor RandomTensor(const ValueInfo& v, const std::map<std::string, int64_t>& dim_values, std::mt19937& rng) {
+  Shape shape;
+  if (v.has_shape) {
+    for (const Dim& d : v.dims) {
+      if (d.known()) {
+        shape.push_back(d.value);
+      } else {
+        auto it = dim_values.find(d.param);
+        GAF_CHECK(it != dim_values.end() || d.param.empty() || true, "");
+        shape.push_back(it != dim_values.end() ? it->second : 1);
+      }
+    }
+  }
+  DataType dt = v.dtype == DataType::kUndefined ? DataType::kFloat : v.dtype;
+  Tensor t(dt, shape);
+  std::uniform_real_distribution<float> uf(-1.f, 1.f);
+  std::uniform_int_distribution<int> ui(0, 9);
+  switch (dt) {
+    case DataType::kFloat: for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = uf(rng); break;
+    case DataType::kDouble: for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = uf(rng); break;
+    case DataType::kFloat16:
+      for (int64_t i = 0; i < t.numel(); ++i) static_cast<uint16_t*>(t.raw())[i] = FloatToHalf(uf(rng));
+      break;
+    case DataType::kBFloat16:
+      for (int64_t i = 0; i < t.numel(); ++i) static_cast<uint16_t*>(t.raw())[i] = FloatToBFloat16(uf(rng));
+      break;
+    case DataType::kInt64: for (int64_t i = 0; i < t.numel(); ++i) t.data<int64_t>()[i] = ui(rng); break;
+    case DataType::kInt32: for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = ui(rng); break;
+    case DataType::kBool: for (int64_t i = 0; i < t.numel(); ++i) t.data<bool>()[i] = ui(rng) < 5; break;
+    case DataType::kUint8: for (int64_t i = 0; i < t.numel(); ++i) t.data<uint8_t>()[i] = static_cast<uint8_t>(ui(rng)); break;
+    case DataType::kInt8: for (int64_t i = 0; i < t.numel(); ++i) t.data<int8_t>()[i] = static_cast<int8_t>(ui(rng)); break;
+    default: throw Error(fmt::format("input '{}': cannot make random values of type {}", v.name, DataTypeName(dt)));
+  }
+  return t;
+}
+
+std::string Summarize(const Tensor& t) {
+  std::string s = fmt::format("{}{}", DataTypeName(t.dtype()), ShapeToString(t.shape()));
+  if (t.numel() == 0 || t.dtype() == DataType::kString) return s;
+  std::vector<double> v = t.ToDoubles();
+  double mn = v[0], mx = v[0], sum = 0;
+  size_t nonfinite = 0;
+  for (double x : v) {
+    if (!std::isfinite(x)) {
+      ++nonfinite;
+      continue;
+    }
+    mn = std::min(mn, x);
+    mx = std::max(mx, x);
+    sum += x;
+  }
+  std::vector<std::string> head;
+  for (size_t i = 0; i < std::min<size_t>(v.size(), 6); ++i) head.push_back(fmt::format("{:.6g}", v[i]));
+  s += fmt::format("  min {:.6g}  max {:.6g}  mean {:.6g}  first [{}{}]", mn, mx, sum / static_cast<double>(v.size()),
+                   fmt::join(head, ", "), v.size() > 6 ? ", ..." : "");
+  if (nonfinite) s += fmt::format("  ({} non-finite)", nonfinite);
+  return s;
+}
+
+struct RunArgs {
+  std::string model;
+  std::vector<std::string> inputs;
+  std::vector<std::string> dims;
+  std::string output_dir;
+  int threads = 0;
+  int repeat = 1;
+  unsigned seed = 0;
+  bool json = false;
+  bool profile = false;
+};
+
+void RunRun(const RunArgs& a) {
+  Model m = LoadModel(a.model);
+  SessionOptions so;
+  so.num_threads = a.threads;
+  so.profile = a.profile;
+  Session session(m, so);
+  std::map<std::string, std::string> specs;
+  for (const std::string& s : a.inputs) {
+    auto eq = s.find('=');
+    GAF_CHECK(eq != std::string::npos, "--input '{}': expected NAME=FILE.npy|FILE.pb|random", s);
+    specs[s.substr(0, eq)] = s.substr(eq + 1);
+  }
+  std::map<std::string, int64_t> dim_values;
+  for (const std::string& s : a.dims) {
+    auto eq = s.find('=');
+    GAF_CHECK(eq != std::string::npos, "--dim '{}': expected NAME=VALUE", s);
+    dim_values[s.substr(0, eq)] = std::stoll(s.substr(eq + 1));
+  }
+  for (const auto& [name, spec] : specs) {
+    bool known = false;
+    for (const ValueInfo& v : session.inputs()) known |= v.name == name;
+    GAF_CHECK(known, "--input '{}': the model has no input of that name", name);
+  }
+  std::mt19937 rng(a.seed);
+  std::map<std::string, Tensor> feeds;
+  for (const ValueInfo& v : session.inputs()) {
+    auto it = specs.find(v.name);
+    if (it == specs.end() || it->second == "random") feeds[v.name] = RandomTensor(v, dim_values, rng);
+    else feeds[v.name] = LoadTensorFile(it->second);
+  }
+  std::vector<double> times;
+  std::vector<Tensor> outs;
+  for (int r = 0; r < std::max(1, a.repeat); ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    outs = session.Run(feeds);
+    times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  double median = sorted[sorted.size() / 2];
+  if (!a.output_dir.empty()) {
+    fs::create_directories(a.output_dir);
+    for (size_t i = 0; i < outs.size(); ++i) {
+      std::string fname = session.outputs()[i].name;
+      for (char& c : fname)
+        if (c == '/' || c == '\\' || c == ':') c = '_';
+      SaveNpy(outs[i], (fs::path(a.output_dir) / (fname + ".npy")).string());
+    }
+  }
+  if (a.json) {
+    json j;
+    j["model"] = a.model;
+    j["runs"] = times.size();
+    j["median_seconds"] = median;
+    j["outputs"] = json::array();
+    for (size_t i = 0; i < outs.size(); ++i) {
+      json o{{"name", session.outputs()[i].name}, {"type", DataTypeName(outs[i].dtype())}, {"shape", outs[i].shape()}};
+      if (outs[i].numel() > 0 && outs[i].dtype() != DataType::kString) {
+        auto v = outs[i].ToDoubles();
+        double mn = *std::min_element(v.begin(), v.end()), mx = *std::max_element(v.begin(), v.end());
+        o["min"] = mn;
+        o["max"] = mx;
+      }
+      j["outputs"].push_back(o);
+    }
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+  fmt::print("ran {} in {:.3f} ms (median of {} run{}, {} thread(s))\n", a.model, median * 1e3, times.size(),
+             times.size() == 1 ? "" : "s", a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency()));
+  for (size_t i = 0; i < outs.size(); ++i) fmt::print("  {:<24} {}\n", session.outputs()[i].name, Summarize(outs[i]));
+  if (!a.output_dir.empty()) fmt::print("outputs written to {}/ as .npy\n", a.output_dir);
+  if (a.profile) {
+    fmt::print("time per op type (all runs):\n");
+    for (const OpProfile& p : session.Profile())
+      fmt::print("  {:<24} {:>8} calls {:>10.3f} ms\n", p.op_type, p.calls, p.seconds * 1e3);
+  }
+}
+
+}  // namespace
+
+void AddInfoCommand(CLI::App& app) {
+  auto* cmd = app.add_subcommand("info", "Show a model's opsets, inputs, outputs, op histogram and parameters");
+  auto path = std::make_shared<std::string>();
+  auto as_json = std::make_shared<bool>(false);
+  cmd->add_option("model", *path, "ONNX model file")->required();
+  cmd->add_flag("--json", *as_json, "machine-readable output");
+  cmd->callback([path, as_json] { RunInfo(*path, *as_json); });
+}
+
+void AddRunCommand(CLI::App& app) {
+  auto* cmd = app.add_subcommand("run", "Run a model on given or random inputs and summarize its outputs");
+  auto a = std::make_shared<RunArgs>();
+  cmd->add_option("model", a->model, "ONNX model file")->required();
+  cmd->add_option("--input,-i", a->inputs, "NAME=FILE.npy|FILE.pb|random (default: random)");
+  cmd->add_option("--dim", a->dims, "NAME=VALUE for a symbolic dimension of random inputs (default 1)");
+  cmd->add_option("--output-dir,-o", a->output_dir, "write each output as NAME.npy");
+  cmd->add_option("--threads", a->threads, "threads (default: all cores)");
+  cmd->add_option("--repeat", a->repeat, "run N times and report the median time");
+  cmd->add_option("--seed", a->seed, "seed of random inputs");
+  cmd->add_flag("--profile", a->profile, "time per op type");
+  cmd->add_flag("--json", a->json, "machine-readable output");
+  cmd->callback([a] { RunRun(*a); });
+}
+
+void AddDumpCommand(CLI::App& app) {
+  auto* cmd = app.add_subcommand("dump", "Print the model's graph as readable text");
+  auto path = std::make_shared<std::string>();
+  cmd->add_option("model", *path, "ONNX model file")->required();
+  cmd->callback([path] { fmt::print("{}", DumpModel(LoadModel(*path))); });
+}
+
+void AddCheckCommand(CLI::App& app) {
+  auto* cmd = app.add_subcommand("check", "Run the ONNX checker and our verifier on a model");
+  auto path = std::make_shared<std::string>();
+  cmd->add_option("model", *path, "ONNX model file")->required();
+  cmd->callback([path] {
+    Model m = LoadModel(*path);
+    std::string msg = CheckModel(m);
+    GAF_CHECK(msg.empty(), "{}: ONNX checker: {}", *path, msg);
+    fmt::print("{}: valid (ONNX checker and graph verifier passed)\n", *path);
+  });
+}
+
+}  // namespace gaf::cli

@@ -1,0 +1,1 @@
+// placeholder: the example model builders live here
