@@ -139,6 +139,9 @@ Tensor::Tensor(DataType dt, Shape shape) : dtype_(dt), shape_(std::move(shape)) 
     return;
   }
   size_t bytes = nbytes();
+  // Refuse sizes no real model needs: a corrupt shape must become an error, not an OOM kill.
+  GAF_CHECK(numel_ < (int64_t{1} << 36) && bytes < (size_t{1} << 36), "tensor of shape {} ({}) is too large to allocate",
+            ShapeToString(shape_), DataTypeName(dt));
   size_t alloc = ((bytes + 63) / 64) * 64;
   if (alloc == 0) alloc = 64;
   void* p = std::aligned_alloc(64, alloc);
