@@ -1,5 +1,160 @@
+// `autofusion generate`: greedy decoding with the KV cache, timed.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <thread>
+
 #include "cli/commands.h"
+#include "models/generate.h"
+#include "onnx_io/onnx_io.h"
 
 namespace gaf::cli {
-void AddGenerateCommand(CLI::App& app) {}
+
+namespace {
+
+using json = nlohmann::json;
+
+struct GenerateArgs {
+  std::string model;
+  int prompt_len = 8;
+  std::string prompt_ids;
+  int max_new_tokens = 50;
+  int threads = 0;
+  int repeat = 1;
+  uint32_t seed = 0;
+  int64_t eos = -1;
+  bool json = false;
+};
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<int64_t> ParseIds(const std::string& s) {
+  std::vector<int64_t> ids;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.empty()) continue;
+    try {
+      size_t used = 0;
+      ids.push_back(std::stoll(item, &used));
+      GAF_CHECK(used == item.size(), "");
+    } catch (const std::exception&) {
+      throw Error(fmt::format("--prompt-ids: '{}' is not an integer", item));
+    }
+  }
+  GAF_CHECK(!ids.empty(), "--prompt-ids: no token ids given");
+  return ids;
+}
+
+// Vocabulary size from the logits output's last dimension, or from the model's metadata.
+int64_t VocabSize(const Session& s, const DecoderSignature& sig) {
+  for (const ValueInfo& v : s.outputs())
+    if (v.name == sig.logits && v.has_shape && !v.dims.empty() && v.dims.back().known()) return v.dims.back().value;
+  for (const auto& [k, v] : s.model().metadata_props)
+    if (k == "vocab_size") return std::stoll(v);
+  return 100;
+}
+
+void RunGenerate(const GenerateArgs& a) {
+  Model m = LoadModel(a.model);
+  SessionOptions so;
+  so.num_threads = a.threads;
+  Session session(m, so);
+  DecoderSignature sig = DecoderSignature::Discover(session.inputs(), session.outputs());
+  const int64_t vocab = VocabSize(session, sig);
+
+  GenerateOptions opt;
+  opt.max_new_tokens = a.max_new_tokens;
+  opt.eos_token_id = a.eos;
+  if (!a.prompt_ids.empty()) {
+    opt.prompt_ids = ParseIds(a.prompt_ids);
+    for (int64_t id : opt.prompt_ids)
+      GAF_CHECK(id >= 0 && id < vocab, "--prompt-ids: {} is outside the vocabulary [0, {})", id, vocab);
+  } else {
+    GAF_CHECK(a.prompt_len > 0, "--prompt-len must be positive");
+    std::mt19937 rng(a.seed);
+    std::uniform_int_distribution<int64_t> dist(0, vocab - 1);
+    for (int i = 0; i < a.prompt_len; ++i) opt.prompt_ids.push_back(dist(rng));
+  }
+
+  const int repeats = std::max(1, a.repeat);
+  std::vector<GenerateResult> runs;
+  if (repeats > 1) Generate(session, sig, opt);  // warm-up
+  for (int r = 0; r < repeats; ++r) runs.push_back(Generate(session, sig, opt));
+  bool deterministic = true;
+  for (const GenerateResult& r : runs) deterministic &= r.tokens == runs[0].tokens;
+
+  std::vector<double> prefill, step;
+  for (const GenerateResult& r : runs) {
+    prefill.push_back(r.prefill_seconds);
+    step.push_back(r.MedianStepSeconds());
+  }
+  const double prefill_s = Median(prefill), step_s = Median(step);
+  const double tps = step_s > 0 ? 1.0 / step_s : 0.0;
+  const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency());
+  const GenerateResult& first = runs[0];
+
+  if (a.json) {
+    json j;
+    j["model"] = a.model;
+    j["threads"] = threads;
+    j["prompt_ids"] = opt.prompt_ids;
+    j["tokens"] = first.tokens;
+    j["new_tokens"] = first.tokens.size();
+    j["repeats"] = repeats;
+    j["prefill_ms"] = prefill_s * 1e3;
+    j["decode_ms_per_token"] = step_s * 1e3;
+    j["decode_tokens_per_second"] = tps;
+    j["prefill_tokens_per_second"] = prefill_s > 0 ? static_cast<double>(opt.prompt_ids.size()) / prefill_s : 0.0;
+    j["deterministic"] = deterministic;
+    json per_run = json::array();
+    for (const GenerateResult& r : runs)
+      per_run.push_back({{"prefill_ms", r.prefill_seconds * 1e3},
+                         {"decode_ms_per_token", r.MedianStepSeconds() * 1e3},
+                         {"decode_steps", r.step_seconds.size()}});
+    j["runs"] = per_run;
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+  fmt::print("model    {} ({} cache tensors, vocab {}, {} thread(s))\n", a.model, sig.cache.size(), vocab, threads);
+  fmt::print("prompt   {} tokens: [{}]\n", opt.prompt_ids.size(), fmt::join(opt.prompt_ids, ", "));
+  fmt::print("tokens   {} new: [{}]\n", first.tokens.size(), fmt::join(first.tokens, ", "));
+  fmt::print("prefill  {:.3f} ms ({} tokens)\n", prefill_s * 1e3, opt.prompt_ids.size());
+  if (!first.step_seconds.empty())
+    fmt::print("decode   {:.3f} ms/token (median of {} steps), {:.1f} tokens/s\n", step_s * 1e3,
+               first.step_seconds.size(), tps);
+  if (repeats > 1)
+    fmt::print("timings are medians over {} generations after one warm-up{}\n", repeats,
+               deterministic ? "" : " (WARNING: the generated tokens differed between runs)");
+  else
+    fmt::print("(one cold run: the prefill includes one-time setup; use --repeat R for steady-state timings)\n");
+}
+
+}  // namespace
+
+void AddGenerateCommand(CLI::App& app) {
+  auto* cmd = app.add_subcommand("generate", "Greedy decoding with the KV cache on an Optimum-layout decoder, timed");
+  auto a = std::make_shared<GenerateArgs>();
+  cmd->add_option("model", a->model, "ONNX decoder (input_ids, attention_mask, past_key_values.* -> logits, present.*)")
+      ->required();
+  cmd->add_option("--prompt-len", a->prompt_len, "random prompt of N tokens (seeded)")->capture_default_str();
+  cmd->add_option("--prompt-ids", a->prompt_ids, "prompt token ids, comma separated (overrides --prompt-len)");
+  cmd->add_option("--max-new-tokens,-n", a->max_new_tokens, "tokens to generate")->capture_default_str();
+  cmd->add_option("--threads", a->threads, "threads (default: all cores)");
+  cmd->add_option("--repeat", a->repeat, "repeat the generation R times after one warm-up; report medians");
+  cmd->add_option("--seed", a->seed, "seed of the random prompt")->capture_default_str();
+  cmd->add_option("--eos", a->eos, "stop after generating this token id");
+  cmd->add_flag("--json", a->json, "machine-readable output");
+  cmd->callback([a] { RunGenerate(*a); });
+}
+
 }  // namespace gaf::cli

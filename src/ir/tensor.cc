@@ -3,6 +3,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <sys/mman.h>
+#include <unordered_map>
+#include <algorithm>
 
 #include <fmt/ranges.h>
 
@@ -124,9 +128,69 @@ int64_t NumElements(const Shape& shape) {
 std::string ShapeToString(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ",")); }
 
 namespace {
-struct AlignedFree {
-  void operator()(void* p) const { std::free(p); }
+
+// Large buffers are recycled instead of returned to the OS: on the virtual machines we run on a
+// fresh page costs a fault (tens of microseconds), which made a 64 MiB output cost more to allocate
+// than to compute. Sizes are rounded up to classes 1/8 of a power of two apart (at most 12.5%
+// waste) so that slowly growing tensors (a KV cache) reuse buffers too. Small buffers come from
+// malloc, which already keeps them in its heap.
+class BufferPool {
+ public:
+  static constexpr size_t kPoolMin = size_t{64} << 10;
+  static constexpr size_t kMaxCached = size_t{2} << 30;
+  static constexpr size_t kHugeMin = size_t{2} << 20;
+
+  static size_t SizeClass(size_t bytes) {
+    bytes = std::max<size_t>(bytes, 64);
+    if (bytes < kPoolMin) return (bytes + 63) / 64 * 64;
+    size_t top = size_t{1} << (63 - __builtin_clzll(bytes));  // largest power of two <= bytes
+    size_t step = top / 8;
+    return (bytes + step - 1) / step * step;
+  }
+
+  void* Get(size_t cls) {
+    if (cls >= kPoolMin) {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(cls);
+      if (it != free_.end() && !it->second.empty()) {
+        void* p = it->second.back();
+        it->second.pop_back();
+        cached_ -= cls;
+        return p;
+      }
+    }
+    if (cls >= kHugeMin) {
+      // Transparent huge pages: one fault per 2 MiB instead of per 4 KiB (4-6x faster first touch).
+      void* p = std::aligned_alloc(kHugeMin, (cls + kHugeMin - 1) / kHugeMin * kHugeMin);
+      if (p != nullptr) ::madvise(p, cls, MADV_HUGEPAGE);
+      return p;
+    }
+    return std::aligned_alloc(64, cls);
+  }
+
+  void Put(void* p, size_t cls) {
+    if (cls >= kPoolMin) {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (cached_ + cls <= kMaxCached) {
+        free_[cls].push_back(p);
+        cached_ += cls;
+        return;
+      }
+    }
+    std::free(p);
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<size_t, std::vector<void*>> free_;
+  size_t cached_ = 0;
 };
+
+BufferPool& Pool() {
+  static BufferPool* pool = new BufferPool();  // never destroyed: tensors may outlive statics
+  return *pool;
+}
+
 }  // namespace
 
 Tensor::Tensor(DataType dt, Shape shape) : dtype_(dt), shape_(std::move(shape)) {
@@ -142,12 +206,11 @@ Tensor::Tensor(DataType dt, Shape shape) : dtype_(dt), shape_(std::move(shape)) 
   // Refuse sizes no real model needs: a corrupt shape must become an error, not an OOM kill.
   GAF_CHECK(numel_ < (int64_t{1} << 36) && bytes < (size_t{1} << 36), "tensor of shape {} ({}) is too large to allocate",
             ShapeToString(shape_), DataTypeName(dt));
-  size_t alloc = ((bytes + 63) / 64) * 64;
-  if (alloc == 0) alloc = 64;
-  void* p = std::aligned_alloc(64, alloc);
+  size_t alloc = BufferPool::SizeClass(bytes);
+  void* p = Pool().Get(alloc);
   if (p == nullptr) throw Error(fmt::format("out of memory allocating {} bytes", alloc));
-  std::memset(p, 0, alloc);
-  storage_ = std::shared_ptr<void>(p, AlignedFree());
+  std::memset(p, 0, bytes);
+  storage_ = std::shared_ptr<void>(p, [alloc](void* q) { Pool().Put(q, alloc); });
   data_ = p;
 }
 

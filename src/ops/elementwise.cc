@@ -256,6 +256,22 @@ void WalkRows(const BcastPlan& p, int64_t rb, int64_t re, F&& f) {
   }
 }
 
+// Calls f(out_offset, offsets, count) for each row piece of the output element range [s, e):
+// `count` consecutive output elements starting at out_offset, input k starting at offsets[k]
+// with the plan's inner stride. Lets a parallel chunk start mid-row.
+template <size_t N, class F>
+void WalkRange(const BcastPlan& p, int64_t s, int64_t e, F&& f) {
+  const int64_t inner = p.dims.back();
+  const int64_t rb = s / inner, c0 = s % inner, re = (e + inner - 1) / inner;
+  WalkRows<N>(p, rb, re, [&](int64_t row, const int64_t* off) {
+    const int64_t b = row == rb ? c0 : 0;
+    const int64_t en = std::min(inner, e - row * inner);
+    int64_t o2[N];
+    for (size_t k = 0; k < N; ++k) o2[k] = off[k] + b * p.strides[k].back();
+    f(row * inner + b, static_cast<const int64_t*>(o2), en - b);
+  });
+}
+
 // Inner loops with restrict-qualified pointers so that they vectorize without alias checks.
 template <class TA, class TB, class TO, class Op>
 inline void InnerVV(const TA* __restrict a, const TB* __restrict b, TO* __restrict o, int64_t n, Op op) {
@@ -310,22 +326,21 @@ void BinaryLoop(const TA* a, const Shape& sa, const TB* b, const Shape& sb, TO* 
     }
   }
   const BcastPlan p = MakePlan(so, {&sa, &sb});
-  const int64_t inner = p.dims.back(), rows = n / inner;
   const int64_t ia = p.strides[0].back(), ib = p.strides[1].back();
-  ParallelFor(rows, std::max<int64_t>(1, kGrain / inner), [&](int64_t rb, int64_t re) {
-    WalkRows<2>(p, rb, re, [&](int64_t row, const int64_t* off) {
+  ParallelFor(n, kGrain, [&](int64_t s, int64_t e) {
+    WalkRange<2>(p, s, e, [&](int64_t oo, const int64_t* off, int64_t cnt) {
       const TA* pa = a + off[0];
       const TB* pb = b + off[1];
-      TO* po = o + row * inner;
+      TO* po = o + oo;
       if constexpr (kAccum) {
-        if (ib == 1) InnerAccV(po, pb, inner, op);
-        else if (ib == 0) InnerAccS(po, pb[0], inner, op);
-        else for (int64_t i = 0; i < inner; ++i) po[i] = op(po[i], pb[i * ib]);
+        if (ib == 1) InnerAccV(po, pb, cnt, op);
+        else if (ib == 0) InnerAccS(po, pb[0], cnt, op);
+        else for (int64_t i = 0; i < cnt; ++i) po[i] = op(po[i], pb[i * ib]);
       } else {
-        if (ia == 1 && ib == 1) InnerVV(pa, pb, po, inner, op);
-        else if (ia == 1 && ib == 0) InnerVS(pa, pb[0], po, inner, op);
-        else if (ia == 0 && ib == 1) InnerSV(pa[0], pb, po, inner, op);
-        else for (int64_t i = 0; i < inner; ++i) po[i] = op(pa[i * ia], pb[i * ib]);
+        if (ia == 1 && ib == 1) InnerVV(pa, pb, po, cnt, op);
+        else if (ia == 1 && ib == 0) InnerVS(pa, pb[0], po, cnt, op);
+        else if (ia == 0 && ib == 1) InnerSV(pa[0], pb, po, cnt, op);
+        else for (int64_t i = 0; i < cnt; ++i) po[i] = op(pa[i * ia], pb[i * ib]);
       }
     });
   });
@@ -880,11 +895,10 @@ inline void WhereInner(const bool* __restrict c, const T* __restrict x, const T*
 }
 
 template <class T, int SC, int SX, int SY>
-void WhereRows(const BcastPlan& p, const bool* c, const T* x, const T* y, T* o, int64_t inner,
-               int64_t rows) {
-  ParallelFor(rows, std::max<int64_t>(1, kGrain / inner), [&](int64_t rb, int64_t re) {
-    WalkRows<3>(p, rb, re, [&](int64_t row, const int64_t* off) {
-      WhereInner<T, SC, SX, SY>(c + off[0], x + off[1], y + off[2], o + row * inner, inner);
+void WhereRange(const BcastPlan& p, const bool* c, const T* x, const T* y, T* o, int64_t n) {
+  ParallelFor(n, kGrain, [&](int64_t s, int64_t e) {
+    WalkRange<3>(p, s, e, [&](int64_t oo, const int64_t* off, int64_t cnt) {
+      WhereInner<T, SC, SX, SY>(c + off[0], x + off[1], y + off[2], o + oo, cnt);
     });
   });
 }
@@ -928,18 +942,17 @@ void WhereKernel(KernelContext& ctx) {
       return;
     }
     const BcastPlan p = MakePlan(so, {&c.shape(), &x.shape(), &yv.shape()});
-    const int64_t inner = p.dims.back(), rows = n / inner;
     const int64_t sc = p.strides[0].back(), sx = p.strides[1].back(), sy = p.strides[2].back();
     // Inner strides are 0 or 1 after collapsing.
     switch (sc * 4 + sx * 2 + sy) {
-      case 0: return WhereRows<T, 0, 0, 0>(p, pc, px, py, po, inner, rows);
-      case 1: return WhereRows<T, 0, 0, 1>(p, pc, px, py, po, inner, rows);
-      case 2: return WhereRows<T, 0, 1, 0>(p, pc, px, py, po, inner, rows);
-      case 3: return WhereRows<T, 0, 1, 1>(p, pc, px, py, po, inner, rows);
-      case 4: return WhereRows<T, 1, 0, 0>(p, pc, px, py, po, inner, rows);
-      case 5: return WhereRows<T, 1, 0, 1>(p, pc, px, py, po, inner, rows);
-      case 6: return WhereRows<T, 1, 1, 0>(p, pc, px, py, po, inner, rows);
-      default: return WhereRows<T, 1, 1, 1>(p, pc, px, py, po, inner, rows);
+      case 0: return WhereRange<T, 0, 0, 0>(p, pc, px, py, po, n);
+      case 1: return WhereRange<T, 0, 0, 1>(p, pc, px, py, po, n);
+      case 2: return WhereRange<T, 0, 1, 0>(p, pc, px, py, po, n);
+      case 3: return WhereRange<T, 0, 1, 1>(p, pc, px, py, po, n);
+      case 4: return WhereRange<T, 1, 0, 0>(p, pc, px, py, po, n);
+      case 5: return WhereRange<T, 1, 0, 1>(p, pc, px, py, po, n);
+      case 6: return WhereRange<T, 1, 1, 0>(p, pc, px, py, po, n);
+      default: return WhereRange<T, 1, 1, 1>(p, pc, px, py, po, n);
     }
   });
 }

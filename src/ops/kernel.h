@@ -82,5 +82,6 @@ void RegisterReduceKernels(OpRegistry& r);       // Reduce*, ArgMax/Min, Softmax
 void RegisterNnKernels(OpRegistry& r);           // MatMul, Gemm, Conv, ConvTranspose, pooling, ...
 void RegisterRnnKernels(OpRegistry& r);          // LSTM, GRU, RNN
 void RegisterControlFlowKernels(OpRegistry& r);  // If, Loop, Scan
+void RegisterLossAndQuantKernels(OpRegistry& r); // losses, (de)quantization, NMS, GridSample, RoiAlign, Det, windows, random
 
 }  // namespace gaf

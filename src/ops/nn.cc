@@ -145,7 +145,9 @@ void GemmRef(bool ta, bool tb, int64_t M, int64_t N, int64_t K, double alpha, co
         T a = ta ? A[k * lda + m] : A[m * lda + k];
         if (!tb) {
           const T* b = B + k * ldb;
-          for (int64_t n = 0; n < N; ++n) row[n] += a * b[n];
+          T* __restrict rp = row.data();
+#pragma omp simd
+          for (int64_t n = 0; n < N; ++n) rp[n] += a * b[n];
         } else {
           for (int64_t n = 0; n < N; ++n) row[n] += a * B[n * ldb + k];
         }
@@ -883,6 +885,7 @@ void DepthwiseConv(const T* x, const T* w, const T* bias, T* y, int64_t N, int64
                 const T* src = xc + (id * IH + ih) * IW + offw;
                 T* dst = yp + (od * OH + oh) * OW;
                 if (g.s[2] == 1) {
+#pragma omp simd
                   for (int64_t ow = lo; ow < hi; ++ow) dst[ow] += wv * src[ow];
                 } else {
                   const int64_t sw = g.s[2];
@@ -895,36 +898,28 @@ void DepthwiseConv(const T* x, const T* w, const T* bias, T* y, int64_t N, int64
   });
 }
 
-template <class T>
-void RunConv(KernelContext& ctx) {
-  const Node& node = ctx.node;
-  const Tensor& X = ctx.input(0);
-  const Tensor& W = ctx.input(1);
-  const Tensor* B = ctx.has_input(2) ? ctx.inputs[2] : nullptr;
-  GAF_CHECK(X.rank() >= 3 && W.rank() == X.rank(),
+// Validates Conv attributes against the input and weight shapes and returns the geometry.
+Geom ConvGeom(const Node& node, const Shape& xs, const Shape& ws, int64_t* group_out) {
+  GAF_CHECK(xs.size() >= 3 && ws.size() == xs.size(),
             "{}: Conv input {} and weight {} ranks are invalid", node.Describe(),
-            ShapeToString(X.shape()), ShapeToString(W.shape()));
-  GAF_CHECK(W.dtype() == X.dtype(), "{}: Conv weight type differs from input", node.Describe());
+            ShapeToString(xs), ShapeToString(ws));
   int64_t group = node.GetInt("group", 1);
-  int64_t N = X.dim(0), C = X.dim(1), M = W.dim(0);
-  GAF_CHECK(group >= 1 && C % group == 0 && M % group == 0 && W.dim(1) == C / group,
+  int64_t C = xs[1], M = ws[0];
+  GAF_CHECK(group >= 1 && C % group == 0 && M % group == 0 && ws[1] == C / group,
             "{}: Conv channels do not match: input {}, weight {}, group {}", node.Describe(),
-            ShapeToString(X.shape()), ShapeToString(W.shape()), group);
-  std::vector<int64_t> kernel(W.shape().begin() + 2, W.shape().end());
+            ShapeToString(xs), ShapeToString(ws), group);
+  std::vector<int64_t> kernel(ws.begin() + 2, ws.end());
   std::vector<int64_t> ks = node.GetInts("kernel_shape", {});
   GAF_CHECK(ks.empty() || ks == kernel, "{}: kernel_shape does not match weight shape {}",
-            node.Describe(), ShapeToString(W.shape()));
-  if (B) {
-    GAF_CHECK(B->numel() == M && B->dtype() == X.dtype(), "{}: Conv bias must have {} elements",
-              node.Describe(), M);
-  }
-  Geom g = MakeGeom(node, X.shape(), kernel, false);
-  ctx.outputs[0] = Tensor(X.dtype(), OutShape(N, M, g));
-  T* y = ctx.outputs[0].data<T>();
-  if (ctx.outputs[0].numel() == 0) return;
-  const T* x = X.data<T>();
-  const T* w = W.data<T>();
-  const T* bias = B ? B->data<T>() : nullptr;
+            node.Describe(), ShapeToString(ws));
+  *group_out = group;
+  return MakeGeom(node, xs, kernel, false);
+}
+
+// y[N, M, out...] = conv(x, w) + bias; y must be zero-initialized and sized by ConvGeom.
+template <class T>
+void ConvCore(const Geom& g, int64_t group, int64_t N, int64_t C, int64_t M, const T* x,
+              const T* w, const T* bias, T* y) {
   const int64_t isz = g.in_size(), osz = g.out_size(), kvol = g.k_size();
   const int64_t Cg = C / group, Mg = M / group;
   if (group == C && Cg == 1 && group > 1) {
@@ -953,6 +948,7 @@ void RunConv(KernelContext& ctx) {
         for (int64_t m = m0; m < m1; ++m) {
           T b = bias[m];
           T* p = yn + m * osz;
+#pragma omp simd
           for (int64_t i = 0; i < osz; ++i) p[i] += b;
         }
       });
@@ -960,11 +956,154 @@ void RunConv(KernelContext& ctx) {
   }
 }
 
+template <class T>
+void RunConv(KernelContext& ctx) {
+  const Node& node = ctx.node;
+  const Tensor& X = ctx.input(0);
+  const Tensor& W = ctx.input(1);
+  const Tensor* B = ctx.has_input(2) ? ctx.inputs[2] : nullptr;
+  GAF_CHECK(W.dtype() == X.dtype(), "{}: Conv weight type differs from input", node.Describe());
+  int64_t group = 1;
+  Geom g = ConvGeom(node, X.shape(), W.shape(), &group);
+  int64_t N = X.dim(0), C = X.dim(1), M = W.dim(0);
+  if (B) {
+    GAF_CHECK(B->numel() == M && B->dtype() == X.dtype(), "{}: Conv bias must have {} elements",
+              node.Describe(), M);
+  }
+  ctx.outputs[0] = Tensor(X.dtype(), OutShape(N, M, g));
+  if (ctx.outputs[0].numel() == 0) return;
+  ConvCore<T>(g, group, N, C, M, X.data<T>(), W.data<T>(), B ? B->data<T>() : nullptr,
+              ctx.outputs[0].data<T>());
+}
+
 void ConvKernel(KernelContext& ctx) {
   DataType dt = ctx.input(0).dtype();
   if (dt == DataType::kFloat) return RunConv<float>(ctx);
   if (dt == DataType::kDouble) return RunConv<double>(ctx);
   GAF_UNSUPPORTED("{}: Conv of type {} is not supported", ctx.node.Describe(), DataTypeName(dt));
+}
+
+// ------------------------------------------------------------------------------------------
+// Quantized convolutions and products: ConvInteger, QLinearConv, QLinearMatMul.
+
+// Values of a uint8/int8 tensor minus its zero point; the zero point is a scalar or has one
+// value per index of the axis whose elements are `inner` apart with `axis_size` entries.
+std::vector<int32_t> Dequantized(const Tensor& t, const Tensor* zp, int64_t axis_size,
+                                 int64_t inner, const Node& node, const char* what) {
+  std::vector<int32_t> v = ToInt32Values(t, node, what);
+  if (zp == nullptr) return v;
+  GAF_CHECK(zp->dtype() == t.dtype(), "{}: zero point of {} has type {}, expected {}",
+            node.Describe(), what, DataTypeName(zp->dtype()), DataTypeName(t.dtype()));
+  std::vector<int32_t> z = ToInt32Values(*zp, node, "zero point");
+  if (z.size() == 1) {
+    for (auto& x : v) x -= z[0];
+  } else {
+    GAF_CHECK(static_cast<int64_t>(z.size()) == axis_size && inner > 0,
+              "{}: zero point of {} has {} values, expected 1 or {}", node.Describe(), what,
+              z.size(), axis_size);
+    for (size_t i = 0; i < v.size(); ++i) v[i] -= z[(static_cast<int64_t>(i) / inner) % axis_size];
+  }
+  return v;
+}
+
+// Scale values: a scalar, or `n` per-channel values.
+std::vector<float> Scales(const Tensor& t, int64_t n, const Node& node, const char* what) {
+  std::vector<double> d = t.ToDoubles();
+  GAF_CHECK(d.size() == 1 || static_cast<int64_t>(d.size()) == n,
+            "{}: {} has {} values, expected 1 or {}", node.Describe(), what, d.size(), n);
+  return std::vector<float>(d.begin(), d.end());
+}
+
+// y = saturate(round_half_even(acc * scale[channel]) + zero_point) for uint8/int8 outputs.
+void Requantize(const std::vector<int32_t>& acc, const std::vector<float>& scale, int64_t nch,
+                int64_t inner, const Tensor* yzp, Tensor& y, const Node& node) {
+  DataType dt = yzp ? yzp->dtype() : DataType::kUint8;
+  int32_t zp = yzp ? static_cast<int32_t>(yzp->ScalarAsInt64()) : 0;
+  int32_t lo = dt == DataType::kUint8 ? 0 : -128, hi = dt == DataType::kUint8 ? 255 : 127;
+  if (dt != DataType::kUint8 && dt != DataType::kInt8)
+    GAF_UNSUPPORTED("{}: output type {} is not supported (uint8/int8 only)", node.Describe(),
+                    DataTypeName(dt));
+  auto q = [&](size_t i) {
+    float sc = scale.size() == 1 ? scale[0] : scale[(static_cast<int64_t>(i) / inner) % nch];
+    float r = std::nearbyint(static_cast<float>(acc[i]) * sc) + static_cast<float>(zp);
+    return static_cast<int32_t>(std::min<float>(std::max<float>(r, lo), hi));
+  };
+  if (dt == DataType::kUint8) {
+    uint8_t* p = y.data<uint8_t>();
+    for (size_t i = 0; i < acc.size(); ++i) p[i] = static_cast<uint8_t>(q(i));
+  } else {
+    int8_t* p = y.data<int8_t>();
+    for (size_t i = 0; i < acc.size(); ++i) p[i] = static_cast<int8_t>(q(i));
+  }
+}
+
+// int32 convolution of zero-point-shifted x and w; output shape in *out_shape.
+std::vector<int32_t> IntegerConv(const Node& node, const Tensor& X, const Tensor* xzp,
+                                 const Tensor& W, const Tensor* wzp, const int32_t* bias,
+                                 Shape* out_shape) {
+  int64_t group = 1;
+  Geom g = ConvGeom(node, X.shape(), W.shape(), &group);
+  int64_t N = X.dim(0), C = X.dim(1), M = W.dim(0);
+  if (xzp)
+    GAF_CHECK(xzp->numel() == 1, "{}: input zero point must be a scalar", node.Describe());
+  std::vector<int32_t> x = Dequantized(X, xzp, 1, 1, node, "x");
+  std::vector<int32_t> w = Dequantized(W, wzp, M, M > 0 ? W.numel() / M : 1, node, "w");
+  *out_shape = OutShape(N, M, g);
+  std::vector<int32_t> y(static_cast<size_t>(NumElements(*out_shape)), 0);
+  if (!y.empty()) ConvCore<int32_t>(g, group, N, C, M, x.data(), w.data(), bias, y.data());
+  return y;
+}
+
+void ConvIntegerKernel(KernelContext& ctx) {
+  Shape os;
+  std::vector<int32_t> y =
+      IntegerConv(ctx.node, ctx.input(0), ctx.has_input(2) ? ctx.inputs[2] : nullptr,
+                  ctx.input(1), ctx.has_input(3) ? ctx.inputs[3] : nullptr, nullptr, &os);
+  ctx.outputs[0] = Tensor(DataType::kInt32, os);
+  if (!y.empty()) std::memcpy(ctx.outputs[0].raw(), y.data(), sizeof(int32_t) * y.size());
+}
+
+void QLinearConvKernel(KernelContext& ctx) {
+  const Node& node = ctx.node;
+  const Tensor& X = ctx.input(0);
+  const Tensor& W = ctx.input(3);
+  int64_t M = W.rank() > 0 ? W.dim(0) : 0;
+  const int32_t* bias = nullptr;
+  if (ctx.has_input(8)) {
+    const Tensor& B = *ctx.inputs[8];
+    GAF_CHECK(B.dtype() == DataType::kInt32 && B.numel() == M,
+              "{}: bias must be int32 with {} elements", node.Describe(), M);
+    bias = B.data<int32_t>();
+  }
+  Shape os;
+  std::vector<int32_t> acc = IntegerConv(node, X, &ctx.input(2), W, &ctx.input(5), bias, &os);
+  float xs = Scales(ctx.input(1), 1, node, "x_scale")[0];
+  float ys = Scales(ctx.input(6), 1, node, "y_scale")[0];
+  std::vector<float> scale = Scales(ctx.input(4), M, node, "w_scale");
+  for (auto& v : scale) v = v * xs / ys;
+  const Tensor& yzp = ctx.input(7);
+  ctx.outputs[0] = Tensor(yzp.dtype(), os);
+  int64_t inner = os.size() > 2 ? NumElements(Shape(os.begin() + 2, os.end())) : 1;
+  Requantize(acc, scale, M, inner, &yzp, ctx.outputs[0], node);
+}
+
+void QLinearMatMulKernel(KernelContext& ctx) {
+  const Node& node = ctx.node;
+  const Tensor& A = ctx.input(0);
+  const Tensor& B = ctx.input(3);
+  MatMulPlan p = PlanMatMul(A.shape(), B.shape(), node);
+  std::vector<int32_t> a = Dequantized(A, &ctx.input(2), 1, 1, node, "a");
+  GAF_CHECK(ctx.input(2).numel() == 1, "{}: a_zero_point must be a scalar", node.Describe());
+  std::vector<int32_t> b = Dequantized(B, &ctx.input(5), p.N, 1, node, "b");
+  std::vector<int32_t> acc(static_cast<size_t>(NumElements(p.out_shape)), 0);
+  RunMatMul<int32_t>(p, a.data(), b.data(), acc.data());
+  float as = Scales(ctx.input(1), 1, node, "a_scale")[0];
+  float ys = Scales(ctx.input(6), 1, node, "y_scale")[0];
+  std::vector<float> scale = Scales(ctx.input(4), p.N, node, "b_scale");
+  for (auto& v : scale) v = v * as / ys;
+  const Tensor& yzp = ctx.input(7);
+  ctx.outputs[0] = Tensor(yzp.dtype(), p.out_shape);
+  Requantize(acc, scale, p.N, 1, &yzp, ctx.outputs[0], node);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1119,6 +1258,26 @@ std::vector<int64_t> PoolKernelShape(const Node& node, const Tensor& X) {
   return k;
 }
 
+// Per output index o along one dim: the valid kernel range [lo, hi) inside the input and
+// (for count_include_pad) inside the padded input.
+struct DimRanges {
+  std::vector<int64_t> base, lo, hi, plo, phi;
+};
+DimRanges MakeRanges(const Geom& g, int i) {
+  DimRanges r;
+  for (int64_t o = 0; o < g.out[i]; ++o) {
+    int64_t b = o * g.s[i] - g.pb[i], lo, hi, plo, phi;
+    KernelRange(b, g.d[i], g.k[i], g.in[i], &lo, &hi);
+    KernelRange(b + g.pb[i], g.d[i], g.k[i], g.in[i] + g.pb[i] + g.pe[i], &plo, &phi);
+    r.base.push_back(b);
+    r.lo.push_back(lo);
+    r.hi.push_back(hi);
+    r.plo.push_back(plo);
+    r.phi.push_back(phi);
+  }
+  return r;
+}
+
 template <class T>
 void RunMaxPool(KernelContext& ctx) {
   const Node& node = ctx.node;
@@ -1137,22 +1296,32 @@ void RunMaxPool(KernelContext& ctx) {
   const int64_t isz = g.in_size(), osz = g.out_size();
   const int64_t ID = g.in[0], IH = g.in[1], IW = g.in[2];
   const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2];
+  const DimRanges rd = MakeRanges(g, 0), rh = MakeRanges(g, 1), rw = MakeRanges(g, 2);
   ParallelFor(N * C, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, osz * g.k_size())),
               [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const T* xp = x + p * isz;
       T* yp = y + p * osz;
       for (int64_t od = 0; od < OD; ++od) {
-        int64_t bd = od * g.s[0] - g.pb[0], dlo, dhi;
-        KernelRange(bd, g.d[0], g.k[0], ID, &dlo, &dhi);
+        const int64_t bd = rd.base[od], dlo = rd.lo[od], dhi = rd.hi[od];
         for (int64_t oh = 0; oh < OH; ++oh) {
-          int64_t bh = oh * g.s[1] - g.pb[1], hlo, hhi;
-          KernelRange(bh, g.d[1], g.k[1], IH, &hlo, &hhi);
+          const int64_t bh = rh.base[oh], hlo = rh.lo[oh], hhi = rh.hi[oh];
           for (int64_t ow = 0; ow < OW; ++ow) {
-            int64_t bw = ow * g.s[2] - g.pb[2], wlo, whi;
-            KernelRange(bw, g.d[2], g.k[2], IW, &wlo, &whi);
+            const int64_t bw = rw.base[ow], wlo = rw.lo[ow], whi = rw.hi[ow];
             T best = std::numeric_limits<T>::lowest();
             int64_t arg = -1;
+            if (!yi) {
+              // Values only: branch-free max over the window.
+              const int64_t dw = g.d[2];
+              for (int64_t kd = dlo; kd < dhi; ++kd) {
+                const int64_t id = bd + kd * g.d[0];
+                for (int64_t kh = hlo; kh < hhi; ++kh) {
+                  const T* row = xp + (id * IH + bh + kh * g.d[1]) * IW + bw;
+                  for (int64_t kw = wlo; kw < whi; ++kw) best = std::max(best, row[kw * dw]);
+                }
+              }
+              if (dhi > dlo && hhi > hlo && whi > wlo) arg = 0;
+            } else {
             for (int64_t kd = dlo; kd < dhi; ++kd) {
               int64_t id = bd + kd * g.d[0];
               for (int64_t kh = hlo; kh < hhi; ++kh) {
@@ -1167,6 +1336,7 @@ void RunMaxPool(KernelContext& ctx) {
                   }
                 }
               }
+            }
             }
             int64_t o = (od * OH + oh) * OW + ow;
             if (arg < 0) best = T{};  // window entirely in padding
@@ -1225,25 +1395,23 @@ void RunAvgLpPool(KernelContext& ctx, bool is_lp) {
   const T* x = X.data<T>();
   T* y = ctx.outputs[0].data<T>();
   const int64_t isz = g.in_size(), osz = g.out_size();
-  const int64_t ID = g.in[0], IH = g.in[1], IW = g.in[2];
+  const int64_t IH = g.in[1], IW = g.in[2];
   const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2];
+  const DimRanges rd = MakeRanges(g, 0), rh = MakeRanges(g, 1), rw = MakeRanges(g, 2);
   ParallelFor(N * C, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, osz * g.k_size())),
               [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
       const T* xp = x + p * isz;
       T* yp = y + p * osz;
       for (int64_t od = 0; od < OD; ++od) {
-        int64_t bd = od * g.s[0] - g.pb[0], dlo, dhi, pdlo, pdhi;
-        KernelRange(bd, g.d[0], g.k[0], ID, &dlo, &dhi);
-        KernelRange(bd + g.pb[0], g.d[0], g.k[0], ID + g.pb[0] + g.pe[0], &pdlo, &pdhi);
+        const int64_t bd = rd.base[od], dlo = rd.lo[od], dhi = rd.hi[od];
+        const int64_t pdlo = rd.plo[od], pdhi = rd.phi[od];
         for (int64_t oh = 0; oh < OH; ++oh) {
-          int64_t bh = oh * g.s[1] - g.pb[1], hlo, hhi, phlo, phhi;
-          KernelRange(bh, g.d[1], g.k[1], IH, &hlo, &hhi);
-          KernelRange(bh + g.pb[1], g.d[1], g.k[1], IH + g.pb[1] + g.pe[1], &phlo, &phhi);
+          const int64_t bh = rh.base[oh], hlo = rh.lo[oh], hhi = rh.hi[oh];
+          const int64_t phlo = rh.plo[oh], phhi = rh.phi[oh];
           for (int64_t ow = 0; ow < OW; ++ow) {
-            int64_t bw = ow * g.s[2] - g.pb[2], wlo, whi, pwlo, pwhi;
-            KernelRange(bw, g.d[2], g.k[2], IW, &wlo, &whi);
-            KernelRange(bw + g.pb[2], g.d[2], g.k[2], IW + g.pb[2] + g.pe[2], &pwlo, &pwhi);
+            const int64_t bw = rw.base[ow], wlo = rw.lo[ow], whi = rw.hi[ow];
+            const int64_t pwlo = rw.plo[ow], pwhi = rw.phi[ow];
             double acc = 0;
             for (int64_t kd = dlo; kd < dhi; ++kd) {
               int64_t id = bd + kd * g.d[0];
@@ -1355,6 +1523,58 @@ void GlobalPoolKernel(KernelContext& ctx) {
   }
 }
 
+// MaxUnpool: scatters X into a zero tensor at the flat indices I (as produced by MaxPool).
+void MaxUnpoolKernel(KernelContext& ctx) {
+  const Node& node = ctx.node;
+  const Tensor& X = ctx.input(0);
+  const Tensor& I = ctx.input(1);
+  GAF_CHECK(I.shape() == X.shape(), "{}: indices shape {} differs from input shape {}",
+            node.Describe(), ShapeToString(I.shape()), ShapeToString(X.shape()));
+  std::vector<int64_t> kernel = PoolKernelShape(node, X);
+  size_t nsp = kernel.size();
+  std::vector<int64_t> strides = SpatialAttr(node, "strides", nsp, 1);
+  std::vector<int64_t> pads = node.GetInts("pads", {});
+  if (pads.empty()) pads.assign(2 * nsp, 0);
+  GAF_CHECK(pads.size() == 2 * nsp, "{}: 'pads' has {} values, expected {}", node.Describe(),
+            pads.size(), 2 * nsp);
+  // Indices address the default output shape; a given output_shape keeps coordinates and
+  // pads (or crops) at the end of each spatial dim, as the ONNX reference does.
+  Shape ds{X.dim(0), X.dim(1)};
+  for (size_t i = 0; i < nsp; ++i)
+    ds.push_back((X.dim(2 + i) - 1) * strides[i] + kernel[i] - pads[i] - pads[i + nsp]);
+  Shape os = ds;
+  if (ctx.has_input(2)) {
+    os = ctx.inputs[2]->ToInt64s();
+    GAF_CHECK(os.size() == ds.size() && os[0] == X.dim(0) && os[1] == X.dim(1),
+              "{}: output_shape {} does not match input {}", node.Describe(), ShapeToString(os),
+              ShapeToString(X.shape()));
+  }
+  for (int64_t v : ds)
+    GAF_CHECK(v >= 0, "{}: negative output size {}", node.Describe(), ShapeToString(ds));
+  ctx.outputs[0] = Tensor(X.dtype(), os);
+  std::vector<int64_t> idx = I.ToInt64s();
+  int64_t total = NumElements(ds);
+  std::vector<int64_t> dst = Strides(ds), ost = Strides(os);
+  DispatchBySize(X.dtype(), node, [&](auto tag) {
+    using U = decltype(tag);
+    const U* x = static_cast<const U*>(X.raw());
+    U* y = static_cast<U*>(ctx.outputs[0].raw());
+    for (size_t i = 0; i < idx.size(); ++i) {
+      GAF_CHECK(idx[i] >= 0 && idx[i] < total, "{}: index {} is outside the output of {} elements",
+                node.Describe(), idx[i], total);
+      int64_t rem = idx[i], o = 0;
+      bool inside = true;
+      for (size_t d = 0; d < ds.size(); ++d) {
+        int64_t c = rem / dst[d];
+        rem %= dst[d];
+        if (c >= os[d]) inside = false;
+        o += c * ost[d];
+      }
+      if (inside) y[o] = x[i];
+    }
+  });
+}
+
 }  // namespace
 
 void RegisterNnKernels(OpRegistry& r) {
@@ -1369,6 +1589,10 @@ void RegisterNnKernels(OpRegistry& r) {
   r.Register({"", "LpPool", OpKind::kReduction, LpPoolKernel, true});
   r.Register({"", "GlobalAveragePool", OpKind::kReduction, GlobalPoolKernel<GlobalMode::kAvg>, true});
   r.Register({"", "GlobalMaxPool", OpKind::kReduction, GlobalPoolKernel<GlobalMode::kMax>, true});
+  r.Register({"", "ConvInteger", OpKind::kContraction, ConvIntegerKernel, false});
+  r.Register({"", "QLinearConv", OpKind::kContraction, QLinearConvKernel, false});
+  r.Register({"", "QLinearMatMul", OpKind::kContraction, QLinearMatMulKernel, false});
+  r.Register({"", "MaxUnpool", OpKind::kInjective, MaxUnpoolKernel, false});
   r.Register({"", "GlobalLpPool", OpKind::kReduction, GlobalPoolKernel<GlobalMode::kLp>, true});
 }
 

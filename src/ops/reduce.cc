@@ -523,6 +523,14 @@ void ReduceKernel(KernelContext& ctx, ReduceKind kind) {
       out_shape.push_back(1);
     }
   }
+  if (x.dtype() == DataType::kBool && (kind == ReduceKind::kMax || kind == ReduceKind::kMin)) {
+    // bool (opset 20): max = any, min = all; reduce the bytes as uint8.
+    Tensor y(DataType::kBool, out_shape);
+    ReduceAxes<uint8_t>(kind, static_cast<const uint8_t*>(x.raw()), x.shape(), red,
+                        static_cast<uint8_t*>(y.raw()));
+    ctx.outputs[0] = std::move(y);
+    return;
+  }
   DispatchNumeric(x.dtype(), node, [&](auto tag) {
     using T = decltype(tag);
     Tensor y(x.dtype(), out_shape);

@@ -11,6 +11,7 @@ static void RegisterAllKernels(OpRegistry& r) {
   RegisterNnKernels(r);
   RegisterRnnKernels(r);
   RegisterControlFlowKernels(r);
+  RegisterLossAndQuantKernels(r);
 }
 
 OpRegistry& OpRegistry::Global() {

@@ -1428,6 +1428,30 @@ template <class T>
 void ResizeAxisPass(const T* in, T* out, int64_t outer, int64_t in_dim, int64_t out_dim, int64_t inner,
                     const AxisTaps& t) {
   const int64_t nt = t.ntaps;
+  if (inner == 1) {  // last axis: one output row per outer index
+    ParallelFor(outer, std::max<int64_t>(1, kGrain / std::max<int64_t>(out_dim * nt, 1)), [&](int64_t b, int64_t e) {
+      for (int64_t o = b; o < e; ++o) {
+        const T* base = in + o * in_dim;
+        T* dst = out + o * out_dim;
+        if (nt == 2) {
+          for (int64_t x = 0; x < out_dim; ++x) {
+            const int64_t* id = t.idx.data() + 2 * x;
+            const float* w = t.w.data() + 2 * x;
+            dst[x] = static_cast<T>(w[0]) * base[id[0]] + static_cast<T>(w[1]) * base[id[1]];
+          }
+        } else {
+          for (int64_t x = 0; x < out_dim; ++x) {
+            const int64_t* id = t.idx.data() + x * nt;
+            const float* w = t.w.data() + x * nt;
+            T acc = 0;
+            for (int64_t k = 0; k < nt; ++k) acc += static_cast<T>(w[k]) * base[id[k]];
+            dst[x] = acc;
+          }
+        }
+      }
+    });
+    return;
+  }
   ParallelFor(outer * out_dim, std::max<int64_t>(1, kGrain / std::max<int64_t>(inner * nt, 1)),
               [&](int64_t b, int64_t e) {
                 for (int64_t q = b; q < e; ++q) {
@@ -1436,20 +1460,14 @@ void ResizeAxisPass(const T* in, T* out, int64_t outer, int64_t in_dim, int64_t 
                   const float* w = t.w.data() + x * nt;
                   const T* base = in + o * in_dim * inner;
                   T* dst = out + q * inner;
-                  if (inner == 1) {
-                    T acc = 0;
-                    for (int64_t k = 0; k < nt; ++k) acc += static_cast<T>(w[k]) * base[id[k]];
-                    *dst = acc;
-                  } else {
-                    const T w0 = static_cast<T>(w[0]);
-                    const T* s0 = base + id[0] * inner;
-                    for (int64_t i = 0; i < inner; ++i) dst[i] = w0 * s0[i];
-                    for (int64_t k = 1; k < nt; ++k) {
-                      if (w[k] == 0) continue;
-                      const T wk = static_cast<T>(w[k]);
-                      const T* sk = base + id[k] * inner;
-                      for (int64_t i = 0; i < inner; ++i) dst[i] += wk * sk[i];
-                    }
+                  const T w0 = static_cast<T>(w[0]);
+                  const T* s0 = base + id[0] * inner;
+                  for (int64_t i = 0; i < inner; ++i) dst[i] = w0 * s0[i];
+                  for (int64_t k = 1; k < nt; ++k) {
+                    if (w[k] == 0) continue;
+                    const T wk = static_cast<T>(w[k]);
+                    const T* sk = base + id[k] * inner;
+                    for (int64_t i = 0; i < inner; ++i) dst[i] += wk * sk[i];
                   }
                 }
               });
@@ -1484,12 +1502,13 @@ Tensor ResizeInterpolate(const Tensor& x, const Shape& out, const std::vector<do
                           p.roi.empty() ? 1.0 : p.roi[r + d]);
     any_oob = any_oob || taps[d].any_oob;
   }
-  // Axes to process, those that shrink most first.
   std::vector<int64_t> axes;
   for (int64_t d = 0; d < r; ++d)
     if (!taps[d].identity) axes.push_back(d);
-  std::stable_sort(axes.begin(), axes.end(), [&](int64_t a, int64_t b) {
-    return static_cast<double>(out[a]) / x.shape()[a] < static_cast<double>(out[b]) / x.shape()[b];
+  // Axes that shrink most go first; among equal ratios the innermost (per-element gather) goes first.
+  std::sort(axes.begin(), axes.end(), [&](int64_t a, int64_t b) {
+    const double ra = static_cast<double>(out[a]) / x.shape()[a], rb = static_cast<double>(out[b]) / x.shape()[b];
+    return ra != rb ? ra < rb : a > b;
   });
   Tensor cur = x;
   Shape cs = x.shape();

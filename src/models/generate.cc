@@ -1,0 +1,215 @@
+#include "models/generate.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <map>
+#include <optional>
+
+#include "ir/error.h"
+
+namespace gaf {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+// The layer index (first run of digits) and kind ("key", "value" or "") of a cache name, looking
+// only after the digits so that "past_key_values.3.value" is (3, "value").
+std::optional<std::pair<int64_t, std::string>> ParseCacheName(const std::string& name) {
+  size_t i = 0;
+  while (i < name.size() && !std::isdigit(static_cast<unsigned char>(name[i]))) ++i;
+  if (i == name.size()) return std::nullopt;
+  size_t j = i;
+  while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
+  const int64_t layer = std::stoll(name.substr(i, j - i));
+  const std::string rest = Lower(name.substr(j));
+  std::string kind;
+  if (rest.find("key") != std::string::npos) kind = "key";
+  else if (rest.find("value") != std::string::npos) kind = "value";
+  return std::make_pair(layer, kind);
+}
+
+const ValueInfo* FindByName(const std::vector<ValueInfo>& values, const std::string& want) {
+  for (const ValueInfo& v : values)
+    if (v.name == want) return &v;
+  for (const ValueInfo& v : values)
+    if (Lower(v.name).find(want) != std::string::npos) return &v;
+  return nullptr;
+}
+
+// Integer tensor of the type the model declares for `name` (int64 unless it says int32).
+Tensor IntTensor(const ValueInfo* info, const Shape& shape, const std::vector<int64_t>& values) {
+  DataType dt = info != nullptr && info->dtype == DataType::kInt32 ? DataType::kInt32 : DataType::kInt64;
+  Tensor t(dt, shape);
+  if (dt == DataType::kInt32) {
+    for (size_t i = 0; i < values.size(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(values[i]);
+  } else {
+    for (size_t i = 0; i < values.size(); ++i) t.data<int64_t>()[i] = values[i];
+  }
+  return t;
+}
+
+// An empty cache tensor: the sequence dim 0, batch dims 1, other dims as declared. The sequence
+// dim is the only symbolic non-batch dim, or the one whose name mentions "past" or "seq".
+Tensor EmptyPast(const ValueInfo& v) {
+  GAF_CHECK(v.has_shape, "cache input '{}' has no declared shape; cannot make an empty past for it", v.name);
+  Shape shape;
+  std::vector<size_t> unknown, seq_like;
+  for (size_t i = 0; i < v.dims.size(); ++i) {
+    const Dim& d = v.dims[i];
+    const std::string p = Lower(d.param);
+    shape.push_back(d.known() ? d.value : 1);
+    if (d.known() || p.find("batch") != std::string::npos) continue;
+    unknown.push_back(i);
+    if (p.find("past") != std::string::npos || p.find("seq") != std::string::npos) seq_like.push_back(i);
+  }
+  if (unknown.size() == 1) {
+    shape[unknown[0]] = 0;
+  } else {
+    GAF_CHECK(seq_like.size() == 1, "cache input '{}' {}: cannot tell which dimension is the sequence", v.name,
+              DimsToString(v.dims));
+    shape[seq_like[0]] = 0;
+  }
+  DataType dt = v.dtype == DataType::kUndefined ? DataType::kFloat : v.dtype;
+  return Tensor(dt, shape);
+}
+
+const ValueInfo* InfoOf(const Session& s, const std::string& name) {
+  for (const ValueInfo& v : s.inputs())
+    if (v.name == name) return &v;
+  return nullptr;
+}
+
+// Feeds for one forward pass: `ids` at positions past_len.., mask over past_len + ids.size().
+void SetTokenFeeds(const Session& s, const DecoderSignature& sig, const std::vector<int64_t>& ids, int64_t past_len,
+                   std::map<std::string, Tensor>& feeds) {
+  const int64_t n = static_cast<int64_t>(ids.size());
+  feeds[sig.input_ids] = IntTensor(InfoOf(s, sig.input_ids), {1, n}, ids);
+  if (!sig.attention_mask.empty())
+    feeds[sig.attention_mask] =
+        IntTensor(InfoOf(s, sig.attention_mask), {1, past_len + n}, std::vector<int64_t>(past_len + n, 1));
+  if (!sig.position_ids.empty()) {
+    std::vector<int64_t> pos(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) pos[i] = past_len + i;
+    feeds[sig.position_ids] = IntTensor(InfoOf(s, sig.position_ids), {1, n}, pos);
+  }
+  if (!sig.use_cache_branch.empty()) {
+    Tensor b(DataType::kBool, {1});
+    b.data<bool>()[0] = past_len > 0;
+    feeds[sig.use_cache_branch] = b;
+  }
+}
+
+std::vector<std::string> OutputNames(const DecoderSignature& sig) {
+  std::vector<std::string> names{sig.logits};
+  for (const auto& [past, present] : sig.cache) names.push_back(present);
+  return names;
+}
+
+}  // namespace
+
+DecoderSignature DecoderSignature::Discover(const std::vector<ValueInfo>& inputs,
+                                            const std::vector<ValueInfo>& outputs) {
+  DecoderSignature sig;
+  const ValueInfo* ids = FindByName(inputs, "input_ids");
+  GAF_CHECK(ids != nullptr, "the model has no input_ids input; not a decoder in the Optimum layout");
+  sig.input_ids = ids->name;
+  if (const ValueInfo* v = FindByName(inputs, "attention_mask")) sig.attention_mask = v->name;
+  if (const ValueInfo* v = FindByName(inputs, "position_ids")) sig.position_ids = v->name;
+  if (const ValueInfo* v = FindByName(inputs, "use_cache_branch")) sig.use_cache_branch = v->name;
+  const ValueInfo* logits = FindByName(outputs, "logits");
+  GAF_CHECK(logits != nullptr, "the model has no logits output");
+  sig.logits = logits->name;
+
+  std::map<std::pair<int64_t, std::string>, std::string> presents;
+  for (const ValueInfo& v : outputs) {
+    if (Lower(v.name).find("present") == std::string::npos) continue;
+    if (auto key = ParseCacheName(v.name)) presents[*key] = v.name;
+  }
+  for (const ValueInfo& v : inputs) {
+    if (Lower(v.name).rfind("past", 0) != 0) continue;
+    auto key = ParseCacheName(v.name);
+    GAF_CHECK(key.has_value(), "cache input '{}' names no layer index", v.name);
+    auto it = presents.find(*key);
+    GAF_CHECK(it != presents.end(), "cache input '{}' has no matching present output (layer {}{})", v.name,
+              key->first, key->second.empty() ? "" : ", " + key->second);
+    sig.cache.emplace_back(v.name, it->second);
+  }
+  return sig;
+}
+
+double GenerateResult::MedianStepSeconds() const {
+  if (step_seconds.empty()) return 0;
+  std::vector<double> s = step_seconds;
+  std::nth_element(s.begin(), s.begin() + static_cast<long>(s.size() / 2), s.end());
+  return s[s.size() / 2];
+}
+
+double GenerateResult::DecodeTokensPerSecond() const {
+  const double m = MedianStepSeconds();
+  return m > 0 ? 1.0 / m : 0.0;
+}
+
+int64_t ArgmaxLastPosition(const Tensor& logits) {
+  GAF_CHECK(logits.rank() == 2 || logits.rank() == 3, "logits must be [batch, seq, vocab] or [batch, vocab], got {}",
+            ShapeToString(logits.shape()));
+  const int64_t vocab = logits.dim(-1);
+  GAF_CHECK(vocab > 0 && logits.numel() > 0, "logits {} are empty", ShapeToString(logits.shape()));
+  const int64_t offset = logits.rank() == 3 ? (logits.dim(1) - 1) * vocab : 0;
+  Tensor f = logits.dtype() == DataType::kFloat ? logits : logits.CastTo(DataType::kFloat);
+  const float* p = f.data<float>() + offset;
+  return static_cast<int64_t>(std::max_element(p, p + vocab) - p);
+}
+
+Tensor ForwardNoCache(Session& session, const DecoderSignature& sig, const std::vector<int64_t>& ids) {
+  GAF_CHECK(!ids.empty(), "ForwardNoCache: no tokens");
+  std::map<std::string, Tensor> feeds;
+  SetTokenFeeds(session, sig, ids, 0, feeds);
+  for (const auto& [past, present] : sig.cache) feeds[past] = EmptyPast(*InfoOf(session, past));
+  return session.Run(feeds, {sig.logits})[0];
+}
+
+GenerateResult Generate(Session& session, const GenerateOptions& options) {
+  return Generate(session, DecoderSignature::Discover(session.inputs(), session.outputs()), options);
+}
+
+GenerateResult Generate(Session& session, const DecoderSignature& sig, const GenerateOptions& options) {
+  GAF_CHECK(!options.prompt_ids.empty(), "generate: the prompt is empty");
+  GenerateResult result;
+  if (options.max_new_tokens <= 0) return result;
+  const std::vector<std::string> output_names = OutputNames(sig);
+  std::map<std::string, Tensor> feeds;
+
+  // Prefill: the whole prompt, empty cache.
+  auto t0 = Clock::now();
+  SetTokenFeeds(session, sig, options.prompt_ids, 0, feeds);
+  for (const auto& [past, present] : sig.cache) feeds[past] = EmptyPast(*InfoOf(session, past));
+  std::vector<Tensor> outs = session.Run(feeds, output_names);
+  int64_t token = ArgmaxLastPosition(outs[0]);
+  result.prefill_seconds = Since(t0);
+  result.tokens.push_back(token);
+  int64_t past_len = static_cast<int64_t>(options.prompt_ids.size());
+
+  // Decode: one token per run; present becomes past (the same buffers, handed over).
+  while (static_cast<int>(result.tokens.size()) < options.max_new_tokens && token != options.eos_token_id) {
+    auto ts = Clock::now();
+    SetTokenFeeds(session, sig, {token}, past_len, feeds);
+    for (size_t i = 0; i < sig.cache.size(); ++i) feeds[sig.cache[i].first] = std::move(outs[1 + i]);
+    outs = session.Run(feeds, output_names);
+    token = ArgmaxLastPosition(outs[0]);
+    result.step_seconds.push_back(Since(ts));
+    result.tokens.push_back(token);
+    ++past_len;
+  }
+  return result;
+}
+
+}  // namespace gaf

@@ -1,0 +1,61 @@
+// Greedy decoding with a KV cache on decoder models in the Hugging Face Optimum layout
+// (input_ids, attention_mask, position_ids, past_key_values.* -> logits, present.*), whether built
+// by graph-autofusion or exported by other tools.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "runtime/session.h"
+
+namespace gaf {
+
+// Where a decoder's inputs and outputs are, discovered from their names.
+struct DecoderSignature {
+  std::string input_ids;
+  std::string attention_mask;  // "" when the model has none
+  std::string position_ids;    // "" when the model has none
+  std::string use_cache_branch;  // Optimum's merged decoders: a bool [1] input ("" when absent)
+  std::string logits;
+  // Cache entries: past input name -> present output name, in input order.
+  std::vector<std::pair<std::string, std::string>> cache;
+
+  // Finds the names in a model's inputs and outputs; throws gaf::Error naming what is missing.
+  // Past inputs: past_key_values.{i}.key|value, past_key_values.{i}, past.{i}.key, ...; each is
+  // paired with the output that has the same layer index and key/value kind and whose name
+  // contains "present".
+  static DecoderSignature Discover(const std::vector<ValueInfo>& inputs, const std::vector<ValueInfo>& outputs);
+};
+
+struct GenerateOptions {
+  std::vector<int64_t> prompt_ids;  // must not be empty
+  int max_new_tokens = 50;          // tokens produced (the first comes from the prefill)
+  int64_t eos_token_id = -1;        // stop after producing it; -1: never stop early
+};
+
+struct GenerateResult {
+  std::vector<int64_t> tokens;  // the new tokens, in order
+  double prefill_seconds = 0;   // the prompt's forward pass (including its argmax)
+  std::vector<double> step_seconds;  // each decode step (one token fed, one produced)
+
+  double MedianStepSeconds() const;  // 0 when there were no decode steps
+  // Decoded tokens per second, from the median step time (0 without decode steps).
+  double DecodeTokensPerSecond() const;
+};
+
+// Greedy generation: one prefill run over the prompt with an empty cache (past length 0), then one
+// run per new token, feeding the previous run's present tensors as the next past (the buffers are
+// handed over as they are, no copy). Batch size 1.
+GenerateResult Generate(Session& session, const GenerateOptions& options);
+GenerateResult Generate(Session& session, const DecoderSignature& sig, const GenerateOptions& options);
+
+// Argmax over the last position of logits [batch, seq, vocab] (or [batch, vocab]) for batch row 0.
+int64_t ArgmaxLastPosition(const Tensor& logits);
+
+// One forward pass over `ids` with an empty cache; returns the logits. Used to check the cache
+// logic (recompute the whole sequence without cache).
+Tensor ForwardNoCache(Session& session, const DecoderSignature& sig, const std::vector<int64_t>& ids);
+
+}  // namespace gaf

@@ -1,0 +1,240 @@
+// The example models (llama, cnn) and greedy generation with the KV cache.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "models/cnn.h"
+#include "models/generate.h"
+#include "models/llama.h"
+#include "onnx_io/onnx_io.h"
+#include "runtime/session.h"
+
+namespace gaf {
+namespace {
+
+namespace fs = std::filesystem;
+
+const Model& TinyLlama() {
+  static const Model m = BuildLlamaModel(LlamaPreset("tiny"));
+  return m;
+}
+
+std::vector<std::string> Names(const std::vector<ValueInfo>& v) {
+  std::vector<std::string> out;
+  for (const ValueInfo& x : v) out.push_back(x.name);
+  return out;
+}
+
+TEST(LlamaModel, PassesCheckerAndVerifier) {
+  const Model& m = TinyLlama();
+  EXPECT_EQ(CheckModel(m), "");
+  EXPECT_TRUE(VerifyModel(m).empty());
+  EXPECT_EQ(m.ir_version, 8);
+  EXPECT_EQ(m.OpsetVersion(""), 17);
+  Model inferred = m;
+  EXPECT_EQ(InferShapes(inferred), "");
+}
+
+TEST(LlamaModel, InputsOutputsInOptimumLayout) {
+  const Model& m = TinyLlama();
+  const LlamaConfig c = LlamaPreset("tiny");
+  std::vector<std::string> want_in{"input_ids", "attention_mask", "position_ids"};
+  std::vector<std::string> want_out{"logits"};
+  for (int i = 0; i < c.num_layers; ++i) {
+    want_in.push_back(fmt::format("past_key_values.{}.key", i));
+    want_in.push_back(fmt::format("past_key_values.{}.value", i));
+    want_out.push_back(fmt::format("present.{}.key", i));
+    want_out.push_back(fmt::format("present.{}.value", i));
+  }
+  EXPECT_EQ(Names(m.graph.inputs), want_in);
+  EXPECT_EQ(Names(m.graph.outputs), want_out);
+  EXPECT_EQ(DimsToString(m.graph.inputs[0].dims), "[batch_size,sequence_length]");
+  EXPECT_EQ(m.graph.inputs[0].dtype, DataType::kInt64);
+  EXPECT_EQ(DimsToString(m.graph.inputs[3].dims), "[batch_size,2,past_sequence_length,16]");
+  EXPECT_EQ(DimsToString(m.graph.outputs[1].dims), "[batch_size,2,past_sequence_length + sequence_length,16]");
+  EXPECT_EQ(DimsToString(m.graph.outputs[0].dims), "[batch_size,sequence_length,256]");
+
+  int64_t params = 0;
+  for (const auto& [name, t] : m.graph.initializers)
+    if (t.dtype() == DataType::kFloat && t.rank() > 0) params += t.numel();
+  EXPECT_EQ(params, LlamaParameterCount(c));
+
+  std::set<std::string> ops;
+  for (const Node& n : m.graph.nodes) ops.insert(n.op_type);
+  for (const char* op : {"Gather", "Pow", "ReduceMean", "Sqrt", "Div", "Neg", "Slice", "Concat", "Expand", "Softmax",
+                         "Sigmoid", "MatMul", "Where"})
+    EXPECT_TRUE(ops.count(op)) << op;
+  bool found = false;
+  for (const Node& n : m.graph.nodes) found |= n.name == "/model/layers.0/self_attn/q_proj/MatMul";
+  EXPECT_TRUE(found);
+  bool generator = false;
+  for (const auto& [k, v] : m.metadata_props) generator |= k == "generator" && v == "graph-autofusion example llama";
+  EXPECT_TRUE(generator);
+}
+
+TEST(LlamaModel, PresetSizes) {
+  EXPECT_LT(LlamaParameterCount(LlamaPreset("tiny")), 200'000);
+  const int64_t small = LlamaParameterCount(LlamaPreset("small"));
+  EXPECT_GT(small, 13'000'000);
+  EXPECT_LT(small, 17'000'000);
+  const int64_t bench = LlamaParameterCount(LlamaPreset("bench"));
+  EXPECT_GT(bench, 180'000'000);
+  EXPECT_LT(bench, 220'000'000);
+  EXPECT_THROW(LlamaPreset("huge"), Error);
+}
+
+TEST(LlamaModel, Deterministic) {
+  Model a = BuildLlamaModel(LlamaPreset("tiny"));
+  const Tensor* w = a.graph.FindInitializer("model.layers.1.mlp.down_proj.weight");
+  const Tensor* w0 = TinyLlama().graph.FindInitializer("model.layers.1.mlp.down_proj.weight");
+  ASSERT_TRUE(w != nullptr && w0 != nullptr);
+  EXPECT_EQ(w->ToDoubles(), w0->ToDoubles());
+}
+
+TEST(LlamaModel, SaveLoadRoundTrip) {
+  const fs::path dir = fs::temp_directory_path() / fmt::format("gaf_models_test_{}", ::getpid());
+  fs::create_directories(dir);
+  const std::string path = (dir / "model.onnx").string();
+  SaveModel(TinyLlama(), path);
+  Model back = LoadModel(path);
+  EXPECT_EQ(CheckModel(back), "");
+  EXPECT_EQ(back.graph.nodes.size(), TinyLlama().graph.nodes.size());
+  fs::remove_all(dir);
+}
+
+TEST(LlamaModel, PrefillAndDecodeShapes) {
+  Session s(TinyLlama());
+  DecoderSignature sig = DecoderSignature::Discover(s.inputs(), s.outputs());
+  EXPECT_EQ(sig.input_ids, "input_ids");
+  EXPECT_EQ(sig.attention_mask, "attention_mask");
+  EXPECT_EQ(sig.position_ids, "position_ids");
+  ASSERT_EQ(sig.cache.size(), 4u);
+  EXPECT_EQ(sig.cache[1], std::make_pair(std::string("past_key_values.0.value"), std::string("present.0.value")));
+
+  // Prefill 5 tokens with an empty past.
+  std::map<std::string, Tensor> feeds;
+  feeds["input_ids"] = Tensor::FromVector<int64_t>({1, 2, 3, 4, 5}, {1, 5});
+  feeds["attention_mask"] = Tensor::FromVector<int64_t>({1, 1, 1, 1, 1}, {1, 5});
+  feeds["position_ids"] = Tensor::FromVector<int64_t>({0, 1, 2, 3, 4}, {1, 5});
+  for (const auto& [past, present] : sig.cache) feeds[past] = Tensor(DataType::kFloat, {1, 2, 0, 16});
+  std::vector<Tensor> outs = s.Run(feeds);
+  ASSERT_EQ(outs.size(), 5u);
+  EXPECT_EQ(outs[0].shape(), (Shape{1, 5, 256}));
+  for (size_t i = 1; i < outs.size(); ++i) EXPECT_EQ(outs[i].shape(), (Shape{1, 2, 5, 16}));
+  for (double v : outs[0].ToDoubles()) ASSERT_TRUE(std::isfinite(v));
+
+  // One decode step.
+  feeds["input_ids"] = Tensor::FromVector<int64_t>({7}, {1, 1});
+  feeds["attention_mask"] = Tensor::FromVector<int64_t>({1, 1, 1, 1, 1, 1}, {1, 6});
+  feeds["position_ids"] = Tensor::FromVector<int64_t>({5}, {1, 1});
+  for (size_t i = 0; i < sig.cache.size(); ++i) feeds[sig.cache[i].first] = outs[1 + i];
+  std::vector<Tensor> step = s.Run(feeds);
+  EXPECT_EQ(step[0].shape(), (Shape{1, 1, 256}));
+  for (size_t i = 1; i < step.size(); ++i) EXPECT_EQ(step[i].shape(), (Shape{1, 2, 6, 16}));
+
+  // The decode step's logits equal the last position of a 6-token pass without cache.
+  Tensor full = ForwardNoCache(s, sig, {1, 2, 3, 4, 5, 7});
+  ASSERT_EQ(full.shape(), (Shape{1, 6, 256}));
+  const float* a = step[0].data<float>();
+  const float* b = full.data<float>() + 5 * 256;
+  for (int v = 0; v < 256; ++v) ASSERT_NEAR(a[v], b[v], 1e-4f) << v;
+}
+
+TEST(LlamaModel, PaddedMaskIgnoresMaskedKeys) {
+  // A masked-out (padding) first token must not change the later positions' logits.
+  Session s(TinyLlama());
+  auto run = [&](std::vector<int64_t> ids, std::vector<int64_t> mask) {
+    std::map<std::string, Tensor> feeds;
+    const int64_t n = static_cast<int64_t>(ids.size());
+    feeds["input_ids"] = Tensor::FromVector<int64_t>(ids, {1, n});
+    feeds["attention_mask"] = Tensor::FromVector<int64_t>(mask, {1, n});
+    std::vector<int64_t> pos(ids.size());
+    for (int64_t i = 0; i < n; ++i) pos[i] = i;
+    feeds["position_ids"] = Tensor::FromVector<int64_t>(pos, {1, n});
+    for (const ValueInfo& v : s.inputs())
+      if (v.name.rfind("past", 0) == 0) feeds[v.name] = Tensor(DataType::kFloat, {1, 2, 0, 16});
+    return s.Run(feeds, {"logits"})[0];
+  };
+  Tensor a = run({9, 4, 5}, {0, 1, 1});
+  Tensor b = run({200, 4, 5}, {0, 1, 1});
+  for (int64_t i = 256; i < 3 * 256; ++i) ASSERT_NEAR(a.data<float>()[i], b.data<float>()[i], 1e-5f);
+}
+
+TEST(Generate, KvCacheMatchesRecompute) {
+  Session s(TinyLlama());
+  DecoderSignature sig = DecoderSignature::Discover(s.inputs(), s.outputs());
+  GenerateOptions opt;
+  opt.prompt_ids = {17, 3, 250, 96, 41};
+  opt.max_new_tokens = 12;
+  GenerateResult r = Generate(s, sig, opt);
+  ASSERT_EQ(r.tokens.size(), 12u);
+  EXPECT_EQ(r.step_seconds.size(), 11u);
+  std::vector<int64_t> seq = opt.prompt_ids;
+  for (int64_t t : r.tokens) {
+    EXPECT_EQ(ArgmaxLastPosition(ForwardNoCache(s, sig, seq)), t) << "after " << seq.size() << " tokens";
+    seq.push_back(t);
+  }
+  // Deterministic across runs.
+  EXPECT_EQ(Generate(s, sig, opt).tokens, r.tokens);
+  EXPECT_GT(r.DecodeTokensPerSecond(), 0);
+}
+
+TEST(Generate, StopsAtEos) {
+  Session s(TinyLlama());
+  GenerateOptions opt;
+  opt.prompt_ids = {1, 2, 3};
+  opt.max_new_tokens = 6;
+  GenerateResult r = Generate(s, opt);
+  ASSERT_EQ(r.tokens.size(), 6u);
+  opt.eos_token_id = r.tokens[2];
+  GenerateResult stopped = Generate(s, opt);
+  EXPECT_LE(stopped.tokens.size(), 3u);
+  EXPECT_EQ(stopped.tokens.back(), r.tokens[2]);
+}
+
+TEST(Generate, DiscoversVariantNames) {
+  auto vi = [](const std::string& n) {
+    ValueInfo v;
+    v.name = n;
+    v.dtype = DataType::kFloat;
+    return v;
+  };
+  std::vector<ValueInfo> in{vi("input_ids"), vi("past_key_values.1"), vi("past_key_values.0")};
+  std::vector<ValueInfo> out{vi("logits"), vi("present.0"), vi("present.1")};
+  DecoderSignature sig = DecoderSignature::Discover(in, out);
+  EXPECT_EQ(sig.attention_mask, "");
+  ASSERT_EQ(sig.cache.size(), 2u);
+  EXPECT_EQ(sig.cache[0].second, "present.1");
+  EXPECT_EQ(sig.cache[1].second, "present.0");
+  EXPECT_THROW(DecoderSignature::Discover({vi("x")}, out), Error);
+  EXPECT_THROW(DecoderSignature::Discover({vi("input_ids"), vi("past_key_values.2.key")}, out), Error);
+}
+
+TEST(CnnModel, PassesCheckerAndRuns) {
+  for (const std::string& preset : CnnPresetNames()) {
+    const CnnConfig c = CnnPreset(preset);
+    Model m = BuildCnnModel(c);
+    EXPECT_EQ(CheckModel(m), "") << preset;
+    EXPECT_TRUE(VerifyModel(m).empty()) << preset;
+    ASSERT_EQ(m.graph.inputs.size(), 1u);
+    EXPECT_EQ(m.graph.inputs[0].name, "input");
+    std::set<std::string> ops;
+    for (const Node& n : m.graph.nodes) ops.insert(n.op_type);
+    for (const char* op : {"Conv", "BatchNormalization", "Relu", "MaxPool", "Add", "GlobalAveragePool", "Flatten", "Gemm"})
+      EXPECT_TRUE(ops.count(op)) << op;
+    Session s(m);
+    Tensor x(DataType::kFloat, {2, 3, c.image_size, c.image_size});
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>((i * 37) % 101) / 50.f - 1.f;
+    std::vector<Tensor> y = s.Run({{"input", x}});
+    ASSERT_EQ(y[0].shape(), (Shape{2, c.num_classes})) << preset;
+    for (double v : y[0].ToDoubles()) ASSERT_TRUE(std::isfinite(v));
+  }
+}
+
+}  // namespace
+}  // namespace gaf
