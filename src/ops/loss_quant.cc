@@ -980,6 +980,7 @@ void StftKernel(KernelContext& ctx) {
   ctx.outputs[0] = y;
 }
 
+// The mel step divides by num_mel_bins + 2, as the ONNX reference and ONNX Runtime do.
 void MelWeightMatrixKernel(KernelContext& ctx) {
   const Node& node = ctx.node;
   const int64_t num_mel = ctx.input(0).ScalarAsInt64();
@@ -993,7 +994,7 @@ void MelWeightMatrixKernel(KernelContext& ctx) {
   const int64_t spec_bins = dft_len / 2 + 1;
   const float low_mel = 2595.0f * std::log10(1.0f + lower / 700.0f);
   const float high_mel = 2595.0f * std::log10(1.0f + upper / 700.0f);
-  const double mel_step = static_cast<double>((high_mel - low_mel) / static_cast<float>(num_mel + 1));
+  const double mel_step = static_cast<double>((high_mel - low_mel) / static_cast<float>(num_mel + 2));
   std::vector<int64_t> fb(static_cast<size_t>(num_mel + 2));
   for (int64_t i = 0; i < num_mel + 2; ++i) {
     const double mel = static_cast<double>(i) * mel_step + static_cast<double>(low_mel);
