@@ -327,6 +327,7 @@ std::vector<Tensor> Session::Execute(const Plan& plan, Frame* parent, const std:
       Tensor& out = ctx.outputs[o];
       GAF_CHECK(out.defined(), "{}: kernel produced no value for output '{}'", node.Describe(), node.outputs[o]);
       if (half_type != DataType::kUndefined && out.dtype() == DataType::kFloat) out = out.CastTo(half_type);
+      if (options_.observer && parent == nullptr) options_.observer(node.outputs[o], out);
       frame.slots[st.out_slots[o]] = std::move(out);
     }
     for (int s : st.release) frame.slots[s] = Tensor();

@@ -6,6 +6,7 @@
 // its last consumer runs.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -20,6 +21,9 @@ namespace gaf {
 struct SessionOptions {
   int num_threads = 0;   // 0 = all cores
   bool profile = false;  // accumulate time per op type (see Session::Profile)
+  // Called with every value a node of the main graph produces (name, tensor), in execution order.
+  // Used to record concrete shapes for the cost model and intermediate values for debugging.
+  std::function<void(const std::string&, const Tensor&)> observer;
 };
 
 struct OpProfile {

@@ -1,0 +1,38 @@
+// Fusion rules, presets and the rule file format (docs/rule_format.md).
+//
+// A rule is: a name, a pattern (a pair "op1+op2", a chain, or a subgraph), the fused op name,
+// a priority, a benefit threshold, and the preset it belongs to. Rules never consult the cost
+// model: the planner does. Registration is explicit (BuiltinRules() lists them in one place).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "match/pattern.h"
+
+namespace gaf {
+
+struct FusionRule {
+  std::string name;          // "LayerNorm+Add", "RMSNormFusion", ...
+  Pattern pattern;
+  std::string fuse_pattern;  // fused op name, e.g. "FusedRMSNorm"
+  int priority = 0;          // higher wins when matches overlap
+  double benefit_threshold = 0.0;  // minimum predicted relative time saving (0.05 = 5%)
+  std::string preset;        // "transformer", "cnn", "rnn", "user"
+  std::string source;        // "builtin" or "file.rules:12"
+  std::string formula;       // one line: what the group computes, for reports
+};
+
+// "op1+op2": op2 consumes op1's output (in any input slot; commutative-aware).
+// "op1+op2+op3": a chain. Op names may be alternatives "Relu|Clip".
+Pattern ChainPattern(const std::string& chain);
+
+std::vector<FusionRule> BuiltinRules();
+// Rules of a preset ("transformer", "cnn", "rnn"); "all" = every built-in rule. Unknown name ->
+// gaf::Error listing the presets.
+std::vector<FusionRule> PresetRules(const std::string& preset);
+// Parses a rule file; errors name the file and line.
+std::vector<FusionRule> LoadRuleFile(const std::string& path);
+std::vector<FusionRule> ParseRules(const std::string& text, const std::string& source_name);
+
+}  // namespace gaf

@@ -1,0 +1,64 @@
+// Patterns as data, and the matcher.
+//
+// A pattern is a small DAG of operator nodes ending in one root. Each pattern node names the op
+// types it accepts and, per input slot, what must feed it:
+//   - another pattern node (by id),
+//   - a pattern input "$name" (any value; the same name twice must bind the same value),
+//   - a constant "#2.0" (a scalar initializer or Constant node equal to 2.0 within 1e-6 relative),
+//     or a captured constant "#eps" (any scalar constant, captured under that name),
+//   - "*" (anything, not captured).
+// Commutative ops (Add, Mul, Max, Min, Sum, And, Or, Xor, Equal) match their two inputs in either
+// order. Attribute constraints compare the node's attribute (or the ONNX default when absent)
+// with the given value. Interior values (outputs of non-root pattern nodes) must have no consumer
+// outside the match and must not be graph outputs; otherwise the match is rejected with a reason.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace gaf {
+
+struct PatternNode {
+  std::string id;                   // unique within the pattern
+  std::vector<std::string> ops;     // accepted op types (any of)
+  std::vector<std::string> inputs;  // per input slot: node id, "$x", "#2.0", "#eps", "*"
+  // Attribute constraints: name -> value text ("-1", "[-1]", "1e-5", "\"tanh\""). An axes
+  // constraint also accepts the axes given as a constant input (opset 13/18 forms).
+  std::map<std::string, std::string> attrs;
+  bool allow_extra_inputs = false;  // true: slots beyond `inputs` may be present (optional inputs)
+};
+
+struct Pattern {
+  std::vector<PatternNode> nodes;  // the last node is the root
+  const PatternNode* Find(const std::string& id) const;
+};
+
+struct PatternMatch {
+  std::vector<int> nodes;                         // graph node indices, topological order
+  std::map<std::string, int> node_of;             // pattern node id -> graph node index
+  std::map<std::string, std::string> inputs;      // "$x" -> value name
+  std::map<std::string, double> constants;        // "#eps" -> value
+  std::vector<std::string> external_inputs;       // values read from outside, in first-use order
+  std::vector<std::string> external_outputs;      // values used outside (the root's outputs, ...)
+};
+
+// Tries to match `pattern` rooted at graph node `root`. On failure returns nullopt and, when
+// `why` is given, a sentence saying which constraint failed.
+std::optional<PatternMatch> MatchAt(const Graph& g, const GraphIndex& index, const Pattern& pattern, int root,
+                                    std::string* why = nullptr);
+
+// Scalar value of a constant value (initializer or Constant node output with one element).
+std::optional<double> ConstantScalar(const Graph& g, const GraphIndex& index, const std::string& value);
+
+// Canonicalization before matching, so exporter variants look alike: removes Identity and
+// inference Dropout, no-op Cast (same type) and Reshape/Expand to the same known shape, folds
+// constant subgraphs (Shape of known shapes, arithmetic on constants) into initializers, turns
+// Constant nodes into initializers, rewrites Div by a constant into Mul by its reciprocal
+// only where a rule needs it (rules accept both forms instead). Returns one line per change.
+std::vector<std::string> Canonicalize(Model& model);
+
+}  // namespace gaf
