@@ -1,0 +1,77 @@
+#include <gtest/gtest.h>
+
+#include "runtime/session.h"
+#include "test_util.h"
+
+namespace gaf {
+namespace {
+using testing::FloatValue;
+using testing::IntAttr;
+using testing::MakeModel;
+using testing::MakeNode;
+
+// Opset 18 moved ReduceMean's axes to an input; opset 18 Split takes num_outputs. Models newer
+// than the ONNX library we link (1.12 knows opset 17) must still run.
+TEST(Runtime, Opset18ReduceMeanAxesInputAndSplitNumOutputs) {
+  Graph g;
+  g.inputs.push_back(FloatValue("x", {2, 6}));
+  g.initializers.emplace_back("axes", Tensor::FromInt64s({-1}));
+  g.nodes.push_back(MakeNode("ReduceMean", {"x", "axes"}, {"m"}, "mean", {IntAttr("keepdims", 1)}));
+  g.nodes.push_back(MakeNode("Split", {"x"}, {"a", "b", "c"}, "split", {IntAttr("axis", 1), IntAttr("num_outputs", 3)}));
+  g.outputs.push_back(FloatValue("m", {2, 1}));
+  g.outputs.push_back(FloatValue("c", {2, 2}));
+  Session s(MakeModel(g, 18));
+  auto out = s.Run({{"x", Tensor::FromVector<float>({0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}, {2, 6})}});
+  EXPECT_FLOAT_EQ(out[0].data<float>()[0], 2.5f);
+  EXPECT_FLOAT_EQ(out[0].data<float>()[1], 8.5f);
+  ASSERT_EQ(out[1].shape(), (Shape{2, 2}));
+  EXPECT_FLOAT_EQ(out[1].data<float>()[0], 4.f);
+  EXPECT_FLOAT_EQ(out[1].data<float>()[3], 11.f);
+}
+
+TEST(Runtime, Float16ComputedInFloat32) {
+  Graph g;
+  ValueInfo x{"x", DataType::kFloat16, true, {Dim::Known(3)}};
+  ValueInfo y{"y", DataType::kFloat16, true, {Dim::Known(3)}};
+  g.inputs.push_back(x);
+  g.outputs.push_back(y);
+  g.nodes.push_back(MakeNode("Sigmoid", {"x"}, {"y"}));
+  Session s(MakeModel(g));
+  Tensor in(DataType::kFloat16, {3});
+  for (int i = 0; i < 3; ++i) static_cast<uint16_t*>(in.raw())[i] = FloatToHalf(static_cast<float>(i));
+  auto out = s.Run({{"x", in}});
+  ASSERT_EQ(out[0].dtype(), DataType::kFloat16);
+  EXPECT_NEAR(HalfToFloat(static_cast<const uint16_t*>(out[0].raw())[1]), 0.7310586f, 1e-3);
+}
+
+TEST(Runtime, ObserverSeesEveryProducedValue) {
+  Graph g;
+  g.inputs.push_back(FloatValue("x", {4}));
+  g.nodes.push_back(MakeNode("Relu", {"x"}, {"r"}));
+  g.nodes.push_back(MakeNode("Neg", {"r"}, {"y"}));
+  g.outputs.push_back(FloatValue("y", {4}));
+  std::vector<std::string> seen;
+  SessionOptions so;
+  so.observer = [&](const std::string& name, const Tensor& t) { seen.push_back(name + ShapeToString(t.shape())); };
+  Session s(MakeModel(g), so);
+  s.Run({{"x", Tensor::FromVector<float>({-1, 2, -3, 4}, {4})}});
+  EXPECT_EQ(seen, (std::vector<std::string>{"r[4]", "y[4]"}));
+}
+
+TEST(Runtime, KernelErrorsNameTheNode) {
+  Graph g;
+  g.inputs.push_back(FloatValue("a", {2, 3}));
+  g.inputs.push_back(FloatValue("b", {4, 5}));
+  g.nodes.push_back(MakeNode("MatMul", {"a", "b"}, {"y"}, "proj"));
+  g.outputs.push_back(FloatValue("y", {-1, -1}));
+  Session s(MakeModel(g));
+  try {
+    s.Run({{"a", Tensor(DataType::kFloat, {2, 3})}, {"b", Tensor(DataType::kFloat, {4, 5})}});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("proj"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace gaf
