@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Bad input to the CLI: every case must exit with status 1 and print exactly one line on stderr
+# starting with "error:" (never a crash, never a stack trace). Truncated and byte-flipped copies
+# of real models are included; those that still parse must either run or fail the same way.
+set -u
+BIN="$1"
+SRC="$2"
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+pass=0
+fail=0
+expect_error() {  # description, command...
+  local what="$1"; shift
+  "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  local lines
+  lines=$(wc -l <"$TMP/err")
+  if [ "$rc" -eq 1 ] && [ "$lines" -eq 1 ] && grep -q '^error: ' "$TMP/err"; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL $what: rc=$rc, stderr:"; head -5 "$TMP/err"
+  fi
+}
+expect_ok_or_error() {
+  local what="$1"; shift
+  "$@" >"$TMP/out" 2>"$TMP/err"
+  local rc=$?
+  if [ "$rc" -eq 0 ] || { [ "$rc" -eq 1 ] && grep -q '^error: ' "$TMP/err"; }; then
+    pass=$((pass + 1))
+  else
+    fail=$((fail + 1))
+    echo "FAIL $what: rc=$rc (crash?), stderr:"; head -5 "$TMP/err"
+  fi
+}
+MODEL="$SRC/tests/fixtures/torch/resnet_like/model.onnx"
+expect_error "missing file" "$BIN" info "$TMP/nope.onnx"
+echo "hello" >"$TMP/text.onnx"
+expect_error "not onnx" "$BIN" info "$TMP/text.onnx"
+: >"$TMP/empty.onnx"
+expect_error "empty file" "$BIN" run "$TMP/empty.onnx"
+expect_error "directory" "$BIN" info "$TMP"
+head -c 20000 "$MODEL" >"$TMP/trunc.onnx"
+expect_error "truncated model" "$BIN" info "$TMP/trunc.onnx"
+expect_error "unknown input name" "$BIN" run "$MODEL" -i nosuch=random
+python3 - "$TMP/wrong.npy" <<'PY'
+import sys, struct
+hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }"
+hdr += " " * (64 - 10 - len(hdr) - 1) + "\n"
+open(sys.argv[1], "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr.encode() + b"\0" * 12)
+PY
+expect_error "wrong input shape" "$BIN" run "$MODEL" -i "image=$TMP/wrong.npy"
+# Byte-flipped copies: must never crash.
+size=$(stat -c %s "$MODEL")
+for seed in $(seq 1 25); do
+  cp "$MODEL" "$TMP/flip.onnx"
+  for k in 1 2 3; do
+    off=$(( (seed * 7919 * k + k * 104729) % size ))
+    printf "\\x$(printf %02x $(( (seed * 37 + k) % 255 + 1 )))" | dd of="$TMP/flip.onnx" bs=1 seek="$off" conv=notrunc status=none
+  done
+  expect_ok_or_error "byte-flipped #$seed" "$BIN" run "$TMP/flip.onnx"
+done
+for n in 100 1000 50000 200000; do
+  head -c "$n" "$MODEL" >"$TMP/t.onnx"
+  expect_ok_or_error "truncated to $n bytes" "$BIN" run "$TMP/t.onnx"
+done
+ls "$TMP" | grep -q '\.tmp\.' && { echo "FAIL temporary files left behind"; fail=$((fail + 1)); }
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]
