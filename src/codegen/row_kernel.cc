@@ -1,0 +1,562 @@
+#include "codegen/row_kernel.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <sstream>
+
+#include "codegen/fast_math_embed.h"
+
+namespace gaf {
+
+bool RowDomain(const std::vector<Shape>& input_shapes, Shape* full, int64_t* rows, int64_t* cols,
+               std::string* reason) {
+  Shape out;
+  for (const Shape& s : input_shapes) {
+    size_t r = std::max(out.size(), s.size());
+    Shape b(r);
+    for (size_t i = 0; i < r; ++i) {
+      int64_t da = i < r - out.size() ? 1 : out[i - (r - out.size())];
+      int64_t db = i < r - s.size() ? 1 : s[i - (r - s.size())];
+      if (da != db && da != 1 && db != 1) {
+        *reason = fmt::format("inputs do not broadcast together ({} vs {})", ShapeToString(out), ShapeToString(s));
+        return false;
+      }
+      b[i] = da == 1 ? db : da;
+    }
+    out = b;
+  }
+  if (out.empty()) out = {1};
+  *full = out;
+  *cols = out.back();
+  *rows = NumElements(out) / std::max<int64_t>(*cols, 1);
+  if (*cols == 0 || *rows == 0) {
+    *reason = "empty tensors";
+    return false;
+  }
+  return true;
+}
+
+RowInputClass ClassifyRowInput(const Shape& input, const Shape& full, std::vector<int64_t>* offsets) {
+  size_t r = full.size();
+  Shape s(r, 1);
+  for (size_t i = 0; i < input.size(); ++i) s[r - input.size() + i] = input[i];
+  int64_t cols = full.back();
+  bool last_full = s.back() == cols;
+  bool leading_all_one = true, leading_same = true;
+  for (size_t i = 0; i + 1 < r; ++i) {
+    leading_all_one &= s[i] == 1;
+    leading_same &= s[i] == full[i];
+  }
+  if (last_full && leading_same) return RowInputClass::kFull;
+  if (last_full && leading_all_one) return RowInputClass::kRowVec;
+  if (!last_full && leading_all_one) return RowInputClass::kScalar;
+  if (!last_full && leading_same) return RowInputClass::kPerRow;
+  // General broadcast of the leading dims: a table of row offsets (in elements of the input).
+  int64_t rows = NumElements(full) / std::max<int64_t>(cols, 1);
+  offsets->assign(static_cast<size_t>(rows), 0);
+  std::vector<int64_t> in_strides(r, 0);
+  int64_t acc = 1;
+  for (size_t i = r; i-- > 0;) {
+    in_strides[i] = s[i] == 1 ? 0 : acc;
+    acc *= s[i];
+  }
+  for (int64_t row = 0; row < rows; ++row) {
+    int64_t rem = row, off = 0;
+    for (size_t i = r - 1; i-- > 0;) {
+      int64_t idx = rem % full[i];
+      rem /= full[i];
+      off += idx * in_strides[i];
+    }
+    (*offsets)[static_cast<size_t>(row)] = off;
+  }
+  return last_full ? RowInputClass::kGeneral : RowInputClass::kGeneralPerRow;
+}
+
+namespace {
+
+// ---- lowered program ----
+
+enum class VKind { kRow, kScal };
+
+struct Prim {
+  enum Kind { kInput, kConst, kUnary, kBinary, kReduce } kind;
+  std::string op;   // unary: Relu, Neg, ...; binary: Add, ...; reduce: Sum, Max, Min, Mean
+  int a = -1, b = -1;
+  int input = -1;   // kInput: function input index
+  double value = 0; // kConst
+  float alpha = 0, beta = 0;  // unary parameters (LeakyRelu alpha, HardSigmoid alpha/beta)
+  VKind vkind = VKind::kScal;
+  int level = 0;
+  Shape shape;
+};
+
+struct Lowering {
+  std::vector<Prim> prims;
+  std::map<std::string, int> id;
+  std::string error;
+
+  int Add(Prim p) {
+    prims.push_back(std::move(p));
+    return static_cast<int>(prims.size()) - 1;
+  }
+  int Const(double v) {
+    Prim p{Prim::kConst};
+    p.value = v;
+    p.shape = {1};
+    return Add(p);
+  }
+  static Shape Broadcast(const Shape& a, const Shape& b) {
+    size_t r = std::max(a.size(), b.size());
+    Shape o(r);
+    for (size_t i = 0; i < r; ++i) {
+      int64_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
+      int64_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
+      o[i] = da == 1 ? db : da;
+    }
+    return o;
+  }
+  int Unary(const std::string& op, int a, float alpha = 0, float beta = 0) {
+    Prim p{Prim::kUnary};
+    p.op = op;
+    p.a = a;
+    p.alpha = alpha;
+    p.beta = beta;
+    p.shape = prims[a].shape;
+    return Add(p);
+  }
+  int Binary(const std::string& op, int a, int b) {
+    Prim p{Prim::kBinary};
+    p.op = op;
+    p.a = a;
+    p.b = b;
+    p.shape = Broadcast(prims[a].shape, prims[b].shape);
+    return Add(p);
+  }
+  int Reduce(const std::string& op, int a) {
+    Prim p{Prim::kReduce};
+    p.op = op;
+    p.a = a;
+    p.shape = prims[a].shape;
+    if (!p.shape.empty()) p.shape.back() = 1;
+    return Add(p);
+  }
+};
+
+bool IsLastAxis(int64_t axis, size_t rank) {
+  int64_t r = static_cast<int64_t>(rank);
+  return axis == -1 || axis == r - 1;
+}
+
+// Lowers one body node into primitives; returns false with lw.error set.
+bool LowerNode(const Node& n, Lowering& lw, const std::map<std::string, const Tensor*>& consts, int64_t opset) {
+  auto in = [&](size_t i) -> int {
+    auto it = lw.id.find(n.inputs[i]);
+    return it == lw.id.end() ? -1 : it->second;
+  };
+  auto fail = [&](const std::string& why) {
+    lw.error = fmt::format("{}: {}", n.Describe(), why);
+    return false;
+  };
+  for (size_t i = 0; i < n.inputs.size(); ++i)
+    if (!n.inputs[i].empty() && in(i) < 0 && !consts.count(n.inputs[i]))
+      return fail(fmt::format("input '{}' is not available", n.inputs[i]));
+  const std::string& op = n.op_type;
+  int out = -1;
+  static const std::set<std::string> kUnary = {"Relu", "Neg", "Abs", "Sqrt", "Reciprocal", "Exp", "Log",
+                                               "Tanh", "Sigmoid", "Erf", "Softplus", "Floor", "Ceil"};
+  static const std::set<std::string> kBinary = {"Add", "Sub", "Mul", "Div", "Max", "Min"};
+  if (!n.domain.empty()) return fail("operators outside ai.onnx are not supported by the row code generator");
+  if (op == "Identity" || op == "Dropout") {
+    out = in(0);
+  } else if (op == "Cast") {
+    if (n.GetInt("to", 1) != static_cast<int64_t>(DataType::kFloat)) return fail("Cast to a type other than float");
+    out = in(0);
+  } else if (kUnary.count(op)) {
+    out = lw.Unary(op, in(0));
+  } else if (op == "LeakyRelu") {
+    out = lw.Unary(op, in(0), n.GetFloat("alpha", 0.01f));
+  } else if (op == "HardSigmoid") {
+    out = lw.Unary(op, in(0), n.GetFloat("alpha", 0.2f), n.GetFloat("beta", 0.5f));
+  } else if (op == "HardSwish") {
+    out = lw.Binary("Mul", in(0), lw.Unary("HardSigmoid", in(0), 1.f / 6.f, 0.5f));
+  } else if (op == "Gelu") {
+    if (n.GetString("approximate", "none") != "none") return fail("Gelu approximate=tanh");
+    int x = in(0);
+    int e = lw.Unary("Erf", lw.Binary("Mul", x, lw.Const(M_SQRT1_2)));
+    out = lw.Binary("Mul", lw.Binary("Mul", x, lw.Const(0.5)), lw.Binary("Add", e, lw.Const(1.0)));
+  } else if (kBinary.count(op)) {
+    if (n.inputs.size() != 2) return fail("expects two inputs");
+    out = lw.Binary(op, in(0), in(1));
+  } else if (op == "Pow") {
+    int base = in(0), e = in(1);
+    if (lw.prims[e].kind != Prim::kConst) return fail("Pow with a non-constant exponent");
+    double ev = lw.prims[e].value;
+    if (ev == 2.0) out = lw.Binary("Mul", base, base);
+    else if (ev == 3.0) out = lw.Binary("Mul", lw.Binary("Mul", base, base), base);
+    else if (ev == 1.0) out = base;
+    else if (ev == 0.5) out = lw.Unary("Sqrt", base);
+    else if (ev == -1.0) out = lw.Unary("Reciprocal", base);
+    else out = lw.Binary("Pow", base, e);
+  } else if (op == "Clip") {
+    out = in(0);
+    if (opset < 11) {
+      out = lw.Binary("Max", out, lw.Const(n.GetFloat("min", -3.402823e38f)));
+      out = lw.Binary("Min", out, lw.Const(n.GetFloat("max", 3.402823e38f)));
+    } else {
+      if (n.HasInput(1)) out = lw.Binary("Max", out, in(1));
+      if (n.HasInput(2)) out = lw.Binary("Min", out, in(2));
+    }
+  } else if (op == "ReduceMean" || op == "ReduceSum" || op == "ReduceMax" || op == "ReduceMin" ||
+             op == "ReduceSumSquare" || op == "ReduceL2") {
+    int x = in(0);
+    size_t rank = lw.prims[x].shape.size();
+    if (n.GetInt("keepdims", 1) != 1) return fail("keepdims=0 is not supported");
+    std::vector<int64_t> axes = n.GetInts("axes");
+    if (n.HasInput(1)) {
+      auto it = consts.find(n.inputs[1]);
+      if (it == consts.end()) return fail("axes are not a constant");
+      axes = it->second->ToInt64s();
+    }
+    if (axes.size() != 1 || !IsLastAxis(axes[0], rank)) return fail("only reductions over the last axis are generated");
+    if (op == "ReduceSumSquare" || op == "ReduceL2") x = lw.Binary("Mul", x, x);
+    std::string kind = op == "ReduceMean" ? "Mean" : op == "ReduceMax" ? "Max" : op == "ReduceMin" ? "Min" : "Sum";
+    out = lw.Reduce(kind, x);
+    if (op == "ReduceL2") out = lw.Unary("Sqrt", out);
+  } else if (op == "Softmax" || op == "LogSoftmax") {
+    int x = in(0);
+    int64_t axis = n.GetInt("axis", opset >= 13 ? -1 : 1);
+    if (!IsLastAxis(axis, lw.prims[x].shape.size())) return fail("softmax over an axis other than the last");
+    int m = lw.Reduce("Max", x);
+    int d = lw.Binary("Sub", x, m);
+    int e = lw.Unary("Exp", d);
+    int s = lw.Reduce("Sum", e);
+    out = op == "Softmax" ? lw.Binary("Div", e, s) : lw.Binary("Sub", d, lw.Unary("Log", s));
+  } else if (op == "LayerNormalization") {
+    int x = in(0);
+    if (!IsLastAxis(n.GetInt("axis", -1), lw.prims[x].shape.size()))
+      return fail("LayerNormalization over more than the last axis");
+    for (size_t o = 1; o < n.outputs.size(); ++o)
+      if (!n.outputs[o].empty()) return fail("LayerNormalization's Mean/InvStdDev outputs");
+    int mean = lw.Reduce("Mean", x);
+    int d = lw.Binary("Sub", x, mean);
+    int var = lw.Reduce("Mean", lw.Binary("Mul", d, d));
+    int inv = lw.Unary("Reciprocal", lw.Unary("Sqrt", lw.Binary("Add", var, lw.Const(n.GetFloat("epsilon", 1e-5f)))));
+    out = lw.Binary("Mul", d, inv);
+    if (n.HasInput(1)) out = lw.Binary("Mul", out, in(1));
+    if (n.HasInput(2)) out = lw.Binary("Add", out, in(2));
+  } else {
+    return fail(fmt::format("operator {} is not supported by the row code generator", op));
+  }
+  if (out < 0) return fail("missing operand");
+  if (n.outputs.size() > 1 && op != "Dropout" && op != "LayerNormalization")
+    return fail("multiple outputs");
+  lw.id[n.outputs[0]] = out;
+  return true;
+}
+
+std::string FloatLiteral(double v) {
+  if (std::isinf(v)) return v > 0 ? "INFINITY" : "(-INFINITY)";
+  if (std::isnan(v)) return "NAN";
+  std::string s = fmt::format("{:.9g}", static_cast<float>(v));
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s + "f";
+}
+
+}  // namespace
+
+GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::string& symbol) {
+  GeneratedRowKernel g;
+  g.symbol = symbol;
+  const Function& f = *req.function;
+  size_t nin = f.inputs.size();
+  if (req.input_shapes.size() != nin || req.input_types.size() != nin) {
+    g.reason = "input count mismatch";
+    return g;
+  }
+  // The domain is formed by non-constant inputs (constants only broadcast into it).
+  std::vector<Shape> varying;
+  g.domain_inputs.assign(nin, false);
+  for (size_t i = 0; i < nin; ++i) {
+    const Tensor* c = req.constants.size() > i ? req.constants[i] : nullptr;
+    bool scalar_const = c != nullptr && c->numel() == 1;
+    bool int_const = c != nullptr && req.input_types[i] != DataType::kFloat;
+    if (scalar_const || int_const) continue;
+    varying.push_back(req.input_shapes[i]);
+    g.domain_inputs[i] = true;
+  }
+  Shape full;
+  int64_t rows = 0, cols = 0;
+  if (!RowDomain(varying, &full, &rows, &cols, &g.reason)) return g;
+
+  Lowering lw;
+  std::map<std::string, const Tensor*> consts;
+  std::vector<int> input_prim(nin, -1);
+  for (size_t i = 0; i < nin; ++i) {
+    const Tensor* c = req.constants.size() > i ? req.constants[i] : nullptr;
+    if (c != nullptr) consts[f.inputs[i]] = c;
+    if (c != nullptr && c->numel() == 1 && c->dtype() != DataType::kString) {
+      lw.id[f.inputs[i]] = lw.Const(c->ScalarAsDouble());
+      continue;
+    }
+    if (req.input_types[i] != DataType::kFloat) {
+      if (c != nullptr) continue;  // integer constant tensors (axes) are read at lowering time
+      g.reason = fmt::format("input {} ('{}') is {}; generated kernels take float32", i, f.inputs[i],
+                             DataTypeName(req.input_types[i]));
+      return g;
+    }
+    Prim p{Prim::kInput};
+    p.input = static_cast<int>(i);
+    p.shape = req.input_shapes[i];
+    lw.id[f.inputs[i]] = input_prim[i] = lw.Add(p);
+  }
+  for (const Node& n : f.nodes)
+    if (!LowerNode(n, lw, consts, 17)) {
+      g.reason = lw.error;
+      return g;
+    }
+
+  // Classify inputs, derive kinds and levels.
+  std::vector<std::vector<int64_t>> dummy(nin);
+  g.signature.inputs.assign(nin, RowInputClass::kScalar);
+  for (size_t i = 0; i < nin; ++i)
+    if (input_prim[i] >= 0) g.signature.inputs[i] = ClassifyRowInput(req.input_shapes[i], full, &dummy[i]);
+  auto& P = lw.prims;
+  for (Prim& p : P) {
+    switch (p.kind) {
+      case Prim::kInput: {
+        RowInputClass c = g.signature.inputs[p.input];
+        p.vkind = (c == RowInputClass::kFull || c == RowInputClass::kRowVec || c == RowInputClass::kGeneral)
+                      ? VKind::kRow : VKind::kScal;
+        p.level = 0;
+        break;
+      }
+      case Prim::kConst: p.vkind = VKind::kScal; p.level = 0; break;
+      case Prim::kUnary: p.vkind = P[p.a].vkind; p.level = P[p.a].level; break;
+      case Prim::kBinary:
+        p.vkind = (P[p.a].vkind == VKind::kRow || P[p.b].vkind == VKind::kRow) ? VKind::kRow : VKind::kScal;
+        p.level = std::max(P[p.a].level, P[p.b].level);
+        break;
+      case Prim::kReduce:
+        if (P[p.a].vkind != VKind::kRow) {
+          g.reason = "a reduction over a dimension of size 1";
+          return g;
+        }
+        p.vkind = VKind::kScal;
+        p.level = P[p.a].level + 1;
+        break;
+    }
+  }
+  // Outputs must have the domain's shape (rows) or the domain's shape with last dim 1 (per row).
+  std::vector<int> out_prim;
+  for (const std::string& o : f.outputs) {
+    auto it = lw.id.find(o);
+    if (it == lw.id.end()) {
+      g.reason = fmt::format("output '{}' is not computed by supported operators", o);
+      return g;
+    }
+    const Prim& p = P[it->second];
+    Shape per_row = full;
+    per_row.back() = 1;
+    bool is_row = p.vkind == VKind::kRow;
+    if ((is_row && p.shape != full) || (!is_row && p.shape != per_row) || p.kind == Prim::kInput ||
+        p.kind == Prim::kConst) {
+      g.reason = fmt::format("output '{}' has shape {}, not the group's row domain {}", o, ShapeToString(p.shape),
+                             ShapeToString(full));
+      return g;
+    }
+    out_prim.push_back(it->second);
+    g.signature.output_per_row.push_back(!is_row);
+  }
+
+  // Which row values are read by a later loop (buffered), which prims are live at all.
+  int max_level = 0;
+  std::vector<bool> live(P.size(), false);
+  std::vector<int> stack(out_prim.begin(), out_prim.end());
+  while (!stack.empty()) {
+    int v = stack.back();
+    stack.pop_back();
+    if (live[v]) continue;
+    live[v] = true;
+    if (P[v].a >= 0) stack.push_back(P[v].a);
+    if (P[v].b >= 0) stack.push_back(P[v].b);
+  }
+  std::vector<bool> buffered(P.size(), false);
+  for (size_t v = 0; v < P.size(); ++v) {
+    if (!live[v]) continue;
+    max_level = std::max(max_level, P[v].level);
+    int loop_level = P[v].kind == Prim::kReduce ? P[P[v].a].level : P[v].level;
+    for (int operand : {P[v].a, P[v].b})
+      if (operand >= 0 && P[operand].vkind == VKind::kRow && P[operand].kind != Prim::kInput &&
+          P[operand].level < loop_level)
+        buffered[operand] = true;
+  }
+  std::map<int, int> out_index;
+  for (size_t k = 0; k < out_prim.size(); ++k) out_index.emplace(out_prim[k], static_cast<int>(k));
+
+  // ---- emit ----
+  int cur_level = 0;
+  auto ref = [&](int v) -> std::string {
+    const Prim& p = P[v];
+    if (p.kind == Prim::kConst) return FloatLiteral(p.value);
+    if (p.vkind == VKind::kScal) return fmt::format("s{}", v);
+    if (p.kind == Prim::kInput) {
+      RowInputClass c = g.signature.inputs[p.input];
+      return c == RowInputClass::kRowVec ? fmt::format("in{}[j]", p.input) : fmt::format("p{}[j]", p.input);
+    }
+    return p.level < cur_level ? fmt::format("buf{}[j]", v) : fmt::format("t{}", v);
+  };
+  auto expr = [&](const Prim& p) -> std::string {
+    std::string a = p.a >= 0 ? ref(p.a) : "", b = p.b >= 0 ? ref(p.b) : "";
+    if (p.kind == Prim::kBinary) {
+      if (p.op == "Add") return a + " + " + b;
+      if (p.op == "Sub") return a + " - " + b;
+      if (p.op == "Mul") return a + " * " + b;
+      if (p.op == "Div") return a + " / " + b;
+      if (p.op == "Max") return fmt::format("std::fmax({}, {})", a, b);
+      if (p.op == "Min") return fmt::format("std::fmin({}, {})", a, b);
+      if (p.op == "Pow") return fmt::format("std::pow({}, {})", a, b);
+    }
+    if (p.op == "Relu") return fmt::format("std::fmax({}, 0.f)", a);
+    if (p.op == "Neg") return "-" + a;
+    if (p.op == "Abs") return fmt::format("std::fabs({})", a);
+    if (p.op == "Sqrt") return fmt::format("std::sqrt({})", a);
+    if (p.op == "Reciprocal") return fmt::format("1.f / {}", a);
+    if (p.op == "Exp") return fmt::format("gaf_fast::FastExp({})", a);
+    if (p.op == "Log") return fmt::format("std::log({})", a);
+    if (p.op == "Tanh") return fmt::format("gaf_fast::FastTanh({})", a);
+    if (p.op == "Sigmoid") return fmt::format("gaf_fast::FastSigmoid({})", a);
+    if (p.op == "Erf") return fmt::format("gaf_fast::FastErf({})", a);
+    if (p.op == "Softplus") return fmt::format("std::log1p(gaf_fast::FastExp({}))", a);
+    if (p.op == "Floor") return fmt::format("std::floor({})", a);
+    if (p.op == "Ceil") return fmt::format("std::ceil({})", a);
+    if (p.op == "LeakyRelu") return fmt::format("({0} >= 0.f ? {0} : {0} * {1})", a, FloatLiteral(p.alpha));
+    if (p.op == "HardSigmoid")
+      return fmt::format("std::fmin(1.f, std::fmax(0.f, {} * {} + {}))", a, FloatLiteral(p.alpha), FloatLiteral(p.beta));
+    return "/*unknown*/0.f";
+  };
+
+  std::ostringstream os;
+  os << "// Generated by graph-autofusion: fused kernel for function " << f.domain << "." << f.name << "\n";
+  os << "// Row domain " << ShapeToString(full) << " at generation; input classes:";
+  for (size_t i = 0; i < nin; ++i) os << " " << static_cast<int>(g.signature.inputs[i]);
+  os << "\n#include <cmath>\n#include <cstdint>\n#include <cstdlib>\n";
+  os << kFastMathSource << "\n";
+  os << "struct RowKernelArgs { int64_t rows, cols; const float* const* in; const int64_t* const* in_row_offset; "
+        "float* const* out; };\n";
+  os << "extern \"C\" void " << symbol << "(const RowKernelArgs* a) {\n";
+  os << "  const int64_t R = a->rows, N = a->cols;\n  (void)N;\n";
+  for (size_t i = 0; i < nin; ++i) {
+    if (input_prim[i] < 0 || !live[input_prim[i]]) continue;
+    os << fmt::format("  const float* __restrict in{0} = a->in[{0}];\n", i);
+    RowInputClass c = g.signature.inputs[i];
+    if (c == RowInputClass::kGeneral || c == RowInputClass::kGeneralPerRow)
+      os << fmt::format("  const int64_t* off{0} = a->in_row_offset[{0}];\n", i);
+  }
+  for (size_t k = 0; k < out_prim.size(); ++k) os << fmt::format("  float* __restrict out{0} = a->out[{0}];\n", k);
+  os << "#pragma omp parallel if (R > 1 && R * N > 16384)\n  {\n";
+  for (size_t v = 0; v < P.size(); ++v)
+    if (buffered[v]) os << fmt::format("    float* buf{} = static_cast<float*>(std::aligned_alloc(64, ((N * 4 + 63) / 64) * 64));\n", v);
+  os << "#pragma omp for schedule(static)\n    for (int64_t r = 0; r < R; ++r) {\n";
+  for (size_t i = 0; i < nin; ++i) {
+    if (input_prim[i] < 0 || !live[input_prim[i]]) continue;
+    int v = input_prim[i];
+    switch (g.signature.inputs[i]) {
+      case RowInputClass::kFull: os << fmt::format("      const float* p{0} = in{0} + r * N;\n", i); break;
+      case RowInputClass::kGeneral: os << fmt::format("      const float* p{0} = in{0} + off{0}[r];\n", i); break;
+      case RowInputClass::kRowVec: break;
+      case RowInputClass::kPerRow: os << fmt::format("      const float s{} = in{}[r];\n", v, i); break;
+      case RowInputClass::kScalar: os << fmt::format("      const float s{} = in{}[0];\n", v, i); break;
+      case RowInputClass::kGeneralPerRow: os << fmt::format("      const float s{} = in{}[off{}[r]];\n", v, i, i); break;
+    }
+  }
+  for (int level = 0; level <= max_level; ++level) {
+    cur_level = level;
+    // Row scalars available before this loop.
+    for (size_t v = 0; v < P.size(); ++v) {
+      const Prim& p = P[v];
+      if (!live[v] || p.vkind != VKind::kScal || p.level != level) continue;
+      if (p.kind == Prim::kUnary || p.kind == Prim::kBinary) os << fmt::format("      const float s{} = {};\n", v, expr(p));
+      if (out_index.count(static_cast<int>(v))) os << fmt::format("      out{}[r] = s{};\n", out_index[v], v);
+    }
+    // The fused loop of this level: row values and reduction accumulations.
+    std::vector<int> row_ops, reds;
+    for (size_t v = 0; v < P.size(); ++v) {
+      if (!live[v]) continue;
+      if (P[v].vkind == VKind::kRow && P[v].level == level && P[v].kind != Prim::kInput) row_ops.push_back(v);
+      if (P[v].kind == Prim::kReduce && P[P[v].a].level == level) reds.push_back(v);
+    }
+    if (row_ops.empty() && reds.empty()) continue;
+    std::string clauses;
+    for (int v : reds) {
+      const std::string& op = P[v].op;
+      std::string init = op == "Max" ? "-INFINITY" : op == "Min" ? "INFINITY" : "0.f";
+      os << fmt::format("      float acc{} = {};\n", v, init);
+      clauses += fmt::format(" reduction({}:acc{})", op == "Max" ? "max" : op == "Min" ? "min" : "+", v);
+    }
+    os << "#pragma omp simd" << clauses << "\n      for (int64_t j = 0; j < N; ++j) {\n";
+    for (int v : row_ops) {
+      os << fmt::format("        const float t{} = {};\n", v, expr(P[v]));
+      if (buffered[v]) os << fmt::format("        buf{0}[j] = t{0};\n", v);
+      if (out_index.count(v)) os << fmt::format("        out{}[r * N + j] = t{};\n", out_index[v], v);
+    }
+    for (int v : reds) {
+      const std::string& op = P[v].op;
+      std::string x = ref(P[v].a);
+      if (op == "Max") os << fmt::format("        acc{0} = acc{0} > {1} ? acc{0} : {1};\n", v, x);
+      else if (op == "Min") os << fmt::format("        acc{0} = acc{0} < {1} ? acc{0} : {1};\n", v, x);
+      else os << fmt::format("        acc{} += {};\n", v, x);
+    }
+    os << "      }\n";
+    for (int v : reds)
+      os << fmt::format("      const float s{0} = acc{0}{1};\n", v, P[v].op == "Mean" ? " / static_cast<float>(N)" : "");
+  }
+  os << "    }\n";
+  for (size_t v = 0; v < P.size(); ++v)
+    if (buffered[v]) os << fmt::format("    std::free(buf{});\n", v);
+  os << "  }\n}\n";
+  g.source = os.str();
+  g.ok = true;
+  return g;
+}
+
+std::vector<Tensor> RunRowKernel(RowKernelFn fn, const GeneratedRowKernel& k, const std::vector<const Tensor*>& inputs) {
+  GAF_CHECK(inputs.size() == k.domain_inputs.size(), "{}: expected {} inputs, got {}", k.symbol,
+            k.domain_inputs.size(), inputs.size());
+  std::vector<Shape> shapes;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (k.domain_inputs[i]) shapes.push_back(inputs[i]->shape());
+  Shape full;
+  int64_t rows = 0, cols = 0;
+  std::string reason;
+  GAF_CHECK(RowDomain(shapes, &full, &rows, &cols, &reason), "{}: {}", k.symbol, reason);
+  std::vector<std::vector<int64_t>> offsets(inputs.size());
+  std::vector<const float*> in(inputs.size(), nullptr);
+  std::vector<const int64_t*> in_off(inputs.size(), nullptr);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!k.domain_inputs[i]) continue;
+    GAF_CHECK(inputs[i]->dtype() == DataType::kFloat, "{}: input {} is {}, the kernel takes float", k.symbol, i,
+              DataTypeName(inputs[i]->dtype()));
+    RowInputClass c = ClassifyRowInput(inputs[i]->shape(), full, &offsets[i]);
+    GAF_CHECK(c == k.signature.inputs[i], "{}: input {} of shape {} broadcasts differently than at generation",
+              k.symbol, i, ShapeToString(inputs[i]->shape()));
+    in[i] = inputs[i]->data<float>();
+    in_off[i] = offsets[i].empty() ? nullptr : offsets[i].data();
+  }
+  std::vector<Tensor> outs;
+  std::vector<float*> out_ptrs;
+  Shape per_row = full;
+  per_row.back() = 1;
+  for (bool pr : k.signature.output_per_row) {
+    outs.emplace_back(DataType::kFloat, pr ? per_row : full);
+    out_ptrs.push_back(outs.back().data<float>());
+  }
+  RowKernelArgs args{rows, cols, in.data(), in_off.data(), out_ptrs.data()};
+  fn(&args);
+  return outs;
+}
+
+}  // namespace gaf

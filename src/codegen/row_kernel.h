@@ -1,0 +1,80 @@
+// Code generation for fused groups whose work is organized in rows: elementwise / broadcast chains,
+// reductions over the last axis with their prologue and epilogue (RMSNorm, LayerNorm, Softmax with
+// scale and mask, GELU, SiLU, ...). The generated C++ computes the whole group in one pass over
+// each row: values live in registers inside fused loops, and only values needed by a later loop
+// of the same row are kept in a small per-thread row buffer (a few KiB, in L1/L2). Rows are split
+// over threads.
+//
+//   body (after lowering)          generated loop nest, per row r
+//   x ── Mul(x,x) ── ReduceMean     for j: acc += x[j]*x[j]             (loop 0, fused reduction)
+//   │                    │          s = 1/sqrt(acc/N + eps)             (row scalars)
+//   │               Add eps, Sqrt   for j: y[j] = x[j] * s * w[j]       (loop 1)
+//   └──── Div ──── Mul w ── y
+//
+// Lowering first rewrites Softmax, LogSoftmax and LayerNormalization (last axis) into primitive
+// reductions and elementwise ops. Inputs are classified by how they broadcast against the
+// group's output viewed as [rows, cols]: FULL (own row), ROWVEC (one row shared by all rows),
+// PERROW (one value per row), SCALAR, GENERAL (row offsets from a table; column stride 0 or 1).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace gaf {
+
+// Host-side argument block of every generated row kernel (ABI shared with the generated code).
+struct RowKernelArgs {
+  int64_t rows = 0;
+  int64_t cols = 0;
+  const float* const* in = nullptr;
+  const int64_t* const* in_row_offset = nullptr;  // per input: table of `rows` offsets, or null
+  float* const* out = nullptr;
+};
+
+enum class RowInputClass { kFull, kRowVec, kPerRow, kScalar, kGeneral, kGeneralPerRow };
+
+struct RowKernelSignature {
+  std::vector<RowInputClass> inputs;
+  std::vector<bool> output_per_row;  // true: output is [.., 1] (one value per row)
+};
+
+struct GeneratedRowKernel {
+  bool ok = false;
+  std::string reason;       // why the group cannot be generated (when !ok)
+  std::string symbol;       // extern "C" function name
+  std::string source;       // full C++ translation unit
+  RowKernelSignature signature;
+  std::vector<bool> domain_inputs;  // inputs that form the row domain (all but scalar constants)
+};
+
+// Input shapes/dtypes of one call of the fused function, in the function's input order.
+struct RowKernelRequest {
+  const Function* function = nullptr;
+  std::vector<DataType> input_types;
+  std::vector<Shape> input_shapes;
+  // Value of each input that is a constant (an initializer), else null. Scalar constants are
+  // folded into the code as literals; integer constants give axes.
+  std::vector<const Tensor*> constants;
+};
+
+// Generates the kernel, or returns ok=false with a reason (unsupported op, type, axis, shape).
+GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& request, const std::string& symbol);
+
+// The output domain of a call: broadcast shape of the inputs; rows x cols view. Returns false with
+// a reason when the group does not fit the row model.
+bool RowDomain(const std::vector<Shape>& input_shapes, Shape* full, int64_t* rows, int64_t* cols,
+               std::string* reason);
+
+// Classifies one input against the domain and fills its row-offset table when needed.
+RowInputClass ClassifyRowInput(const Shape& input, const Shape& full, std::vector<int64_t>* offsets);
+
+// Calls a compiled row kernel on concrete inputs: computes the domain, checks that every input
+// still has the class the kernel was generated for (gaf::Error otherwise, so the caller can
+// regenerate), builds row-offset tables, allocates and returns the outputs.
+using RowKernelFn = void (*)(const RowKernelArgs*);
+std::vector<Tensor> RunRowKernel(RowKernelFn fn, const GeneratedRowKernel& kernel,
+                                 const std::vector<const Tensor*>& inputs);
+
+}  // namespace gaf
