@@ -13,7 +13,8 @@ namespace gaf {
 
 namespace {
 
-void InlineInGraph(Graph& g, const Model& m, int& counter, int depth);
+using KeepFn = std::function<bool(const Node&, const Function&)>;
+void InlineInGraph(Graph& g, const Model& m, int& counter, int depth, const KeepFn& keep);
 
 // Resolves ref_attr_name attributes of body nodes against the caller's attributes.
 std::vector<Attribute> ResolveAttributes(const std::vector<Attribute>& attrs, const Node& caller) {
@@ -62,17 +63,17 @@ std::vector<Node> ExpandCall(const Node& call, const Function& f, int& counter) 
   return out;
 }
 
-void InlineInGraph(Graph& g, const Model& m, int& counter, int depth) {
+void InlineInGraph(Graph& g, const Model& m, int& counter, int depth, const KeepFn& keep) {
   GAF_CHECK(depth < 32, "function calls nest deeper than 32 levels (recursive functions?)");
   bool changed = false;
   std::vector<Node> result;
   for (Node& n : g.nodes) {
     for (Attribute& a : n.attributes) {
-      if (a.g) InlineInGraph(*a.g, m, counter, depth);
-      for (auto& sg : a.graphs) InlineInGraph(*sg, m, counter, depth);
+      if (a.g) InlineInGraph(*a.g, m, counter, depth, keep);
+      for (auto& sg : a.graphs) InlineInGraph(*sg, m, counter, depth, keep);
     }
     const Function* f = m.FindFunction(n.domain, n.op_type);
-    if (f != nullptr) {
+    if (f != nullptr && !(keep && keep(n, *f))) {
       std::vector<Node> body = ExpandCall(n, *f, counter);
       for (Node& b : body) result.push_back(std::move(b));
       changed = true;
@@ -81,15 +82,26 @@ void InlineInGraph(Graph& g, const Model& m, int& counter, int depth) {
     }
   }
   g.nodes = std::move(result);
-  if (changed) InlineInGraph(g, m, counter, depth + 1);  // functions calling functions
+  if (changed) InlineInGraph(g, m, counter, depth + 1, keep);  // functions calling functions
 }
 
 }  // namespace
 
-void InlineFunctions(Model& model) {
+void InlineFunctions(Model& model) { InlineFunctions(model, nullptr); }
+
+void InlineFunctions(Model& model, const std::function<bool(const Node&, const Function&)>& keep) {
   if (model.functions.empty()) return;
   int counter = 0;
-  InlineInGraph(model.graph, model, counter, 0);
+  InlineInGraph(model.graph, model, counter, 0, keep);
+}
+
+Graph FunctionBodyGraph(const Function& f) {
+  Graph g;
+  g.name = f.domain + "." + f.name;
+  for (const std::string& i : f.inputs) g.inputs.push_back(ValueInfo{i});
+  for (const std::string& o : f.outputs) g.outputs.push_back(ValueInfo{o});
+  g.nodes = f.nodes;
+  return g;
 }
 
 // ---------------- plans ----------------
@@ -156,7 +168,8 @@ const Session::Plan& Session::PlanFor(const Graph& g) {
   for (const Node& node : g.nodes) {
     Plan::Step st;
     st.node = &node;
-    st.kernel = reg.Find(node.domain, node.op_type);
+    auto kept = call_kernel_of_.find(&node);
+    st.kernel = kept != call_kernel_of_.end() ? kept->second : reg.Find(node.domain, node.op_type);
     if (st.kernel == nullptr) {
       std::string dom = node.domain.empty() ? "ai.onnx" : node.domain;
       throw UnsupportedError(fmt::format("unsupported operator {}::{} ({})", dom, node.op_type, node.Describe()));
@@ -214,7 +227,27 @@ class FrameRunner : public SubgraphRunner {
 };
 
 Session::Session(const Model& model, SessionOptions options) : model_(model), options_(options) {
-  InlineFunctions(model_);
+  if (options_.function_kernels) {
+    std::vector<std::pair<std::string, KernelInfo>> kept;  // node name/outputs -> kernel
+    InlineFunctions(model_, [&](const Node& call, const Function& f) {
+      std::optional<KernelInfo> k = options_.function_kernels(call, f);
+      if (!k) return false;
+      kept.emplace_back(call.outputs.empty() ? call.name : call.outputs[0], std::move(*k));
+      return true;
+    });
+    // Bind kernels to the kept call nodes (identified by their first output, which is unique).
+    for (auto& [key, info] : kept) {
+      for (const Node& n : model_.graph.nodes) {
+        if ((n.outputs.empty() ? n.name : n.outputs[0]) == key) {
+          call_kernels_.push_back(std::move(info));
+          call_kernel_of_[&n] = &call_kernels_.back();
+          break;
+        }
+      }
+    }
+  } else {
+    InlineFunctions(model_);
+  }
   std::unordered_set<std::string> inits;
   for (const auto& [n, t] : model_.graph.initializers) inits.insert(n);
   for (const ValueInfo& v : model_.graph.inputs)

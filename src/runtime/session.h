@@ -8,6 +8,8 @@
 
 #include <functional>
 #include <map>
+#include <optional>
+#include <deque>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -24,6 +26,9 @@ struct SessionOptions {
   // Called with every value a node of the main graph produces (name, tensor), in execution order.
   // Used to record concrete shapes for the cost model and intermediate values for debugging.
   std::function<void(const std::string&, const Tensor&)> observer;
+  // Kernels for calls of model-local functions (fused operators): when it returns a kernel for
+  // a call node, the call is kept as one node run by that kernel instead of being inlined.
+  std::function<std::optional<KernelInfo>(const Node& call, const Function& function)> function_kernels;
 };
 
 struct OpProfile {
@@ -65,10 +70,18 @@ class Session {
   std::vector<ValueInfo> inputs_, outputs_;
   std::unordered_map<const Graph*, std::unique_ptr<Plan>> plans_;
   std::map<std::string, OpProfile> profile_;
+  std::deque<KernelInfo> call_kernels_;                 // kernels of kept function calls
+  std::unordered_map<const Node*, const KernelInfo*> call_kernel_of_;
 };
 
 // Replaces every call of a model-local function (in the graph and its subgraphs) with the
 // function's body, values renamed apart and attribute references resolved. Exposed for tests.
 void InlineFunctions(Model& model);
+// Same, leaving the calls for which `keep` returns true.
+void InlineFunctions(Model& model, const std::function<bool(const Node&, const Function&)>& keep);
+
+// The body of a model-local function as a graph (formal inputs and outputs as graph inputs and
+// outputs), for running it as a subgraph.
+Graph FunctionBodyGraph(const Function& f);
 
 }  // namespace gaf

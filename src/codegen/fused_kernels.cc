@@ -1,0 +1,113 @@
+#include "codegen/fused_kernels.h"
+
+#include <cctype>
+
+namespace gaf {
+
+namespace {
+
+std::string Sanitize(const std::string& s) {
+  std::string o;
+  for (char c : s) o.push_back(std::isalnum(static_cast<unsigned char>(c)) ? c : '_');
+  return o;
+}
+
+}  // namespace
+
+std::shared_ptr<FusedKernelSet> FusedKernelSet::Build(const Model& model, const std::map<std::string, ValueType>& shapes,
+                                                      KernelCompiler& compiler, const std::string& domain) {
+  auto set = std::make_shared<FusedKernelSet>();
+  std::vector<KernelSource> sources;
+  for (const Node& call : model.graph.nodes) {
+    if (call.domain != domain || set->by_function_.count(call.op_type)) continue;
+    const Function* f = model.FindFunction(call.domain, call.op_type);
+    if (f == nullptr) continue;
+    Entry e;
+    e.function = f->name;
+    e.symbol = "gaf_fused_" + Sanitize(f->name);
+    e.body = FunctionBodyGraph(*f);
+    e.calls = std::make_shared<std::atomic<int64_t>>(0);
+    e.fallbacks = std::make_shared<std::atomic<int64_t>>(0);
+    RowKernelRequest req;
+    req.function = f;
+    bool shapes_known = true;
+    for (const std::string& in : call.inputs) {
+      const Tensor* c = model.graph.FindInitializer(in);
+      if (c != nullptr) {
+        set->constants_.push_back(*c);
+        req.constants.push_back(&set->constants_.back());
+        req.input_types.push_back(c->dtype());
+        req.input_shapes.push_back(c->shape());
+        continue;
+      }
+      auto it = shapes.find(in);
+      if (it == shapes.end()) {
+        shapes_known = false;
+        break;
+      }
+      req.constants.push_back(nullptr);
+      req.input_types.push_back(it->second.dtype);
+      req.input_shapes.push_back(it->second.shape);
+    }
+    if (!shapes_known) {
+      e.status = "input shapes unknown (no recorded run)";
+    } else {
+      e.kernel = GenerateRowKernel(req, e.symbol);
+      if (e.kernel.ok) sources.push_back({e.symbol, e.kernel.source});
+      else e.status = "not generated: " + e.kernel.reason;
+    }
+    set->by_function_[f->name] = set->entries_.size();
+    set->entries_.push_back(std::move(e));
+  }
+  set->library_ = compiler.Compile(sources);
+  for (Entry& e : set->entries_) {
+    if (!e.kernel.ok) continue;
+    auto err = set->library_->errors().find(e.symbol);
+    if (err != set->library_->errors().end()) {
+      e.status = "compile error: " + err->second.substr(0, 2000);
+      continue;
+    }
+    e.fn = reinterpret_cast<RowKernelFn>(set->library_->Find(e.symbol));
+    e.status = e.fn == nullptr ? "symbol missing from the library" : (set->library_->from_cache() ? "cached" : "compiled");
+  }
+  return set;
+}
+
+std::function<std::optional<KernelInfo>(const Node&, const Function&)> FusedKernelSet::Provider() {
+  return [this](const Node& call, const Function& f) -> std::optional<KernelInfo> {
+    auto it = by_function_.find(f.name);
+    if (it == by_function_.end()) return std::nullopt;
+    const Entry* e = &entries_[it->second];
+    if (e->fn == nullptr) return std::nullopt;  // runs inlined, through the reference kernels
+    KernelInfo info;
+    info.domain = call.domain;
+    info.op_type = call.op_type;
+    info.kind = OpKind::kOpaque;
+    info.upcast_half = true;
+    info.fn = [e](KernelContext& ctx) {
+      e->calls->fetch_add(1, std::memory_order_relaxed);
+      bool usable = true;
+      for (size_t i = 0; i < ctx.inputs.size(); ++i) {
+        if (ctx.inputs[i] == nullptr) usable = false;
+        else if (e->kernel.domain_inputs[i] && ctx.inputs[i]->dtype() != DataType::kFloat) usable = false;
+      }
+      if (usable) {
+        try {
+          std::vector<Tensor> outs = RunRowKernel(e->fn, e->kernel, ctx.inputs);
+          for (size_t o = 0; o < ctx.outputs.size() && o < outs.size(); ++o) ctx.outputs[o] = std::move(outs[o]);
+          return;
+        } catch (const Error&) {
+          // Inputs broadcast differently than at generation: run the body below.
+        }
+      }
+      e->fallbacks->fetch_add(1, std::memory_order_relaxed);
+      std::vector<Tensor> ins;
+      for (const Tensor* t : ctx.inputs) ins.push_back(t ? *t : Tensor());
+      std::vector<Tensor> outs = ctx.subgraphs->RunSubgraph(e->body, ins);
+      for (size_t o = 0; o < ctx.outputs.size() && o < outs.size(); ++o) ctx.outputs[o] = std::move(outs[o]);
+    };
+    return info;
+  };
+}
+
+}  // namespace gaf

@@ -1,0 +1,57 @@
+// Fused execution: generated kernels for the fused operators of a model (calls of model-local
+// functions in the fused domain), compiled in one batch and plugged into the runtime through
+// SessionOptions::function_kernels. A call whose inputs broadcast differently from the shapes the
+// kernel was generated for runs the function body instead (still correct, not fused), and the
+// count of such fallbacks is kept so reports can say so.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "codegen/compiler.h"
+#include "codegen/row_kernel.h"
+#include "ir/graph.h"
+#include "runtime/session.h"
+
+namespace gaf {
+
+struct ValueType {
+  DataType dtype = DataType::kUndefined;
+  Shape shape;
+};
+
+class FusedKernelSet {
+ public:
+  struct Entry {
+    std::string function;      // function (fused op) name
+    std::string symbol;
+    GeneratedRowKernel kernel;
+    RowKernelFn fn = nullptr;
+    std::string status;        // "compiled", "cached", or why there is no kernel
+    Graph body;                // fallback
+    std::shared_ptr<std::atomic<int64_t>> calls, fallbacks;
+  };
+
+  // Generates a kernel per fused function from the shapes its first call had (`shapes`: value
+  // name -> type and shape, e.g. recorded by one run), compiles all of them in one batch.
+  static std::shared_ptr<FusedKernelSet> Build(const Model& model, const std::map<std::string, ValueType>& shapes,
+                                               KernelCompiler& compiler, const std::string& domain);
+
+  // For SessionOptions::function_kernels (the set must outlive the session).
+  std::function<std::optional<KernelInfo>(const Node&, const Function&)> Provider();
+
+  const std::vector<Entry>& entries() const { return entries_; }
+  const KernelLibrary* library() const { return library_.get(); }
+
+ private:
+  std::vector<Entry> entries_;
+  std::map<std::string, size_t> by_function_;
+  std::shared_ptr<KernelLibrary> library_;
+  std::deque<Tensor> constants_;  // keeps constant inputs alive (stable addresses)
+};
+
+}  // namespace gaf
