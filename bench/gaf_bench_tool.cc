@@ -1,0 +1,131 @@
+// Helpers for bench/llama_bench.sh, linked against the project's libraries:
+//
+//   gaf_bench_tool weights MODEL
+//       JSON: bytes of initializers one decode step (batch 1, one new token) reads, by category:
+//         matmul   every MatMul/Gemm input that is an initializer, in full
+//         gather   for a Gather whose data is an initializer: one slice along `axis` per index
+//                  (the embedding row and the rotary cos/sin rows of the one new token)
+//         other    every other initializer a node reads (norm weights, scalars), in full
+//       total = matmul + gather + other. Initializers read by several nodes count once per node
+//       (a weight read twice is read twice).
+//
+//   gaf_bench_tool logits MODEL --prompt-ids 1,2,3 [--threads T] -o FILE.npy
+//       The prefill (prompt, empty cache) through our runtime; writes the last position's logits
+//       as float32 [vocab] and prints their greedy token.
+#include <fmt/format.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "ir/error.h"
+#include "models/generate.h"
+#include "onnx_io/npy.h"
+#include "onnx_io/onnx_io.h"
+#include "runtime/session.h"
+
+namespace {
+
+using namespace gaf;
+
+struct Bytes {
+  int64_t matmul = 0, gather = 0, other = 0;
+  int64_t matmul_tensors = 0, gather_tensors = 0, other_tensors = 0;
+};
+
+void CountGraph(const Graph& g, Bytes& b) {
+  for (const Node& n : g.nodes) {
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      if (n.inputs[i].empty()) continue;
+      const Tensor* t = g.FindInitializer(n.inputs[i]);
+      if (t == nullptr) continue;
+      const int64_t bytes = static_cast<int64_t>(t->nbytes());
+      if (n.op_type == "MatMul" || n.op_type == "Gemm") {
+        b.matmul += bytes;
+        ++b.matmul_tensors;
+      } else if (n.op_type == "Gather" && i == 0 && t->rank() >= 1) {
+        int64_t axis = n.GetInt("axis", 0);
+        if (axis < 0) axis += t->rank();
+        const int64_t dim = t->dim(axis);
+        b.gather += dim > 0 ? bytes / dim : 0;  // one slice for the one new token
+        ++b.gather_tensors;
+      } else if (n.op_type == "Gather" && i == 1) {
+        continue;  // indices constant: negligible, and not weights
+      } else {
+        b.other += bytes;
+        ++b.other_tensors;
+      }
+    }
+  }
+}
+
+std::vector<int64_t> ParseIds(const std::string& s) {
+  std::vector<int64_t> ids;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) ids.push_back(std::stoll(item));
+  GAF_CHECK(!ids.empty(), "--prompt-ids: no ids");
+  return ids;
+}
+
+int Weights(const std::string& path) {
+  Model m = LoadModel(path);
+  Bytes b;
+  CountGraph(m.graph, b);
+  int64_t all = 0;
+  for (const auto& [name, t] : m.graph.initializers) all += static_cast<int64_t>(t.nbytes());
+  fmt::print(
+      "{{\"model\": \"{}\", \"matmul_bytes\": {}, \"matmul_tensors\": {}, \"gather_row_bytes\": {}, "
+      "\"gather_tensors\": {}, \"other_bytes\": {}, \"other_tensors\": {}, \"total_bytes\": {}, "
+      "\"all_initializer_bytes\": {}}}\n",
+      path, b.matmul, b.matmul_tensors, b.gather, b.gather_tensors, b.other, b.other_tensors,
+      b.matmul + b.gather + b.other, all);
+  return 0;
+}
+
+int Logits(const std::string& path, const std::vector<int64_t>& ids, int threads, const std::string& out) {
+  Model m = LoadModel(path);
+  SessionOptions so;
+  so.num_threads = threads;
+  Session s(m, so);
+  DecoderSignature sig = DecoderSignature::Discover(s.inputs(), s.outputs());
+  Tensor logits = ForwardNoCache(s, sig, ids);
+  Tensor f = logits.dtype() == DataType::kFloat ? logits : logits.CastTo(DataType::kFloat);
+  const int64_t vocab = f.dim(-1);
+  const int64_t offset = f.numel() - vocab;
+  Tensor last(DataType::kFloat, {vocab});
+  std::memcpy(last.data<float>(), f.data<float>() + offset, static_cast<size_t>(vocab) * sizeof(float));
+  SaveNpy(last, out);
+  fmt::print("{{\"token\": {}, \"vocab\": {}}}\n", ArgmaxLastPosition(logits), vocab);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    std::vector<std::string> a(argv + 1, argv + argc);
+    if (a.size() == 2 && a[0] == "weights") return Weights(a[1]);
+    if (a.size() >= 2 && a[0] == "logits") {
+      std::string ids, out;
+      int threads = 1;
+      for (size_t i = 2; i + 1 < a.size(); i += 2) {
+        if (a[i] == "--prompt-ids") ids = a[i + 1];
+        else if (a[i] == "--threads") threads = std::atoi(a[i + 1].c_str());
+        else if (a[i] == "-o") out = a[i + 1];
+        else throw Error(fmt::format("unknown option {}", a[i]));
+      }
+      GAF_CHECK(!out.empty(), "logits: -o FILE.npy is required");
+      return Logits(a[1], ParseIds(ids), threads, out);
+    }
+    fmt::print(stderr, "usage: gaf_bench_tool weights MODEL | logits MODEL --prompt-ids IDS [--threads T] -o FILE.npy\n");
+    return 2;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "gaf_bench_tool: {}\n", e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,135 @@
+#!/usr/bin/env node
+// Side-by-side decode benchmark: our runtime (`autofusion generate`) against ONNX Runtime
+// (bench/ort_generate.js) on one Llama-style decoder, plus the memory-bandwidth floor.
+// Called by bench/llama_bench.sh; see docs/benchmarks.md for the columns and formulas.
+//
+//   node bench/llama_bench.js --model M.onnx [--build build] [--prompt-len 16] [--max-new-tokens 50]
+//        [--repeat 3] [--rounds 3] [--threads 1,2] [--ort-opt disabled,all] [--json OUT]
+//
+// Each round runs the bandwidth probe and then every configuration once, as a fresh process
+// (one warm-up generation + --repeat timed generations, median step); figures are medians over rounds.
+'use strict';
+const { execFileSync } = require('child_process');
+const fs = require('fs');
+const os = require('os');
+const path = require('path');
+const { readNpy } = require('./npy');
+
+const args = { model: null, build: 'build', promptLen: 16, maxNew: 50, repeat: 3, threads: [1, 2], ortOpt: ['disabled', 'all'], rounds: 3, json: null, seed: 1 };
+const argv = process.argv.slice(2);
+for (let i = 0; i < argv.length; i++) {
+  const k = argv[i], v = () => argv[++i];
+  if (k === '--model') args.model = v();
+  else if (k === '--build') args.build = v();
+  else if (k === '--prompt-len') args.promptLen = Number(v());
+  else if (k === '--max-new-tokens') args.maxNew = Number(v());
+  else if (k === '--repeat') args.repeat = Number(v());
+  else if (k === '--threads') args.threads = v().split(',').map(Number);
+  else if (k === '--ort-opt') args.ortOpt = v().split(',');
+  else if (k === '--rounds') args.rounds = Number(v());
+  else if (k === '--json') args.json = v();
+  else if (k === '--seed') args.seed = Number(v());
+  else { console.error(`llama_bench.js: unknown option ${k}`); process.exit(2); }
+}
+if (!args.model) { console.error('llama_bench.js: --model is required'); process.exit(2); }
+
+const here = __dirname;
+const tool = path.join(args.build, 'bench', 'gaf_bench_tool');
+const autofusion = path.join(args.build, 'autofusion');
+const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'gaf-bench-'));
+const run = (cmd, a) => execFileSync(cmd, a, { encoding: 'utf8', maxBuffer: 64 << 20, stdio: ['ignore', 'pipe', 'inherit'] });
+const runJson = (cmd, a) => JSON.parse(run(cmd, a));
+const load = () => os.loadavg().map((x) => x.toFixed(2)).join(' ');
+
+// Weights read per decode step, and the prompt (deterministic, inside the vocabulary).
+const weights = runJson(tool, ['weights', args.model]);
+const vocab = runJson(tool, ['logits', args.model, '--prompt-ids', '0', '-o', path.join(tmp, 'probe.npy')]).vocab;
+let s = (args.seed * 2654435761 + 12345) >>> 0;
+const prompt = [];
+for (let i = 0; i < args.promptLen; i++) { s = (Math.imul(s, 1664525) + 1013904223) >>> 0; prompt.push(s % vocab); }
+const promptStr = prompt.join(',');
+
+// Memory bandwidth: measured in every round (between the engines), median over rounds.
+const membwRuns = [];
+const measureBw = () => membwRuns.push(runJson(path.join(args.build, 'bench', 'membw'), ['--threads', args.threads.join(','), '--repeat', '9']));
+const median = (v) => { const s2 = [...v].sort((x, y) => x - y); return s2.length ? s2[Math.floor(s2.length / 2)] : NaN; };
+const bwFor = (t) => median(membwRuns.map((m) => (m.results.find((x) => x.threads === t) || { gbps: NaN }).gbps));
+const maxAbsDiff = (a, b) => { let m = 0; for (let i = 0; i < a.length; i++) m = Math.max(m, Math.abs(a[i] - b[i])); return m; };
+
+// The configurations; every round runs each once (a fresh process: one warm-up generation, then
+// --repeat generations, median step), so that load from other processes hits all of them alike.
+const configs = [];
+for (const t of args.threads) configs.push({ engine: 'ours', opt: '-', threads: t, runs: [] });
+for (const opt of args.ortOpt) for (const t of args.threads) configs.push({ engine: 'ort', opt, threads: t, runs: [] });
+
+function runConfig(c, withLogits) {
+  const lf = path.join(tmp, `${c.engine}_${c.opt}_${c.threads}.npy`);
+  let g;
+  if (c.engine === 'ours') {
+    g = runJson(autofusion, ['generate', args.model, '--prompt-ids', promptStr, '--max-new-tokens', String(args.maxNew),
+      '--threads', String(c.threads), '--repeat', String(args.repeat), '--json']);
+    if (withLogits) run(tool, ['logits', args.model, '--prompt-ids', promptStr, '--threads', String(c.threads), '-o', lf]);
+  } else {
+    const a = [path.join(here, 'ort_generate.js'), args.model, '--prompt-ids', promptStr, '--max-new-tokens', String(args.maxNew),
+      '--threads', String(c.threads), '--opt', c.opt, '--repeat', String(args.repeat)];
+    if (withLogits) a.push('--logits-npy', lf);
+    g = runJson('node', a);
+    c.version = g.ort_version;
+  }
+  if (withLogits) c.logits = readNpy(lf).data;
+  c.runs.push(g);
+}
+
+const loadBefore = load();
+const loads = [];
+for (let r = 0; r < args.rounds; r++) {
+  measureBw();
+  for (const c of configs) runConfig(c, r === 0);
+  loads.push(os.loadavg()[0]);
+}
+const loadAfter = load();
+
+const ref = configs[0];
+const rows = configs.map((c) => {
+  const ms = median(c.runs.map((g) => g.decode_ms_per_token));
+  return {
+    engine: c.engine === 'ours' ? 'ours' : `ort ${c.version}`, opt: c.opt, threads: c.threads, ms,
+    ms_rounds: c.runs.map((g) => g.decode_ms_per_token),
+    prefill: median(c.runs.map((g) => g.prefill_ms)), tokens: c.runs[0].tokens,
+    same: c.runs.every((g) => JSON.stringify(g.tokens) === JSON.stringify(ref.runs[0].tokens)),
+    diff: maxAbsDiff(c.logits, ref.logits), deterministic: c.runs.every((g) => g.deterministic),
+  };
+});
+const membw = { array_bytes: membwRuns[0].array_bytes, repeats: membwRuns[0].repeats, rounds: membwRuns.length,
+  results: args.threads.map((t) => ({ threads: t, gbps: bwFor(t) })), per_round: membwRuns };
+
+const bytes = weights.total_bytes;
+for (const r of rows) {
+  r.tps = 1000 / r.ms;
+  r.floor_ms = bytes / (bwFor(r.threads) * 1e9) * 1000;
+  r.pct_floor = r.ms / r.floor_ms * 100;  // ms/token as a percentage of the floor (100% = at the floor)
+}
+
+const mb = (b) => (b / 1e6).toFixed(2);
+console.log(`model   ${args.model}`);
+console.log(`prompt  ${prompt.length} tokens, ${args.maxNew} new tokens; ${args.rounds} rounds x (1 warm-up + ${args.repeat} generations) per configuration, medians`);
+console.log(`weights read per decode token: ${mb(bytes)} MB = MatMul/Gemm weights ${mb(weights.matmul_bytes)} MB (${weights.matmul_tensors} tensors)` +
+  ` + Gather rows ${mb(weights.gather_row_bytes)} MB (${weights.gather_tensors}) + other initializers ${mb(weights.other_bytes)} MB (${weights.other_tensors})`);
+console.log(`memory read bandwidth: ${membw.results.map((r) => `${r.threads} thread(s) ${r.gbps.toFixed(1)} GB/s`).join(', ')}` +
+  ` (${(membw.array_bytes / 2 ** 20).toFixed(0)} MiB array sum, median of ${membw.repeats} x ${membw.rounds} rounds)`);
+console.log(`floor ms/token = weight bytes / bandwidth: ${args.threads.map((t) => `${t}T ${(bytes / (bwFor(t) * 1e9) * 1000).toFixed(3)} ms`).join(', ')}`);
+console.log(`load average (1/5/15 min): before ${loadBefore}, after ${loadAfter}; 1-min load after each round: ${loads.map((x) => x.toFixed(2)).join(' ')}`);
+console.log('');
+const head = ['engine', 'opt', 'threads', 'tokens/s', 'ms/token', 'rounds min-max', 'prefill ms', 'same tokens', 'max |dlogit|', 'ms/token vs floor'];
+const table = rows.map((r) => [r.engine, r.opt, String(r.threads), r.tps.toFixed(1), r.ms.toFixed(3),
+  `${Math.min(...r.ms_rounds).toFixed(2)}-${Math.max(...r.ms_rounds).toFixed(2)}`, r.prefill.toFixed(2),
+  r.same ? 'yes' : 'NO', r.diff.toExponential(2), `${r.pct_floor.toFixed(0)}%`]);
+const w = head.map((h, i) => Math.max(h.length, ...table.map((row) => row[i].length)));
+const line = (cells) => '| ' + cells.map((c, i) => c.padEnd(w[i])).join(' | ') + ' |';
+console.log(line(head));
+console.log('|' + w.map((n) => '-'.repeat(n + 2)).join('|') + '|');
+for (const row of table) console.log(line(row));
+for (const r of rows) if (!r.deterministic) console.log(`WARNING: ${r.engine} ${r.opt} ${r.threads}T generated different tokens across repeats`);
+
+if (args.json) fs.writeFileSync(args.json, JSON.stringify({ model: args.model, prompt, weights, membw, loadBefore, loadAfter, loads, rows }, null, 2));
+fs.rmSync(tmp, { recursive: true, force: true });

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Side-by-side decode benchmark of our runtime and ONNX Runtime on the built-in Llama decoder.
+#
+#   bench/llama_bench.sh [PRESET...]          presets: tiny small bench (default: tiny small bench)
+#
+# Environment: BUILD (build dir, default build), MODELS (where models are written, default
+# /tmp/gaf-bench-models), PROMPT_LEN (16), NEW_TOKENS (50), REPEAT (3, generations per process after
+# one warm-up), ROUNDS (3, each runs every configuration once, interleaved), THREADS (1,2),
+# ORT_OPT (disabled,all), JSON_DIR (write one JSON per preset there), SKIP_BUILD=1 (use the
+# binaries in $BUILD as they are: autofusion, bench/membw, bench/gaf_bench_tool).
+# Needs: the build (autofusion, bench/membw, bench/gaf_bench_tool) and `npm install` in bench/
+# (ONNXRUNTIME_NODE_INSTALL=skip npm install --prefix bench).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+MODELS=${MODELS:-/tmp/gaf-bench-models}
+PROMPT_LEN=${PROMPT_LEN:-16}
+NEW_TOKENS=${NEW_TOKENS:-50}
+REPEAT=${REPEAT:-3}
+ROUNDS=${ROUNDS:-3}
+THREADS=${THREADS:-1,2}
+ORT_OPT=${ORT_OPT:-disabled,all}
+presets=("$@")
+[ ${#presets[@]} -gt 0 ] || presets=(tiny small bench)
+
+if [ -z "${SKIP_BUILD:-}" ]; then
+  log=$(mktemp)
+  ninja -C "$BUILD" -j1 autofusion membw gaf_bench_tool >"$log" 2>&1 || { cat "$log"; rm -f "$log"; exit 1; }
+  rm -f "$log"
+fi
+if [ ! -d bench/node_modules/onnxruntime-node ]; then
+  (cd bench && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund >/dev/null)
+fi
+
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores), $(date -u +%Y-%m-%dT%H:%MZ)"
+echo "load:    $(cut -d' ' -f1-3 /proc/loadavg)"
+
+for p in "${presets[@]}"; do
+  dir="$MODELS/$p"
+  if [ ! -f "$dir/model.onnx" ]; then
+    "$BUILD"/autofusion example llama --preset "$p" -o "$dir" >/dev/null
+  fi
+  echo
+  echo "=== preset $p ==="
+  json_args=()
+  [ -n "${JSON_DIR:-}" ] && mkdir -p "$JSON_DIR" && json_args=(--json "$JSON_DIR/$p.json")
+  node bench/llama_bench.js --model "$dir/model.onnx" --build "$BUILD" --prompt-len "$PROMPT_LEN" \
+    --max-new-tokens "$NEW_TOKENS" --repeat "$REPEAT" --threads "$THREADS" --ort-opt "$ORT_OPT" \
+    --rounds "$ROUNDS" "${json_args[@]}"
+done
