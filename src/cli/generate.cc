@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "codegen/fused_session.h"
 #include "models/generate.h"
 #include "onnx_io/onnx_io.h"
 
@@ -25,6 +26,7 @@ struct GenerateArgs {
   std::string prompt_ids;
   int max_new_tokens = 50;
   int threads = 0;
+  bool reference_kernels = false;
   int repeat = 1;
   uint32_t seed = 0;
   int64_t eos = -1;
@@ -68,6 +70,16 @@ void RunGenerate(const GenerateArgs& a) {
   Model m = LoadModel(a.model);
   SessionOptions so;
   so.num_threads = a.threads;
+  // Fused operators run with generated kernels unless --reference-kernels; models without fused
+  // operators are unaffected.
+  std::shared_ptr<FusedKernelSet> kernels;
+  bool has_fused = false;
+  for (const Function& f : m.functions) has_fused |= f.domain == "ai.graph_autofusion";
+  if (has_fused && !a.reference_kernels) {
+    KernelCompiler compiler;
+    kernels = CompileFusedKernels(m, compiler);
+    so.function_kernels = kernels->Provider();
+  }
   Session session(m, so);
   DecoderSignature sig = DecoderSignature::Discover(session.inputs(), session.outputs());
   const int64_t vocab = VocabSize(session, sig);
@@ -137,6 +149,8 @@ void RunGenerate(const GenerateArgs& a) {
                deterministic ? "" : " (WARNING: the generated tokens differed between runs)");
   else
     fmt::print("(one cold run: the prefill includes one-time setup; use --repeat R for steady-state timings)\n");
+  if (kernels) fmt::print("fused operators (generated kernels):\n{}", DescribeFusedKernels(*kernels));
+  else if (has_fused) fmt::print("fused operators run through their function bodies (--reference-kernels)\n");
 }
 
 }  // namespace
@@ -154,6 +168,8 @@ void AddGenerateCommand(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "seed of the random prompt")->capture_default_str();
   cmd->add_option("--eos", a->eos, "stop after generating this token id");
   cmd->add_flag("--json", a->json, "machine-readable output");
+  cmd->add_flag("--reference-kernels", a->reference_kernels,
+                "run fused operators through their function bodies instead of generated kernels");
   cmd->callback([a] { RunGenerate(*a); });
 }
 
