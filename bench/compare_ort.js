@@ -175,6 +175,8 @@ async function checkModel(model, dir) {
   if (randomOp) return ['SKIP', `random operator ${randomOp[1]}: the engines draw different numbers`];
   if (r.status !== 0 && /Dropout/.test(r.stderr || '') && /random/.test(r.stderr || ''))
     return ['SKIP', `training-mode Dropout (random): ${(r.stderr || '').trim().split('\n').pop()}`];
+  if (r.status !== 0 && /unsupported operator com\.microsoft::/.test(r.stderr || ''))
+    return ['SKIP', `ONNX Runtime's own com.microsoft operators: ${(r.stderr || '').trim().split('\n').pop()}`];
   if (r.status !== 0) return ['FAIL', `ours: ${(r.stderr || String(r.error || '')).trim().split('\n').pop()}`];
   const problems = [];
   for (const n of outNames) {

@@ -12,5 +12,7 @@ void AddDumpCommand(CLI::App& app);
 void AddCheckCommand(CLI::App& app);
 void AddExampleCommand(CLI::App& app);   // example.cc
 void AddGenerateCommand(CLI::App& app);  // generate.cc
+void AddCalibrateCommand(CLI::App& app);  // calibrate.cc
+void AddFusionCommands(CLI::App& app);   // fusion_cmds.cc: analyze, estimate, fuse, explain
 
 }  // namespace gaf::cli

@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   gaf::cli::AddCheckCommand(app);
   gaf::cli::AddExampleCommand(app);
   gaf::cli::AddGenerateCommand(app);
+  gaf::cli::AddCalibrateCommand(app);
+  gaf::cli::AddFusionCommands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

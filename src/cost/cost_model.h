@@ -32,6 +32,27 @@ struct HardwareProfile {
   // marked as such), "ascend910", "h200".
   static HardwareProfile Builtin(const std::string& name);
   void Save(const std::string& path) const;
+
+  // --- additions (docs/cost_model.md) ---
+  // Compute rate for other element types, keyed by ONNX type name ("float16", "bfloat16",
+  // "tf32", "int8"); float32 and anything missing use peak_gflops.
+  std::map<std::string, double> peak_gflops_by_dtype;
+  std::string local_memory_note;  // what the budget is ("L2 per core", "shared memory per SM")
+  int threads = 0;                // CPU threads the figures were measured with (0 = n/a)
+  // Raw figures behind the profile (calibration measurements), kept for reports.
+  std::map<std::string, double> measurements;
+
+  double PeakGflopsFor(DataType dt) const;
+  // Parses profile JSON text; `origin` (a file name) is named in errors.
+  static HardwareProfile Parse(const std::string& json_text, const std::string& origin);
+  std::string ToJson() const;
+  // A built-in name ("host-cpu", "ascend910", "h200") or a path to a profile file.
+  static HardwareProfile Resolve(const std::string& name_or_path);
+  static std::vector<std::string> BuiltinNames();
+  // Directory holding the profile files: $GAF_PROFILES_DIR, else the source tree's profiles/.
+  static std::string ProfilesDir();
+  // Conservative host defaults used when profiles/host-cpu.json is missing; source says so.
+  static HardwareProfile HostDefaults();
 };
 
 // Concrete type and shape of every value of a graph, for one binding of its symbolic dims.
@@ -56,6 +77,14 @@ struct OpCost {
 // contractions, reductions, normalizations; elementwise = one op per output element).
 OpCost EstimateNodeCost(const Node& node, const ShapeMap& shapes);
 
+// Roofline time of one kernel in microseconds: max(flops / peak(dt), bytes / bandwidth) + overhead.
+double KernelTimeUs(const OpCost& cost, const HardwareProfile& hw, DataType dt = DataType::kFloat);
+// Time of one node run as its own kernel (no overhead for aliasing ops such as Reshape, which
+// move no data and launch nothing).
+double NodeTimeUs(const Node& node, const ShapeMap& shapes, const HardwareProfile& hw);
+// Ops whose output is a view of the input (Reshape, Squeeze, Unsqueeze, Flatten, Identity).
+bool IsAliasingOp(const Node& node);
+
 struct GroupCost {
   double flops = 0;
   double bytes_before = 0;        // sum over operators of bytes read + written
@@ -74,5 +103,8 @@ struct GroupCost {
 // `nodes` are indices into g.nodes forming the group.
 GroupCost EstimateGroupCost(const Graph& g, const std::vector<int>& nodes, const ShapeMap& shapes,
                             const HardwareProfile& hw);
+// Same, reusing a GraphIndex of `g` (analysis of many candidates of one graph).
+GroupCost EstimateGroupCost(const Graph& g, const std::vector<int>& nodes, const ShapeMap& shapes,
+                            const HardwareProfile& hw, const GraphIndex& index);
 
 }  // namespace gaf

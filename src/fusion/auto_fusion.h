@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cost/cost_model.h"
+#include "fusion/decision_log.h"
 #include "fusion/rules.h"
 #include "ir/graph.h"
 
@@ -58,6 +59,21 @@ struct FusionEstimate {
   double bytes_before = 0, bytes_after = 0;            // whole model memory traffic
   double predicted_speedup = 1;
   std::string profile;
+  // Additions: how the figures were obtained ("" when every node had known shapes).
+  std::string note;
+  int nodes_before = 0, nodes_after = 0;  // main-graph node counts without / with the fused groups
+};
+
+// What Fuse() did (additions).
+struct FuseSummary {
+  int groups = 0;                          // fused groups (nodes calling a function)
+  int functions = 0;                       // distinct model-local functions
+  std::map<std::string, int> per_rule;     // rule -> fused groups
+  int nodes_before = 0, nodes_after = 0;   // main-graph node counts (canonicalized model -> fused)
+  int nodes_original = 0;                  // main-graph node count of the model as given
+  bool checker_passed = false;             // the ONNX checker accepted the fused model
+  bool input_checker_passed = false;       // ... and the model as given (when it does not, the fused
+  std::string checker_message;             //     model may fail too; the checker's message is kept here)
 };
 
 class GraphAutoFusion {
@@ -78,6 +94,12 @@ class GraphAutoFusion {
   const Model& canonical_model() const { return model_; }
   const std::vector<std::string>& canonicalization_log() const { return canon_log_; }
   const HardwareProfile& profile() const { return hw_; }
+  // Additions.
+  const DecisionLog& decision_log() const { return log_; }
+  const FuseSummary& fuse_summary() const { return fuse_summary_; }
+  const std::vector<FusionRule>& rules() const { return rules_; }
+  bool shapes_known() const { return shapes_known_; }
+  const std::string& shapes_error() const { return shapes_error_; }
 
  private:
   Model original_;
@@ -90,6 +112,13 @@ class GraphAutoFusion {
   bool analyzed_ = false;
   Model fused_;
   bool fused_done_ = false;
+  // Additions.
+  void RecordShapesOnce();
+  DecisionLog log_;
+  ShapeMap shapes_;
+  bool shapes_done_ = false, shapes_known_ = false;
+  std::string shapes_error_;
+  FuseSummary fuse_summary_;
 };
 
 }  // namespace gaf

@@ -35,4 +35,21 @@ std::vector<FusionRule> PresetRules(const std::string& preset);
 std::vector<FusionRule> LoadRuleFile(const std::string& path);
 std::vector<FusionRule> ParseRules(const std::string& text, const std::string& source_name);
 
+// Every graph node where `rule` matches, in graph order (matches may overlap; the planner decides).
+std::vector<PatternMatch> FindAllMatches(const Graph& g, const GraphIndex& index, const FusionRule& rule);
+
+// One attempt of a rule at a node whose op type the root accepts: the match, or why it failed.
+// `near_miss` is true when the operators matched but a whole-group check rejected the match
+// (an interior value used outside, a graph output inside), the attempts a decision log records.
+struct MatchAttempt {
+  int root = -1;
+  std::optional<PatternMatch> match;
+  std::string reason;
+  bool near_miss = false;
+};
+std::vector<MatchAttempt> TryRule(const Graph& g, const GraphIndex& index, const FusionRule& rule);
+
+// Names of the built-in presets: "transformer", "cnn", "rnn".
+std::vector<std::string> PresetNames();
+
 }  // namespace gaf

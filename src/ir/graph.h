@@ -182,6 +182,11 @@ class GraphIndex {
 // defining them. Used by control-flow execution and by passes that move subgraphs.
 std::vector<std::string> OuterScopeValues(const Graph& g);
 
+// Reorders g.nodes topologically (stable; subgraph reads of outer values are dependencies).
+// Exporters sometimes write nodes out of order; ONNX Runtime sorts them too. Throws gaf::Error
+// naming a node on a cycle.
+void SortTopologically(Graph& g);
+
 // Structural checks: unique value definitions, every input defined before use (outer-scope
 // names allowed when `outer_scope` lists them), graph outputs produced, no cycles.
 // Returns the list of problems (empty = valid), each naming the node.

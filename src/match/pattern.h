@@ -4,7 +4,8 @@
 // types it accepts and, per input slot, what must feed it:
 //   - another pattern node (by id),
 //   - a pattern input "$name" (any value; the same name twice must bind the same value),
-//   - a constant "#2.0" (a scalar initializer or Constant node equal to 2.0 within 1e-6 relative),
+//   - a constant "#2.0" (a scalar initializer or Constant node equal to 2.0 within 1e-5 relative:
+//     exporters truncate constants such as sqrt(2)),
 //     or a captured constant "#eps" (any scalar constant, captured under that name),
 //   - "*" (anything, not captured).
 // Commutative ops (Add, Mul, Max, Min, Sum, And, Or, Xor, Equal) match their two inputs in either
@@ -30,6 +31,15 @@ struct PatternNode {
   // constraint also accepts the axes given as a constant input (opset 13/18 forms).
   std::map<std::string, std::string> attrs;
   bool allow_extra_inputs = false;  // true: slots beyond `inputs` may be present (optional inputs)
+  // Additions (rule format: docs/rule_format.md).
+  // The single listed input may sit in any input slot (pairs and chains: "op2 consumes op1").
+  bool input_any_slot = false;
+  // This node's outputs may also be used outside the group (they become extra outputs of the
+  // fused op, like SkipLayerNormalization's sum output); otherwise the interior rule applies.
+  bool output_escapes = false;
+  // Other forms of the same node (same id), tried in order after this one: "Div(d, std) | Mul(d, inv)".
+  // Their own alternatives, output_escapes and id are ignored.
+  std::vector<PatternNode> alternatives;
 };
 
 struct Pattern {
@@ -44,12 +54,16 @@ struct PatternMatch {
   std::map<std::string, double> constants;        // "#eps" -> value
   std::vector<std::string> external_inputs;       // values read from outside, in first-use order
   std::vector<std::string> external_outputs;      // values used outside (the root's outputs, ...)
+  std::map<std::string, std::string> attrs;       // "@axes" -> "[-1]" (captured attribute values)
 };
 
 // Tries to match `pattern` rooted at graph node `root`. On failure returns nullopt and, when
 // `why` is given, a sentence saying which constraint failed.
 std::optional<PatternMatch> MatchAt(const Graph& g, const GraphIndex& index, const Pattern& pattern, int root,
                                     std::string* why = nullptr);
+
+// Input node references may name an output slot: "split:1" (default: output 0).
+// Attribute constraint values may be captures "@name": any value, equal wherever the name is used.
 
 // Scalar value of a constant value (initializer or Constant node output with one element).
 std::optional<double> ConstantScalar(const Graph& g, const GraphIndex& index, const std::string& value);
@@ -60,5 +74,12 @@ std::optional<double> ConstantScalar(const Graph& g, const GraphIndex& index, co
 // Constant nodes into initializers, rewrites Div by a constant into Mul by its reciprocal
 // only where a rule needs it (rules accept both forms instead). Returns one line per change.
 std::vector<std::string> Canonicalize(Model& model);
+
+// Constant value of `value` when it is an initializer, a Constant node's output, or a Cast of one
+// (nullopt otherwise). Used by the matcher and by canonicalization.
+std::optional<Tensor> ConstantTensor(const Graph& g, const GraphIndex& index, const std::string& value);
+
+// Ops whose two inputs may be swapped (Add, Mul, Max, Min, Sum, And, Or, Xor, Equal).
+bool IsCommutative(const std::string& op_type);
 
 }  // namespace gaf

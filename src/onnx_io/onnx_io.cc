@@ -218,6 +218,7 @@ Graph GraphFromProto(const onnx::GraphProto& gp, const ImportContext& ctx) {
   for (const auto& sp : gp.sparse_initializer()) g.sparse_initializers.push_back(sp.SerializeAsString());
   g.nodes.reserve(gp.node_size());
   for (const auto& np : gp.node()) g.nodes.push_back(NodeFromProto(np, ctx));
+  SortTopologically(g);  // some exporters write nodes out of order
   return g;
 }
 

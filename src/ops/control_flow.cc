@@ -98,14 +98,37 @@ void LoopKernel(KernelContext& ctx) {
     for (size_t i = 0; i < num_scan; ++i) scans[i].push_back(out[1 + num_carried + i]);
   }
   for (size_t i = 0; i < num_carried; ++i) ctx.outputs[i] = carried[i];
+  bool trial_done = false;
+  std::vector<Tensor> trial;
   for (size_t i = 0; i < num_scan; ++i) {
     if (scans[i].empty()) {
-      // Zero iterations: an empty tensor; its element type comes from the body's declaration.
+      // Zero iterations: an empty tensor [0, ...]. Its element type and per-iteration shape come
+      // from the body's declaration, or else from one trial run of the (side-effect free) body.
       const ValueInfo& v = body->outputs[1 + num_carried + i];
+      DataType dt = v.dtype;
       Shape s{0};
-      if (v.has_shape)
+      bool shaped = v.has_shape;
+      if (shaped)
         for (const Dim& d : v.dims) s.push_back(d.known() ? d.value : 0);
-      ctx.outputs[num_carried + i] = Tensor(v.dtype == DataType::kUndefined ? DataType::kFloat : v.dtype, s);
+      if (dt == DataType::kUndefined || !shaped) {
+        if (!trial_done) {
+          trial_done = true;
+          std::vector<Tensor> in{Tensor::Scalar<int64_t>(0), Tensor::Scalar<bool>(true)};
+          for (const Tensor& c : carried) in.push_back(c);
+          try {
+            trial = ctx.subgraphs->RunSubgraph(*body, in);
+          } catch (const Error&) {
+            trial.clear();
+          }
+        }
+        if (trial.size() > 1 + num_carried + i) {
+          const Tensor& t = trial[1 + num_carried + i];
+          dt = t.dtype();
+          s = {0};
+          for (int64_t d : t.shape()) s.push_back(d);
+        }
+      }
+      ctx.outputs[num_carried + i] = Tensor(dt == DataType::kUndefined ? DataType::kFloat : dt, s);
     } else {
       ctx.outputs[num_carried + i] = Stack(scans[i], 0, n);
     }

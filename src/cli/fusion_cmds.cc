@@ -1,0 +1,296 @@
+// `autofusion analyze`, `estimate`, `fuse`, `explain`: views of GraphAutoFusion and its decision
+// log (report fields documented in docs/report_format.md).
+#include <fmt/format.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "fusion/auto_fusion.h"
+#include "ir/error.h"
+#include "onnx_io/onnx_io.h"
+
+namespace gaf::cli {
+
+namespace {
+
+using json = nlohmann::json;
+
+struct FusionArgs {
+  std::string model;
+  std::string preset = "transformer";
+  std::string rules_file;
+  std::vector<std::string> fuse_rules;
+  std::string profile = "host-cpu";
+  double threshold = -1;
+  std::vector<std::string> dims;
+  bool no_auto = false;
+  bool json = false;
+  // fuse
+  std::string output;
+  // explain
+  std::string node, rule;
+};
+
+void AddCommonOptions(CLI::App* cmd, FusionArgs* a) {
+  cmd->add_option("model", a->model, "ONNX model file")->required();
+  cmd->add_option("--preset", a->preset, "rule preset: transformer, cnn, rnn, all, none (default transformer)");
+  cmd->add_option("--rules", a->rules_file, "extra rules from a rule file (docs/rule_format.md)");
+  cmd->add_option("--fuse-rules", a->fuse_rules, "use only these rules (names, or chains like MatMul+Relu)");
+  cmd->add_option("--profile", a->profile, "hardware profile: host-cpu, ascend910, h200, or a JSON file");
+  cmd->add_option("--benefit-threshold", a->threshold, "minimum predicted saving (0.1 = 10%), overrides every rule's");
+  cmd->add_option("--dim", a->dims, "NAME=VALUE binding of a symbolic dimension for the cost model (default 1)");
+  cmd->add_flag("--no-auto", a->no_auto, "disable the automatic (op-kind) fuser");
+  cmd->add_flag("--json", a->json, "machine-readable output");
+}
+
+std::unique_ptr<GraphAutoFusion> MakeFuser(const FusionArgs& a) {
+  FusionOptions o;
+  o.preset = a.preset;
+  o.rules_file = a.rules_file;
+  o.fuse_rules = a.fuse_rules;
+  o.profile = a.profile;
+  o.benefit_threshold = a.threshold;
+  o.auto_fuse = !a.no_auto;
+  for (const std::string& d : a.dims) {
+    const size_t eq = d.find('=');
+    GAF_CHECK(eq != std::string::npos && eq > 0, "--dim '{}' is not NAME=VALUE", d);
+    try {
+      o.dims[d.substr(0, eq)] = std::stoll(d.substr(eq + 1));
+    } catch (const std::exception&) {
+      throw Error(fmt::format("--dim '{}': '{}' is not an integer", d, d.substr(eq + 1)));
+    }
+  }
+  return std::make_unique<GraphAutoFusion>(LoadModel(a.model), o);
+}
+
+std::string Join(const std::vector<std::string>& v, const char* sep) {
+  std::string out;
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? sep : "") + v[i];
+  return out;
+}
+
+std::string Operators(const FusionCandidate& c, size_t max_len = 44) {
+  std::string ops = Join(c.op_types, "+");
+  if (ops.size() > max_len) ops = ops.substr(0, max_len - 3) + fmt::format("...({} ops)", c.op_types.size());
+  return ops;
+}
+
+bool HasEstimate(const FusionCandidate& c) {
+  return c.verdict != Verdict::kMaybe && c.verdict != Verdict::kSkipIllegal && c.cost.time_before_us > 0;
+}
+
+json CandidateJson(const FusionCandidate& c, const HardwareProfile& hw) {
+  json j{{"id", c.id},
+         {"rule", c.rule},
+         {"rule_source", c.rule_source},
+         {"fused_op", c.fused_op},
+         {"operators", c.op_types},
+         {"nodes", c.node_names},
+         {"inputs", c.inputs},
+         {"outputs", c.outputs},
+         {"verdict", VerdictName(c.verdict)},
+         {"reason", c.reason}};
+  if (HasEstimate(c)) {
+    const GroupCost& k = c.cost;
+    const double saving = k.time_before_us > 0 ? (k.time_before_us - k.time_after_us) / k.time_before_us : 0;
+    j["estimate"] = {{"flops", k.flops},
+                     {"bytes_before", k.bytes_before},
+                     {"bytes_after", k.bytes_after},
+                     {"round_trips_before", k.round_trips_before},
+                     {"round_trips_after", k.round_trips_after},
+                     {"time_before_us", k.time_before_us},
+                     {"time_after_us", k.time_after_us},
+                     {"predicted_saving", saving},
+                     {"gflops_before", k.gflops_before},
+                     {"gflops_after", k.gflops_after},
+                     {"footprint_bytes", k.footprint_bytes},
+                     {"local_memory_bytes", hw.local_memory_bytes},
+                     {"fits_local_memory", k.fits_local_memory},
+                     {"tiling", k.tiling},
+                     {"formula", k.formula}};
+  } else {
+    j["estimate"] = nullptr;
+  }
+  return j;
+}
+
+json EstimateJson(const FusionEstimate& e) {
+  const double t_red = e.time_before_us > 0 ? 1 - e.time_after_us / e.time_before_us : 0;
+  const double b_red = e.bytes_before > 0 ? 1 - e.bytes_after / e.bytes_before : 0;
+  return json{{"profile", e.profile},
+              {"candidates", e.candidates},
+              {"fused", e.fused},
+              {"skipped_by_reason", e.skipped_by_reason},
+              {"time_before_us", e.time_before_us},
+              {"time_after_us", e.time_after_us},
+              {"performance_improvement", t_red},
+              {"predicted_speedup", e.predicted_speedup},
+              {"bytes_before", e.bytes_before},
+              {"bytes_after", e.bytes_after},
+              {"memory_traffic_reduction", b_red},
+              {"nodes_before", e.nodes_before},
+              {"nodes_after", e.nodes_after},
+              {"note", e.note}};
+}
+
+std::string SummaryLine(const FusionEstimate& e) {
+  std::string s = fmt::format("{} candidates: {} to fuse", e.candidates, e.fused);
+  for (const auto& [k, v] : e.skipped_by_reason) s += fmt::format(", {} {}", v, k);
+  if (e.time_before_us > 0)
+    s += fmt::format("; whole model {:.1f} -> {:.1f} us ({:+.1f}%), memory traffic {:.2f} -> {:.2f} MB ({:+.1f}%)",
+                     e.time_before_us, e.time_after_us, -100 * (1 - e.time_after_us / e.time_before_us),
+                     e.bytes_before / 1e6, e.bytes_after / 1e6,
+                     e.bytes_before > 0 ? -100 * (1 - e.bytes_after / e.bytes_before) : 0.0);
+  s += fmt::format("; profile {}", e.profile);
+  if (!e.note.empty()) s += " (" + e.note + ")";
+  return s;
+}
+
+void RunAnalyze(const FusionArgs& a) {
+  auto f = MakeFuser(a);
+  const auto& cands = f->AnalyzeFusionBenefit();
+  const FusionEstimate e = f->EstimateFusionBenefit();
+  const HardwareProfile& hw = f->profile();
+  if (a.json) {
+    json arr = json::array();
+    for (const FusionCandidate& c : cands) arr.push_back(CandidateJson(c, hw));
+    json out{{"model", a.model},
+             {"profile", {{"name", hw.name}, {"local_memory_bytes", hw.local_memory_bytes}, {"source", hw.source}}},
+             {"rules", static_cast<int>(f->rules().size())},
+             {"shapes_known", f->shapes_known()},
+             {"shapes_error", f->shapes_error()},
+             {"canonicalization", f->canonicalization_log()},
+             {"candidates", arr},
+             {"summary", EstimateJson(e)}};
+    fmt::print("{}\n", out.dump(2));
+    return;
+  }
+  fmt::print("Fusion benefit analysis of {} (profile {}: local memory {:.0f} KB; {} rules; {} canonicalization changes)\n",
+             a.model, hw.name, hw.local_memory_bytes / 1024, f->rules().size(), f->canonicalization_log().size());
+  if (!f->shapes_known()) fmt::print("note: {}\n", f->shapes_error());
+  fmt::print("{:>4}  {:<22} {:<46} {:<20} {:>6}  {:<17} {:<20} {}\n", "id", "rule", "operators (first node)",
+             "memory MB", "trips", "GFLOPS", "local mem KB", "verdict");
+  for (const FusionCandidate& c : cands) {
+    std::string mem = "-", trips = "-", gf = "-", local = "-";
+    if (HasEstimate(c)) {
+      const GroupCost& k = c.cost;
+      mem = fmt::format("{:.3f} -> {:.3f}", k.bytes_before / 1e6, k.bytes_after / 1e6);
+      trips = fmt::format("{}->{}", k.round_trips_before, k.round_trips_after);
+      gf = fmt::format("{:.1f} -> {:.1f}", k.gflops_before, k.gflops_after);
+      local = fmt::format("{:.1f}/{:.0f} {}", k.footprint_bytes / 1024, hw.local_memory_bytes / 1024,
+                          k.fits_local_memory ? "fit" : "OVER");
+    }
+    fmt::print("{:>4}  {:<22} {:<46} {:<20} {:>6}  {:<17} {:<20} {}\n", c.id, c.rule, Operators(c), mem, trips, gf,
+               local, VerdictName(c.verdict));
+    fmt::print("      first node {}; {}\n", c.node_names.empty() ? "-" : c.node_names[0], c.reason);
+  }
+  fmt::print("Summary: {}\n", SummaryLine(e));
+}
+
+void RunEstimate(const FusionArgs& a) {
+  auto f = MakeFuser(a);
+  const FusionEstimate e = f->EstimateFusionBenefit();
+  if (a.json) {
+    json j = EstimateJson(e);
+    j["model"] = a.model;
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+  fmt::print("Whole-model estimate for {} (profile {}, cost model: roofline + per-kernel overhead)\n", a.model, e.profile);
+  if (e.time_before_us > 0) {
+    fmt::print("  predicted time:         {:.1f} us -> {:.1f} us ({:.1f}% faster, speedup {:.3f}x)\n", e.time_before_us,
+               e.time_after_us, 100 * (1 - e.time_after_us / e.time_before_us), e.predicted_speedup);
+    fmt::print("  memory traffic:         {:.3f} MB -> {:.3f} MB ({:.1f}% less)\n", e.bytes_before / 1e6,
+               e.bytes_after / 1e6, e.bytes_before > 0 ? 100 * (1 - e.bytes_after / e.bytes_before) : 0.0);
+  }
+  fmt::print("  nodes:                  {} -> {}\n", e.nodes_before, e.nodes_after);
+  fmt::print("  candidates:             {} ({} to fuse)\n", e.candidates, e.fused);
+  for (const auto& [k, v] : e.skipped_by_reason) fmt::print("  {:<23} {}\n", k + ":", v);
+  if (!e.note.empty()) fmt::print("  note: {}\n", e.note);
+}
+
+void RunFuse(const FusionArgs& a) {
+  GAF_CHECK(!a.output.empty(), "fuse needs an output file (-o OUT.onnx)");
+  auto f = MakeFuser(a);
+  f->Save(a.output);
+  const FuseSummary& s = f->fuse_summary();
+  if (a.json) {
+    json j{{"model", a.model},
+           {"output", a.output},
+           {"fused_groups", s.groups},
+           {"functions", s.functions},
+           {"per_rule", s.per_rule},
+           {"nodes_original", s.nodes_original},
+           {"nodes_before", s.nodes_before},
+           {"nodes_after", s.nodes_after},
+           {"checker_passed", s.checker_passed},
+           {"checker_message", s.checker_message},
+           {"profile", f->profile().name}};
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+  fmt::print("Fused {} group(s) into {} model-local function(s) in domain {}:\n", s.groups, s.functions, kFusedDomain);
+  for (const auto& [rule, n] : s.per_rule) fmt::print("  {:<28} {}\n", rule, n);
+  fmt::print("Nodes: {} -> {} ({} after canonicalization)\n", s.nodes_original, s.nodes_after, s.nodes_before);
+  if (s.checker_passed) fmt::print("ONNX checker: passed\n");
+  else fmt::print("ONNX checker: fails, as the input model does: {}\n", s.checker_message);
+  fmt::print("Wrote {}\n", a.output);
+}
+
+void RunExplain(const FusionArgs& a) {
+  auto f = MakeFuser(a);
+  f->Fuse();  // plan and rewrite, so the log holds every stage
+  const DecisionLog& log = f->decision_log();
+  std::vector<DecisionRecord> recs;
+  if (!a.node.empty()) recs = log.ForNode(a.node);
+  else if (!a.rule.empty()) recs = log.ForRule(a.rule);
+  else recs = log.records();
+  if (a.json) {
+    fmt::print("{}\n", DecisionLog::ToJson(recs));
+    return;
+  }
+  if (recs.empty()) {
+    if (!a.node.empty()) fmt::print("No fusion attempt involves node '{}'.\n", a.node);
+    else if (!a.rule.empty()) fmt::print("Rule '{}' made no attempt (no match, or not among the {} rules loaded).\n", a.rule, f->rules().size());
+    else fmt::print("The decision log is empty.\n");
+    return;
+  }
+  for (const DecisionRecord& r : recs) fmt::print("{}", DecisionLog::Format(r));
+}
+
+}  // namespace
+
+void AddFusionCommands(CLI::App& app) {
+  {
+    auto a = std::make_shared<FusionArgs>();
+    auto* cmd = app.add_subcommand("analyze", "Per-candidate fusion benefit: traffic, GFLOPS, local-memory fit, verdict");
+    AddCommonOptions(cmd, a.get());
+    cmd->callback([a] { RunAnalyze(*a); });
+  }
+  {
+    auto a = std::make_shared<FusionArgs>();
+    auto* cmd = app.add_subcommand("estimate", "Whole-model predicted improvement without fusing");
+    AddCommonOptions(cmd, a.get());
+    cmd->callback([a] { RunEstimate(*a); });
+  }
+  {
+    auto a = std::make_shared<FusionArgs>();
+    auto* cmd = app.add_subcommand("fuse", "Fuse and write the fused model (standard ONNX with model-local functions)");
+    AddCommonOptions(cmd, a.get());
+    cmd->add_option("-o,--output", a->output, "output .onnx file")->required();
+    cmd->callback([a] { RunFuse(*a); });
+  }
+  {
+    auto a = std::make_shared<FusionArgs>();
+    auto* cmd = app.add_subcommand("explain", "The decision log: every fusion attempt with its reason and estimates");
+    AddCommonOptions(cmd, a.get());
+    cmd->add_option("--node", a->node, "only attempts involving this node (original name)");
+    cmd->add_option("--rule", a->rule, "only attempts of this rule");
+    cmd->callback([a] { RunExplain(*a); });
+  }
+}
+
+}  // namespace gaf::cli

@@ -1,0 +1,533 @@
+// Canonicalization before matching, so that exporter variants look alike.
+//
+// Passes, repeated until nothing changes (each change is logged as one line naming the node):
+//   1. Constant nodes become initializers.
+//   2. Constant folding: a deterministic node of the default domain whose inputs are all
+//      initializers is run once through its reference kernel (OpRegistry) and replaced by
+//      initializers; Shape/Size of a value whose shape is fully known fold the same way.
+//   3. Forwarding: Identity, inference Dropout (no training_mode or a false constant, mask unused),
+//      Cast to the type the value already has, Reshape/Expand to the shape the value already has
+//      (also through a chain: Reshape(Reshape(x, s1), shape of x)), and Squeeze/Unsqueeze pairs
+//      with the same axes are removed; readers of the output read the input instead.
+//   4. Common subexpressions: two nodes with the same op, inputs and attributes become one.
+//   5. Nodes none of whose outputs is read (nor a graph output) are removed.
+// Graph outputs keep their names: a node whose output is a graph output is only removed when the
+// value it forwards can be renamed to the output's name.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+#include <set>
+#include <unordered_map>
+
+#include "ir/error.h"
+#include "match/pattern.h"
+#include "ops/kernel.h"
+
+namespace gaf {
+namespace {
+
+constexpr int64_t kMaxFoldedElements = int64_t{1} << 24;  // do not materialize huge constants
+
+bool DefaultDomain(const Node& n) { return n.domain.empty() || n.domain == "ai.onnx"; }
+
+bool HasSubgraph(const Node& n) {
+  for (const Attribute& a : n.attributes)
+    if (a.type == Attribute::Type::kGraph || a.type == Attribute::Type::kGraphs) return true;
+  return false;
+}
+
+bool IsNondeterministic(const std::string& op) {
+  static const std::set<std::string> kOps = {"RandomNormal",     "RandomUniform", "RandomNormalLike",
+                                             "RandomUniformLike", "Multinomial",  "Bernoulli", "Dropout"};
+  return kOps.count(op) > 0;
+}
+
+// Ops whose output has the element type of input 0.
+bool KeepsInputType(const std::string& op) {
+  static const std::set<std::string> kOps = {
+      "Add", "Sub", "Mul", "Div", "Pow", "Neg", "Abs", "Sqrt", "Exp", "Log", "Reciprocal", "Relu", "LeakyRelu",
+      "Sigmoid", "Tanh", "Erf", "Softmax", "LogSoftmax", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin",
+      "MatMul", "Gemm", "Conv", "BatchNormalization", "LayerNormalization", "Transpose", "Reshape", "Expand",
+      "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Concat", "Gather", "Clip", "Max", "Min", "Where",
+      "HardSigmoid", "HardSwish", "Gelu", "Dropout", "Floor", "Ceil", "Round", "Sin", "Cos", "Softplus", "Elu"};
+  return kOps.count(op) > 0;
+}
+
+class Canonicalizer {
+ public:
+  explicit Canonicalizer(Model& m) : m_(m), g_(m.graph) {}
+
+  std::vector<std::string> Run() {
+    for (int round = 0; round < 20; ++round) {
+      bool changed = false;
+      changed |= ConstantsToInitializers();
+      changed |= FoldConstants();
+      while (Forward()) changed = true;
+      while (Cse()) changed = true;
+      changed |= RemoveDeadNodes();
+      if (!changed) break;
+    }
+    RemoveUnusedInitializers();
+    return log_;
+  }
+
+ private:
+  // ---- facts about values ----
+  DataType TypeOf(const std::string& v, int depth = 0) const {
+    if (const Tensor* t = g_.FindInitializer(v)) return t->dtype();
+    if (const ValueInfo* vi = g_.FindValueInfo(v); vi && vi->dtype != DataType::kUndefined) return vi->dtype;
+    if (depth > 64) return DataType::kUndefined;
+    auto it = producer_.find(v);
+    if (it == producer_.end()) return DataType::kUndefined;
+    const Node& n = g_.nodes[it->second];
+    if (n.op_type == "Cast") return static_cast<DataType>(n.GetInt("to", 0));
+    if (KeepsInputType(n.op_type) && DefaultDomain(n)) {
+      // Where's data inputs are 1 and 2.
+      size_t slot = n.op_type == "Where" ? 1 : 0;
+      if (n.HasInput(slot) && n.outputs[0] == v) return TypeOf(n.inputs[slot], depth + 1);
+    }
+    return DataType::kUndefined;
+  }
+
+  // Fully known shape of a value, if any.
+  std::optional<Shape> ShapeOf(const std::string& v) const {
+    if (const Tensor* t = g_.FindInitializer(v)) return t->shape();
+    const ValueInfo* vi = g_.FindValueInfo(v);
+    if (!vi || !vi->has_shape) return std::nullopt;
+    Shape s;
+    for (const Dim& d : vi->dims) {
+      if (!d.known()) return std::nullopt;
+      s.push_back(d.value);
+    }
+    return s;
+  }
+
+  std::optional<std::vector<int64_t>> ConstInts(const std::string& v) const {
+    const Tensor* t = g_.FindInitializer(v);
+    if (!t || t->dtype() == DataType::kString) return std::nullopt;
+    return t->ToInt64s();
+  }
+
+  void Reindex() {
+    producer_.clear();
+    consumers_.clear();
+    subgraph_reads_.clear();
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      for (const std::string& o : g_.nodes[i].outputs)
+        if (!o.empty()) producer_[o] = static_cast<int>(i);
+      for (const std::string& in : g_.nodes[i].inputs)
+        if (!in.empty()) consumers_[in]++;
+      // Values read by subgraphs (If/Loop/Scan bodies) from this scope: passes leave them alone,
+      // since renaming does not reach into subgraphs.
+      for (const Attribute& a : g_.nodes[i].attributes) {
+        std::vector<const Graph*> subs;
+        if (a.g) subs.push_back(a.g.get());
+        for (const auto& sg : a.graphs)
+          if (sg) subs.push_back(sg.get());
+        for (const Graph* sg : subs)
+          for (const std::string& v : OuterScopeValues(*sg)) {
+            consumers_[v]++;
+            subgraph_reads_.insert(v);
+          }
+      }
+    }
+    outputs_.clear();
+    for (const ValueInfo& o : g_.outputs) outputs_.insert(o.name);
+    graph_inputs_.clear();
+    for (const ValueInfo& in : g_.inputs) graph_inputs_.insert(in.name);
+  }
+
+  bool IsGraphOutput(const std::string& v) const { return outputs_.count(v) > 0; }
+  bool IsConstant(const std::string& v) const {
+    // An initializer that is also a graph input may be overridden by a feed: not a constant.
+    // (Before IR version 4 every initializer is also listed as an input.)
+    return g_.FindInitializer(v) != nullptr && (m_.ir_version < 4 || !graph_inputs_.count(v));
+  }
+
+  void RemoveNodes(const std::vector<bool>& dead) {
+    std::vector<Node> kept;
+    kept.reserve(g_.nodes.size());
+    for (size_t i = 0; i < g_.nodes.size(); ++i)
+      if (!dead[i]) kept.push_back(std::move(g_.nodes[i]));
+    g_.nodes = std::move(kept);
+  }
+
+  void RenameUses(const std::string& from, const std::string& to) {
+    for (Node& n : g_.nodes)
+      for (std::string& in : n.inputs)
+        if (in == from) in = to;
+  }
+
+  // ---- 1. Constant nodes -> initializers ----
+  bool ConstantsToInitializers() {
+    Reindex();
+    std::vector<bool> dead(g_.nodes.size(), false);
+    bool changed = false;
+    const GraphIndex index(g_);  // initializers added below do not change producers
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      const Node& n = g_.nodes[i];
+      if (n.op_type != "Constant" || !DefaultDomain(n) || !n.HasOutput(0) || IsGraphOutput(n.outputs[0])) continue;
+      std::optional<Tensor> t = ConstantTensor(g_, index, n.outputs[0]);
+      if (!t || !t->defined()) continue;
+      g_.SetInitializer(n.outputs[0], *t);
+      log_.push_back(fmt::format("Constant {} -> initializer '{}' {}{}", n.Describe(), n.outputs[0],
+                                 DataTypeName(t->dtype()), ShapeToString(t->shape())));
+      dead[i] = true;
+      changed = true;
+    }
+    if (changed) RemoveNodes(dead);
+    return changed;
+  }
+
+  // ---- 2. constant folding ----
+  std::optional<std::vector<Tensor>> Evaluate(const Node& n) {
+    if (n.op_type == "Shape" || n.op_type == "Size") {
+      if (!n.HasInput(0)) return std::nullopt;
+      std::optional<Shape> s = ShapeOf(n.inputs[0]);
+      if (!s) return std::nullopt;
+      if (n.op_type == "Size") return std::vector<Tensor>{Tensor::Scalar<int64_t>(NumElements(*s))};
+      int64_t r = static_cast<int64_t>(s->size());
+      int64_t start = n.GetInt("start", 0), end = n.GetInt("end", r);
+      if (start < 0) start += r;
+      if (end < 0) end += r;
+      start = std::clamp<int64_t>(start, 0, r);
+      end = std::clamp<int64_t>(end, start, r);
+      return std::vector<Tensor>{Tensor::FromInt64s(std::vector<int64_t>(s->begin() + start, s->begin() + end))};
+    }
+    if (!DefaultDomain(n) || HasSubgraph(n) || IsNondeterministic(n.op_type) || n.inputs.empty()) return std::nullopt;
+    bool any = false;
+    for (const std::string& in : n.inputs) {
+      if (in.empty()) continue;
+      if (!IsConstant(in)) return std::nullopt;
+      any = true;
+    }
+    if (!any) return std::nullopt;
+    const KernelInfo* k = OpRegistry::Global().Find("", n.op_type);
+    if (!k || k->kind == OpKind::kOpaque) return std::nullopt;
+    KernelContext ctx{n, m_.OpsetVersion(""), {}, {}, nullptr, 1};
+    std::vector<Tensor> ins;
+    ins.reserve(n.inputs.size());
+    DataType half = DataType::kUndefined;
+    for (const std::string& in : n.inputs) {
+      if (in.empty()) {
+        ins.emplace_back();
+        continue;
+      }
+      Tensor t = *g_.FindInitializer(in);
+      if (k->upcast_half && IsHalf(t.dtype())) {
+        half = t.dtype();
+        t = t.CastTo(DataType::kFloat);
+      }
+      ins.push_back(t);
+    }
+    for (size_t i = 0; i < ins.size(); ++i) ctx.inputs.push_back(n.inputs[i].empty() ? nullptr : &ins[i]);
+    ctx.outputs.resize(n.outputs.size());
+    try {
+      k->fn(ctx);
+    } catch (const Error&) {
+      return std::nullopt;  // leave the node for the runtime to report
+    }
+    for (size_t i = 0; i < ctx.outputs.size(); ++i) {
+      if (!n.HasOutput(i)) continue;
+      if (!ctx.outputs[i].defined() || ctx.outputs[i].numel() > kMaxFoldedElements) return std::nullopt;
+      if (half != DataType::kUndefined && ctx.outputs[i].dtype() == DataType::kFloat)
+        ctx.outputs[i] = ctx.outputs[i].CastTo(half);
+    }
+    return ctx.outputs;
+  }
+
+  bool FoldConstants() {
+    Reindex();
+    std::vector<bool> dead(g_.nodes.size(), false);
+    bool changed = false;
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      const Node& n = g_.nodes[i];
+      bool output_kept = false;
+      for (const std::string& o : n.outputs) output_kept |= !o.empty() && IsGraphOutput(o);
+      if (output_kept || n.outputs.empty()) continue;
+      std::optional<std::vector<Tensor>> outs = Evaluate(n);
+      if (!outs) continue;
+      std::vector<std::string> shapes;
+      for (size_t k = 0; k < n.outputs.size(); ++k) {
+        if (!n.HasOutput(k)) continue;
+        g_.SetInitializer(n.outputs[k], (*outs)[k]);
+        shapes.push_back(fmt::format("'{}' {}{}", n.outputs[k], DataTypeName((*outs)[k].dtype()),
+                                     ShapeToString((*outs)[k].shape())));
+      }
+      log_.push_back(fmt::format("folded constant {} -> initializer {}", n.Describe(), fmt::join(shapes, ", ")));
+      dead[i] = true;
+      changed = true;
+    }
+    if (changed) RemoveNodes(dead);
+    return changed;
+  }
+
+  // ---- 3. forwarding ----
+  // The value node i forwards unchanged from its input, or "" when it is not a no-op.
+  std::string ForwardedValue(const Node& n, std::string* what) const {
+    if (!DefaultDomain(n) || !n.HasInput(0) || !n.HasOutput(0)) return "";
+    const std::string& x = n.inputs[0];
+    if (n.op_type == "Identity") {
+      *what = "an Identity";
+      return x;
+    }
+    if (n.op_type == "Dropout") {
+      if (n.HasOutput(1) && (consumers_.count(n.outputs[1]) || IsGraphOutput(n.outputs[1]))) return "";
+      if (n.HasInput(2)) {
+        const Tensor* t = g_.FindInitializer(n.inputs[2]);
+        if (!t || !IsConstant(n.inputs[2]) || t->numel() != 1 || t->ScalarAsDouble() != 0) return "";
+      }
+      if (n.GetInt("is_test", 1) == 0 && m_.OpsetVersion("") < 7) return "";
+      *what = "an inference Dropout";
+      return x;
+    }
+    if (n.op_type == "Cast") {
+      DataType from = TypeOf(x);
+      if (from != DataType::kUndefined && static_cast<int64_t>(from) == n.GetInt("to", -1)) {
+        *what = fmt::format("a Cast to {}, which the value already is", DataTypeName(from));
+        return x;
+      }
+      return "";
+    }
+    if (n.op_type == "Reshape" && n.HasInput(1)) {
+      std::optional<std::vector<int64_t>> target = ConstInts(n.inputs[1]);
+      if (!target || !IsConstant(n.inputs[1])) return "";
+      if (n.GetInt("allowzero", 0) != 0) return "";
+      // Resolve 0 (copy) and -1 (inferred) against x's shape when it is known.
+      std::vector<int64_t> want = *target;
+      std::optional<Shape> xs = ShapeOf(x);
+      int64_t known_product = 1;
+      int infer = -1;
+      for (size_t d = 0; d < want.size(); ++d) {
+        if (want[d] == 0) {
+          if (!xs || d >= xs->size()) return "";
+          want[d] = (*xs)[d];
+        }
+        if (want[d] == -1) {
+          if (infer >= 0) return "";
+          infer = static_cast<int>(d);
+        } else {
+          known_product *= want[d];
+        }
+      }
+      if (infer >= 0) {
+        if (!xs || known_product == 0) return "";
+        want[infer] = NumElements(*xs) / known_product;
+      }
+      // Walk back through a chain of Reshapes to a value that already has that shape.
+      std::string src = x;
+      for (int hops = 0; hops < 8; ++hops) {
+        std::optional<Shape> s = ShapeOf(src);
+        if (s && *s == want) {
+          *what = src == x ? "a Reshape to the shape the value already has"
+                            : fmt::format("a Reshape back to the shape of '{}'", src);
+          return src;
+        }
+        auto it = producer_.find(src);
+        if (it == producer_.end() || g_.nodes[it->second].op_type != "Reshape") break;
+        src = g_.nodes[it->second].inputs[0];
+      }
+      return "";
+    }
+    if (n.op_type == "Expand" && n.HasInput(1)) {
+      std::optional<std::vector<int64_t>> target = ConstInts(n.inputs[1]);
+      std::optional<Shape> s = ShapeOf(x);
+      if (!target || !s || !IsConstant(n.inputs[1]) || target->size() > s->size()) return "";
+      // Broadcasting x to target keeps x's shape when every target dim is 1 or x's dim.
+      size_t off = s->size() - target->size();
+      for (size_t d = 0; d < target->size(); ++d)
+        if ((*target)[d] != 1 && (*target)[d] != (*s)[off + d]) return "";
+      *what = "an Expand to the shape the value already has";
+      return x;
+    }
+    if ((n.op_type == "Squeeze" || n.op_type == "Unsqueeze")) {
+      auto it = producer_.find(x);
+      if (it == producer_.end()) return "";
+      const Node& p = g_.nodes[it->second];
+      const char* inverse = n.op_type == "Squeeze" ? "Unsqueeze" : "Squeeze";
+      if (p.op_type != inverse || !p.HasInput(0)) return "";
+      auto axes_of = [&](const Node& q) -> std::optional<std::vector<int64_t>> {
+        if (q.HasAttr("axes")) return q.GetInts("axes");
+        if (q.HasInput(1) && IsConstant(q.inputs[1])) return ConstInts(q.inputs[1]);
+        return std::nullopt;
+      };
+      std::optional<std::vector<int64_t>> a = axes_of(n), b = axes_of(p);
+      // Same axes lists: both are relative to the same (larger) rank, so the pair is the identity.
+      if (!a || !b || a->empty() || *a != *b) return "";
+      *what = fmt::format("a {} undoing {}", n.op_type, p.Describe());
+      return p.inputs[0];
+    }
+    return "";
+  }
+
+  bool Forward() {
+    Reindex();
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      const Node n = g_.nodes[i];
+      std::string what;
+      std::string src = ForwardedValue(n, &what);
+      if (src.empty()) continue;
+      const std::string& out = n.outputs[0];
+      if (subgraph_reads_.count(out) || subgraph_reads_.count(src)) continue;
+      std::vector<bool> dead(g_.nodes.size(), false);
+      dead[i] = true;
+      if (!IsGraphOutput(out)) {
+        RenameUses(out, src);
+      } else {
+        // Keep the graph output's name: rename the forwarded value instead, when it is a node's
+        // output that is neither a graph input nor another graph output.
+        auto p = producer_.find(src);
+        if (p == producer_.end() || IsGraphOutput(src) || graph_inputs_.count(src)) continue;
+        for (std::string& o : g_.nodes[p->second].outputs)
+          if (o == src) o = out;
+        RenameUses(src, out);
+      }
+      RemoveNodes(dead);
+      if (IsGraphOutput(out))
+        log_.push_back(fmt::format("removed {}, {}; '{}' is now computed under the graph output's name '{}'",
+                                   n.Describe(), what, src, out));
+      else
+        log_.push_back(fmt::format("removed {}, {}; readers of '{}' now read '{}'", n.Describe(), what, out, src));
+      return true;  // indices changed; the caller loops
+    }
+    return false;
+  }
+
+  // ---- 5. dead nodes (left behind by the passes above or by the exporter) ----
+  bool RemoveDeadNodes() {
+    Reindex();
+    std::vector<bool> dead(g_.nodes.size(), false);
+    bool changed = false;
+    // Backwards, so a chain of dead nodes goes in one sweep.
+    for (int i = static_cast<int>(g_.nodes.size()) - 1; i >= 0; --i) {
+      const Node& n = g_.nodes[i];
+      bool live = n.outputs.empty();
+      for (const std::string& o : n.outputs)
+        live |= !o.empty() && ((consumers_.count(o) && consumers_[o] > 0) || IsGraphOutput(o));
+      if (live) continue;
+      log_.push_back(fmt::format("removed unused {} (no node reads its outputs)", n.Describe()));
+      dead[i] = true;
+      changed = true;
+      for (const std::string& in : n.inputs)
+        if (!in.empty()) consumers_[in]--;
+    }
+    if (changed) RemoveNodes(dead);
+    return changed;
+  }
+
+  // ---- 4. common subexpressions ----
+  static std::string AttrKey(const Attribute& a) {
+    std::string k = a.name + ":" + std::to_string(static_cast<int>(a.type)) + ":";
+    switch (a.type) {
+      case Attribute::Type::kFloat: k += fmt::format("{}", a.f); break;
+      case Attribute::Type::kInt: k += std::to_string(a.i); break;
+      case Attribute::Type::kString: k += a.s; break;
+      case Attribute::Type::kFloats: k += fmt::format("{}", fmt::join(a.floats, ",")); break;
+      case Attribute::Type::kInts: k += fmt::format("{}", fmt::join(a.ints, ",")); break;
+      case Attribute::Type::kStrings: k += fmt::format("{}", fmt::join(a.strings, ",")); break;
+      default: return "";  // tensors, graphs: not compared
+    }
+    return k;
+  }
+
+  bool Cse() {
+    Reindex();
+    std::unordered_map<std::string, int> seen;
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      const Node& n = g_.nodes[i];
+      if (IsNondeterministic(n.op_type) || HasSubgraph(n) || n.outputs.empty() || n.op_type == "Constant") continue;
+      std::string key = n.domain + "|" + n.op_type + "|" + std::to_string(n.outputs.size()) + "|" +
+                        fmt::format("{}", fmt::join(n.inputs, ",")) + "|";
+      bool comparable = true;
+      std::vector<std::string> attrs;
+      for (const Attribute& a : n.attributes) {
+        std::string k = AttrKey(a);
+        if (k.empty()) comparable = false;
+        attrs.push_back(k);
+      }
+      if (!comparable) continue;
+      std::sort(attrs.begin(), attrs.end());
+      key += fmt::format("{}", fmt::join(attrs, ";"));
+      auto [it, inserted] = seen.emplace(key, static_cast<int>(i));
+      if (inserted) continue;
+      bool graph_out = false;
+      for (const std::string& o : n.outputs) graph_out |= !o.empty() && (IsGraphOutput(o) || subgraph_reads_.count(o));
+      if (graph_out) continue;
+      const Node& first = g_.nodes[it->second];
+      bool ok = true;
+      for (size_t k = 0; k < n.outputs.size(); ++k)
+        if (!n.outputs[k].empty() && first.outputs[k].empty()) ok = false;
+      if (!ok) continue;
+      std::string desc = n.Describe(), first_desc = first.Describe();
+      std::vector<std::pair<std::string, std::string>> renames;
+      for (size_t k = 0; k < n.outputs.size(); ++k)
+        if (!n.outputs[k].empty()) renames.emplace_back(n.outputs[k], first.outputs[k]);
+      std::vector<bool> dead(g_.nodes.size(), false);
+      dead[i] = true;
+      RemoveNodes(dead);
+      for (const auto& [from, to] : renames) RenameUses(from, to);
+      log_.push_back(fmt::format("merged duplicate {} into {}", desc, first_desc));
+      return true;
+    }
+    return false;
+  }
+
+  void RemoveUnusedInitializers() {
+    Reindex();
+    std::set<std::string> used(outputs_.begin(), outputs_.end());
+    for (const auto& [v, c] : consumers_) used.insert(v);
+    // Subgraphs may read outer initializers.
+    std::function<void(const Graph&)> scan = [&](const Graph& sg) {
+      for (const Node& n : sg.nodes)
+        for (const Attribute& a : n.attributes) {
+          if (a.g) for (const std::string& v : OuterScopeValues(*a.g)) used.insert(v);
+          for (const auto& sub : a.graphs)
+            if (sub) for (const std::string& v : OuterScopeValues(*sub)) used.insert(v);
+        }
+    };
+    scan(g_);
+    int removed = 0;
+    std::vector<std::pair<std::string, Tensor>> kept;
+    for (auto& [name, t] : g_.initializers) {
+      if (used.count(name) || graph_inputs_.count(name) || !created_or_folded(name)) {
+        kept.emplace_back(name, t);
+      } else {
+        ++removed;
+      }
+    }
+    if (removed > 0) {
+      g_.initializers = std::move(kept);
+      log_.push_back(fmt::format("removed {} initializers no node reads any more", removed));
+    }
+  }
+
+  // Only initializers that canonicalization made unused are removed (a model's own unused
+  // initializers are left alone): those read by a folded or removed node.
+  bool created_or_folded(const std::string& name) const { return !original_unused_.count(name); }
+
+ public:
+  void RecordOriginalUnused() {
+    Reindex();
+    for (const auto& [name, t] : g_.initializers)
+      if (!consumers_.count(name) && !IsGraphOutput(name)) original_unused_.insert(name);
+  }
+
+ private:
+  Model& m_;
+  Graph& g_;
+  std::unordered_map<std::string, int> producer_;
+  std::unordered_map<std::string, int> consumers_;
+  std::set<std::string> outputs_, graph_inputs_, original_unused_, subgraph_reads_;
+  std::vector<std::string> log_;
+};
+
+}  // namespace
+
+std::vector<std::string> Canonicalize(Model& model) {
+  Canonicalizer c(model);
+  c.RecordOriginalUnused();
+  return c.Run();
+}
+
+}  // namespace gaf
