@@ -77,52 +77,6 @@ std::string BodySignature(const Function& f) {
 
 }  // namespace
 
-void TopologicalSort(Graph& g) {
-  const int n = static_cast<int>(g.nodes.size());
-  std::unordered_map<std::string, int> producer;
-  for (int i = 0; i < n; ++i)
-    for (const std::string& o : g.nodes[i].outputs)
-      if (!o.empty()) producer[o] = i;
-  std::vector<std::vector<int>> users(n);
-  std::vector<int> pending(n, 0);
-  for (int i = 0; i < n; ++i) {
-    std::set<int> deps;
-    auto dep = [&](const std::string& v) {
-      auto it = producer.find(v);
-      if (it != producer.end() && it->second != i) deps.insert(it->second);
-    };
-    for (const std::string& v : g.nodes[i].inputs)
-      if (!v.empty()) dep(v);
-    for (const Attribute& a : g.nodes[i].attributes) {
-      if (a.g)
-        for (const std::string& v : OuterScopeValues(*a.g)) dep(v);
-      for (const auto& sg : a.graphs)
-        if (sg)
-          for (const std::string& v : OuterScopeValues(*sg)) dep(v);
-    }
-    pending[i] = static_cast<int>(deps.size());
-    for (int d : deps) users[d].push_back(i);
-  }
-  std::priority_queue<int, std::vector<int>, std::greater<int>> ready;
-  for (int i = 0; i < n; ++i)
-    if (pending[i] == 0) ready.push(i);
-  std::vector<int> order;
-  while (!ready.empty()) {
-    const int i = ready.top();
-    ready.pop();
-    order.push_back(i);
-    for (int u : users[i])
-      if (--pending[u] == 0) ready.push(u);
-  }
-  if (static_cast<int>(order.size()) != n) {
-    for (int i = 0; i < n; ++i)
-      if (pending[i] > 0) throw Error(fmt::format("graph '{}' has a cycle through {}", g.name, g.nodes[i].Describe()));
-  }
-  std::vector<Node> sorted;
-  sorted.reserve(n);
-  for (int i : order) sorted.push_back(std::move(g.nodes[i]));
-  g.nodes = std::move(sorted);
-}
 
 Model RewriteFusedGroups(const Model& model, const std::vector<RewriteGroup>& groups, std::vector<RewrittenGroup>* done) {
   Model out = model;
@@ -253,7 +207,7 @@ Model RewriteFusedGroups(const Model& model, const std::vector<RewriteGroup>& gr
     else if (fused_at[i] >= 0) nodes.push_back(std::move(fused_nodes[fused_at[i]]));
   }
   g.nodes = std::move(nodes);
-  TopologicalSort(g);
+  SortTopologically(g);
   g.value_info.erase(std::remove_if(g.value_info.begin(), g.value_info.end(),
                                     [&](const ValueInfo& v) { return internal_values.count(v.name) > 0; }),
                      g.value_info.end());

@@ -46,8 +46,5 @@ struct RewrittenGroup {
 Model RewriteFusedGroups(const Model& model, const std::vector<RewriteGroup>& groups,
                          std::vector<RewrittenGroup>* done = nullptr);
 
-// Stable topological sort of a graph's nodes (keeps the original order where dependencies allow).
-// Throws gaf::Error naming a node on a cycle.
-void TopologicalSort(Graph& g);
 
 }  // namespace gaf

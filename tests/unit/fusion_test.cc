@@ -403,6 +403,12 @@ TEST(FusionRewrite, InitializersBecomeExplicitInputsAndOrderIsRepaired) {
 
 // ---------------- GraphAutoFusion end to end ----------------
 
+FusionOptions Preset(const std::string& preset) {
+  FusionOptions o;
+  o.preset = preset;
+  return o;
+}
+
 int CountFusedNodes(const Model& m) {
   int n = 0;
   for (const Node& node : m.graph.nodes) n += node.domain == kFusedDomain;
@@ -412,7 +418,11 @@ int CountFusedNodes(const Model& m) {
 TEST(GraphAutoFusion, HandMadeRuleViaAddFusionRule) {
   Graph g = ReluSigmoidGraph();
   Model m = MakeModel(g);
-  GraphAutoFusion f(m, {.preset = "none", .auto_fuse = false, .profile = "h200"});
+  FusionOptions o;
+  o.preset = "none";
+  o.auto_fuse = false;
+  o.profile = "h200";
+  GraphAutoFusion f(m, o);
   f.AddFusionRule(Rule("ReluSigmoid", "Relu+Sigmoid", 0, 0.0));
   const auto& c = f.AnalyzeFusionBenefit();
   ASSERT_EQ(c.size(), 1u);
@@ -432,13 +442,19 @@ TEST(GraphAutoFusion, HandMadeRuleViaAddFusionRule) {
 TEST(GraphAutoFusion, UnknownFuseRuleIsAnErrorListingRules) {
   Model m = MakeModel(ReluSigmoidGraph());
   try {
-    GraphAutoFusion f(m, {.fuse_rules = {"NoSuchRule"}});
+    FusionOptions o;
+    o.fuse_rules = {"NoSuchRule"};
+    GraphAutoFusion f(m, o);
     FAIL();
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("unknown rule 'NoSuchRule'"), std::string::npos) << e.what();
   }
   // A chain name is accepted as an ad-hoc rule.
-  GraphAutoFusion f(m, {.fuse_rules = {"Relu+Sigmoid"}, .auto_fuse = false, .benefit_threshold = 0});
+  FusionOptions o;
+  o.fuse_rules = {"Relu+Sigmoid"};
+  o.auto_fuse = false;
+  o.benefit_threshold = 0;
+  GraphAutoFusion f(m, o);
   ASSERT_EQ(f.AnalyzeFusionBenefit().size(), 1u);
   EXPECT_EQ(f.AnalyzeFusionBenefit()[0].fused_op, "FusedReluSigmoid");
 }
@@ -461,7 +477,7 @@ std::map<std::string, Tensor> LlamaFeeds(const Model& m) {
 
 TEST(GraphAutoFusion, TinyLlamaFusedEqualsOriginal) {
   Model m = BuildLlamaModel(LlamaPreset("tiny"));
-  GraphAutoFusion f(m, {.preset = "transformer"});
+  GraphAutoFusion f(m, Preset("transformer"));
   Model fused = f.Fuse();
   EXPECT_EQ(CheckModel(fused), "");
   EXPECT_TRUE(f.fuse_summary().checker_passed);
@@ -472,7 +488,7 @@ TEST(GraphAutoFusion, TinyLlamaFusedEqualsOriginal) {
 
 TEST(GraphAutoFusion, TinyCnnFusedEqualsOriginal) {
   Model m = BuildCnnModel(CnnPreset("tiny"));
-  GraphAutoFusion f(m, {.preset = "cnn"});
+  GraphAutoFusion f(m, Preset("cnn"));
   Model fused = f.Fuse();
   EXPECT_EQ(CheckModel(fused), "");
   EXPECT_GT(CountFusedNodes(fused), 0);
@@ -518,7 +534,7 @@ TEST(GraphAutoFusion, OrtFusionGraphsFusedEqualOriginal) {
     } catch (const Error&) {
       continue;  // the runtime cannot run it (contrib ops, unsupported types)
     }
-    GraphAutoFusion f(m, {.preset = "all"});
+    GraphAutoFusion f(m, Preset("all"));
     Model fused;
     try {
       fused = f.Fuse();
