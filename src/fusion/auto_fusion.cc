@@ -117,6 +117,7 @@ const std::vector<FusionCandidate>& GraphAutoFusion::AnalyzeFusionBenefit() {
   po.auto_fuse = options_.auto_fuse;
   po.shapes_known = shapes_known_;
   po.shapes_error = shapes_error_;
+  for (const OpsetImport& o : model_.opset_imports) po.opsets[o.domain] = o.version;
   log_.Clear();
   for (const std::string& line : canon_log_) {
     DecisionRecord r;

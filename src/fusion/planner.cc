@@ -1,6 +1,14 @@
 // The fusion planner (algorithm in planner.h).
 #include "fusion/planner.h"
 
+#ifndef ONNX_NAMESPACE
+#define ONNX_NAMESPACE onnx
+#endif
+#ifndef ONNX_ML
+#define ONNX_ML 1
+#endif
+#include <onnx/defs/schema.h>
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -39,7 +47,7 @@ struct Work {
 void Evaluate(const Graph& g, const GraphIndex& index, const ShapeMap& shapes, const HardwareProfile& hw,
               const PlannerOptions& options, Work* w) {
   FusionCandidate& c = w->c;
-  FusionDecision legal = CheckFusionLegality(g, index, c.nodes);
+  FusionDecision legal = CheckFusionLegality(g, index, c.nodes, options.opsets.empty() ? nullptr : &options.opsets);
   if (!legal) {
     c.verdict = Verdict::kSkipIllegal;
     c.reason = legal.Explain();
@@ -164,7 +172,8 @@ void GroupBoundary(const Graph& g, const GraphIndex& index, const std::vector<in
   }
 }
 
-FusionDecision CheckFusionLegality(const Graph& g, const GraphIndex& index, const std::vector<int>& nodes) {
+FusionDecision CheckFusionLegality(const Graph& g, const GraphIndex& index, const std::vector<int>& nodes,
+                                   const std::map<std::string, int64_t>* opsets) {
   if (nodes.size() < 2) return FusionDecision::Forbid("A fused group needs at least two operators.");
   std::unordered_set<int> in_group(nodes.begin(), nodes.end());
   int last = 0;
@@ -178,6 +187,16 @@ FusionDecision CheckFusionLegality(const Graph& g, const GraphIndex& index, cons
             fmt::format("{} carries a subgraph (attribute '{}'); control flow is not fused.", n.Describe(), a.name));
     if (n.domain == kFusedDomain)
       return FusionDecision::Forbid(fmt::format("{} is already a fused operator.", n.Describe()));
+    if (opsets != nullptr && (n.domain.empty() || n.domain == "ai.onnx" || n.domain == "ai.onnx.ml")) {
+      const std::string dom = n.domain == "ai.onnx" ? "" : n.domain;
+      int64_t version = 0;
+      for (const auto& [d, v] : *opsets)
+        if ((d == "ai.onnx" ? "" : d) == dom) version = v;
+      if (version > 0 && onnx::OpSchemaRegistry::Schema(n.op_type, static_cast<int>(version), dom) == nullptr)
+        return FusionDecision::Forbid(fmt::format(
+            "{} is not an ONNX operator at opset {} (no schema), so it cannot go into a portable function body.",
+            n.Describe(), version));
+    }
     last = std::max(last, i);
   }
   std::vector<std::string> ins, outs;

@@ -19,6 +19,7 @@
 // Every attempt is appended to the decision log.
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ struct PlannerOptions {
   // `shapes_error` says why.
   bool shapes_known = true;
   std::string shapes_error;
+  // The model's opset imports (domain -> version). When given, a group whose operator of a
+  // standard domain has no ONNX schema at that version is illegal: a function body must be
+  // standard ONNX so that other runtimes can inline it.
+  std::map<std::string, int64_t> opsets;
 };
 
 // Plans fusion of `g` (the canonicalized main graph). Returns every candidate with its verdict
@@ -46,7 +51,8 @@ std::vector<FusionCandidate> PlanFusion(const Graph& g, const std::vector<Fusion
                                         const HardwareProfile& hw, const PlannerOptions& options, DecisionLog* log);
 
 // Legality of fusing `nodes` (indices into g.nodes) into one node.
-FusionDecision CheckFusionLegality(const Graph& g, const GraphIndex& index, const std::vector<int>& nodes);
+FusionDecision CheckFusionLegality(const Graph& g, const GraphIndex& index, const std::vector<int>& nodes,
+                                   const std::map<std::string, int64_t>* opsets = nullptr);
 
 // Values the group reads from outside (first-use order, initializers included) and values it
 // produces that are read outside or are graph outputs.
