@@ -171,19 +171,19 @@ void RunAnalyze(const FusionArgs& a) {
   fmt::print("Fusion benefit analysis of {} (profile {}: local memory {:.0f} KB; {} rules; {} canonicalization changes)\n",
              a.model, hw.name, hw.local_memory_bytes / 1024, f->rules().size(), f->canonicalization_log().size());
   if (!f->shapes_known()) fmt::print("note: {}\n", f->shapes_error());
-  fmt::print("{:>4}  {:<22} {:<46} {:<20} {:>6}  {:<17} {:<20} {}\n", "id", "rule", "operators (first node)",
+  fmt::print("{:>4}  {:<26} {:<46} {:<22} {:>6}  {:<17} {:<20} {}\n", "id", "rule", "operators",
              "memory MB", "trips", "GFLOPS", "local mem KB", "verdict");
   for (const FusionCandidate& c : cands) {
     std::string mem = "-", trips = "-", gf = "-", local = "-";
     if (HasEstimate(c)) {
       const GroupCost& k = c.cost;
-      mem = fmt::format("{:.3f} -> {:.3f}", k.bytes_before / 1e6, k.bytes_after / 1e6);
+      mem = fmt::format("{:.4g} -> {:.4g}", k.bytes_before / 1e6, k.bytes_after / 1e6);
       trips = fmt::format("{}->{}", k.round_trips_before, k.round_trips_after);
-      gf = fmt::format("{:.1f} -> {:.1f}", k.gflops_before, k.gflops_after);
+      gf = fmt::format("{:.3g} -> {:.3g}", k.gflops_before, k.gflops_after);
       local = fmt::format("{:.1f}/{:.0f} {}", k.footprint_bytes / 1024, hw.local_memory_bytes / 1024,
                           k.fits_local_memory ? "fit" : "OVER");
     }
-    fmt::print("{:>4}  {:<22} {:<46} {:<20} {:>6}  {:<17} {:<20} {}\n", c.id, c.rule, Operators(c), mem, trips, gf,
+    fmt::print("{:>4}  {:<26} {:<46} {:<22} {:>6}  {:<17} {:<20} {}\n", c.id, c.rule, Operators(c), mem, trips, gf,
                local, VerdictName(c.verdict));
     fmt::print("      first node {}; {}\n", c.node_names.empty() ? "-" : c.node_names[0], c.reason);
   }
