@@ -52,9 +52,12 @@ std::shared_ptr<FusedKernelSet> FusedKernelSet::Build(const Model& model, const 
     if (!shapes_known) {
       e.status = "input shapes unknown (no recorded run)";
     } else {
-      e.kernel = GenerateRowKernel(req, e.symbol);
-      if (e.kernel.ok) sources.push_back({e.symbol, e.kernel.source});
-      else e.status = "not generated: " + e.kernel.reason;
+      e.kernel = GenerateStagedKernel(req, e.symbol, model.OpsetVersion(""));
+      if (e.kernel.ok) {
+        for (auto& src : e.kernel.Sources()) sources.push_back(std::move(src));
+      } else {
+        e.status = "not generated: " + e.kernel.reason;
+      }
     }
     set->by_function_[f->name] = set->entries_.size();
     set->entries_.push_back(std::move(e));
@@ -62,13 +65,8 @@ std::shared_ptr<FusedKernelSet> FusedKernelSet::Build(const Model& model, const 
   set->library_ = compiler.Compile(sources);
   for (Entry& e : set->entries_) {
     if (!e.kernel.ok) continue;
-    auto err = set->library_->errors().find(e.symbol);
-    if (err != set->library_->errors().end()) {
-      e.status = "compile error: " + err->second.substr(0, 2000);
-      continue;
-    }
-    e.fn = reinterpret_cast<RowKernelFn>(set->library_->Find(e.symbol));
-    e.status = e.fn == nullptr ? "symbol missing from the library" : (set->library_->from_cache() ? "cached" : "compiled");
+    e.bound = e.kernel.Bind(*set->library_);
+    e.status = !e.bound ? e.kernel.reason : (set->library_->from_cache() ? "cached" : "compiled");
   }
   return set;
 }
@@ -78,7 +76,7 @@ std::function<std::optional<KernelInfo>(const Node&, const Function&)> FusedKern
     auto it = by_function_.find(f.name);
     if (it == by_function_.end()) return std::nullopt;
     const Entry* e = &entries_[it->second];
-    if (e->fn == nullptr) return std::nullopt;  // runs inlined, through the reference kernels
+    if (!e->bound) return std::nullopt;  // runs inlined, through the reference kernels
     KernelInfo info;
     info.domain = call.domain;
     info.op_type = call.op_type;
@@ -87,13 +85,10 @@ std::function<std::optional<KernelInfo>(const Node&, const Function&)> FusedKern
     info.fn = [e](KernelContext& ctx) {
       e->calls->fetch_add(1, std::memory_order_relaxed);
       bool usable = true;
-      for (size_t i = 0; i < ctx.inputs.size(); ++i) {
-        if (ctx.inputs[i] == nullptr) usable = false;
-        else if (e->kernel.domain_inputs[i] && ctx.inputs[i]->dtype() != DataType::kFloat) usable = false;
-      }
+      for (const Tensor* t : ctx.inputs) usable &= t != nullptr;
       if (usable) {
         try {
-          std::vector<Tensor> outs = RunRowKernel(e->fn, e->kernel, ctx.inputs);
+          std::vector<Tensor> outs = RunStagedKernel(e->kernel, ctx.inputs, ctx.num_threads);
           for (size_t o = 0; o < ctx.outputs.size() && o < outs.size(); ++o) ctx.outputs[o] = std::move(outs[o]);
           return;
         } catch (const Error&) {

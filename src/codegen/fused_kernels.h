@@ -14,6 +14,7 @@
 
 #include "codegen/compiler.h"
 #include "codegen/row_kernel.h"
+#include "codegen/staged_kernel.h"
 #include "ir/graph.h"
 #include "runtime/session.h"
 
@@ -29,8 +30,8 @@ class FusedKernelSet {
   struct Entry {
     std::string function;      // function (fused op) name
     std::string symbol;
-    GeneratedRowKernel kernel;
-    RowKernelFn fn = nullptr;
+    StagedKernel kernel;
+    bool bound = false;        // the kernel is compiled and usable
     std::string status;        // "compiled", "cached", or why there is no kernel
     Graph body;                // fallback
     std::shared_ptr<std::atomic<int64_t>> calls, fallbacks;

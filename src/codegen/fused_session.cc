@@ -28,7 +28,8 @@ std::string DescribeFusedKernels(const FusedKernelSet& set) {
   std::string s;
   for (const auto& e : set.entries())
     s += fmt::format("  {:<36} {:<10} calls {:>6}  fallbacks {:>4}  {}\n", e.function,
-                     e.fn ? "kernel" : "body", e.calls->load(), e.fallbacks->load(), e.status);
+                     e.bound ? "kernel" : "body", e.calls->load(), e.fallbacks->load(),
+                     e.bound ? e.status + ": " + e.kernel.Describe() : e.status);
   return s;
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -83,12 +84,14 @@ namespace {
 enum class VKind { kRow, kScal };
 
 struct Prim {
-  enum Kind { kInput, kConst, kUnary, kBinary, kReduce } kind;
+  enum Kind { kInput, kConst, kUnary, kBinary, kReduce, kSlice, kConcat } kind;
+  explicit Prim(Kind k) : kind(k) {}
   std::string op;   // unary: Relu, Neg, ...; binary: Add, ...; reduce: Sum, Max, Min, Mean
   int a = -1, b = -1;
   int input = -1;   // kInput: function input index
   double value = 0; // kConst
   float alpha = 0, beta = 0;  // unary parameters (LeakyRelu alpha, HardSigmoid alpha/beta)
+  int64_t offset = 0;         // kSlice: first column taken; kConcat: width of operand a
   VKind vkind = VKind::kScal;
   int level = 0;
   Shape shape;
@@ -104,7 +107,7 @@ struct Lowering {
     return static_cast<int>(prims.size()) - 1;
   }
   int Const(double v) {
-    Prim p{Prim::kConst};
+    Prim p(Prim::kConst);
     p.value = v;
     p.shape = {1};
     return Add(p);
@@ -120,7 +123,7 @@ struct Lowering {
     return o;
   }
   int Unary(const std::string& op, int a, float alpha = 0, float beta = 0) {
-    Prim p{Prim::kUnary};
+    Prim p(Prim::kUnary);
     p.op = op;
     p.a = a;
     p.alpha = alpha;
@@ -129,7 +132,7 @@ struct Lowering {
     return Add(p);
   }
   int Binary(const std::string& op, int a, int b) {
-    Prim p{Prim::kBinary};
+    Prim p(Prim::kBinary);
     p.op = op;
     p.a = a;
     p.b = b;
@@ -137,7 +140,7 @@ struct Lowering {
     return Add(p);
   }
   int Reduce(const std::string& op, int a) {
-    Prim p{Prim::kReduce};
+    Prim p(Prim::kReduce);
     p.op = op;
     p.a = a;
     p.shape = prims[a].shape;
@@ -248,6 +251,56 @@ bool LowerNode(const Node& n, Lowering& lw, const std::map<std::string, const Te
     out = lw.Binary("Mul", d, inv);
     if (n.HasInput(1)) out = lw.Binary("Mul", out, in(1));
     if (n.HasInput(2)) out = lw.Binary("Add", out, in(2));
+  } else if (op == "Slice") {
+    // Only a contiguous slice of the last axis: the value at column j is the operand's at j + start.
+    int x = in(0);
+    Shape xs = lw.prims[x].shape;
+    if (xs.empty()) return fail("Slice of a scalar");
+    std::vector<int64_t> starts, ends, axes, steps;
+    if (opset < 10 || !n.HasInput(1)) {
+      starts = n.GetInts("starts");
+      ends = n.GetInts("ends");
+      axes = n.GetInts("axes");
+    } else {
+      auto read = [&](size_t i, std::vector<int64_t>* v) {
+        if (!n.HasInput(i)) return true;
+        auto it = consts.find(n.inputs[i]);
+        if (it == consts.end()) return false;
+        *v = it->second->ToInt64s();
+        return true;
+      };
+      if (!read(1, &starts) || !read(2, &ends) || !read(3, &axes) || !read(4, &steps))
+        return fail("Slice bounds are not constants");
+    }
+    if (axes.empty()) for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+    if (starts.size() != 1 || ends.size() != 1 || axes.size() != 1 || !IsLastAxis(axes[0], xs.size()))
+      return fail("only slices of the last axis are generated");
+    if (!steps.empty() && steps[0] != 1) return fail("Slice with a step other than 1");
+    int64_t w = xs.back();
+    int64_t b = starts[0] < 0 ? starts[0] + w : starts[0];
+    int64_t e = ends[0] < 0 ? ends[0] + w : ends[0];
+    b = std::clamp<int64_t>(b, 0, w);
+    e = std::clamp<int64_t>(e, 0, w);
+    if (e <= b) return fail("empty Slice");
+    Prim p(Prim::kSlice);
+    p.a = x;
+    p.offset = b;
+    p.shape = xs;
+    p.shape.back() = e - b;
+    out = lw.Add(p);
+  } else if (op == "Concat") {
+    if (n.inputs.size() != 2) return fail("only Concat of two operands is generated");
+    int a = in(0), b = in(1);
+    const Shape &as = lw.prims[a].shape, &bs = lw.prims[b].shape;
+    if (as.size() != bs.size() || as.empty() || !IsLastAxis(n.GetInt("axis", 0), as.size()))
+      return fail("only Concat along the last axis is generated");
+    Prim p(Prim::kConcat);
+    p.a = a;
+    p.b = b;
+    p.offset = as.back();
+    p.shape = Lowering::Broadcast(as, bs);
+    p.shape.back() = as.back() + bs.back();
+    out = lw.Add(p);
   } else {
     return fail(fmt::format("operator {} is not supported by the row code generator", op));
   }
@@ -272,6 +325,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
   GeneratedRowKernel g;
   g.symbol = symbol;
   const Function& f = *req.function;
+  for (const Node& n : f.nodes) g.ops_summary += (g.ops_summary.empty() ? "" : ",") + n.op_type;
   size_t nin = f.inputs.size();
   if (req.input_shapes.size() != nin || req.input_types.size() != nin) {
     g.reason = "input count mismatch";
@@ -308,7 +362,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
                              DataTypeName(req.input_types[i]));
       return g;
     }
-    Prim p{Prim::kInput};
+    Prim p(Prim::kInput);
     p.input = static_cast<int>(i);
     p.shape = req.input_shapes[i];
     lw.id[f.inputs[i]] = input_prim[i] = lw.Add(p);
@@ -339,6 +393,15 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
       case Prim::kBinary:
         p.vkind = (P[p.a].vkind == VKind::kRow || P[p.b].vkind == VKind::kRow) ? VKind::kRow : VKind::kScal;
         p.level = std::max(P[p.a].level, P[p.b].level);
+        break;
+      case Prim::kSlice:
+      case Prim::kConcat:
+        if (P[p.a].vkind != VKind::kRow || (p.b >= 0 && P[p.b].vkind != VKind::kRow)) {
+          g.reason = "Slice/Concat of a value that is constant along the row";
+          return g;
+        }
+        p.vkind = VKind::kRow;
+        p.level = std::max(P[p.a].level, p.b >= 0 ? P[p.b].level : 0);
         break;
       case Prim::kReduce:
         if (P[p.a].vkind != VKind::kRow) {
@@ -372,6 +435,21 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
     g.signature.output_per_row.push_back(!is_row);
   }
 
+  // Narrow values (a Slice's part of the row) may only feed other narrow values, Slice or Concat.
+  auto narrow = [&](int v) { return P[v].vkind == VKind::kRow && !P[v].shape.empty() && P[v].shape.back() != cols; };
+  for (size_t v = 0; v < P.size(); ++v) {
+    const Prim& p = P[v];
+    if (p.kind == Prim::kInput && narrow(static_cast<int>(v))) {
+      g.reason = fmt::format("input {} has rows of width {}, the group's rows are {} wide", p.input, p.shape.back(), cols);
+      return g;
+    }
+    bool consumer_ok = p.kind == Prim::kSlice || p.kind == Prim::kConcat || narrow(static_cast<int>(v));
+    for (int operand : {p.a, p.b})
+      if (operand >= 0 && narrow(operand) && !consumer_ok) {
+        g.reason = "part of a row (a Slice) is used other than through Concat back to the full row";
+        return g;
+      }
+  }
   // Which row values are read by a later loop (buffered), which prims are live at all.
   int max_level = 0;
   std::vector<bool> live(P.size(), false);
@@ -409,8 +487,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
     }
     return p.level < cur_level ? fmt::format("buf{}[j]", v) : fmt::format("t{}", v);
   };
-  auto expr = [&](const Prim& p) -> std::string {
-    std::string a = p.a >= 0 ? ref(p.a) : "", b = p.b >= 0 ? ref(p.b) : "";
+  auto expr_of = [&](const Prim& p, const std::string& a, const std::string& b) -> std::string {
     if (p.kind == Prim::kBinary) {
       if (p.op == "Add") return a + " + " + b;
       if (p.op == "Sub") return a + " - " + b;
@@ -437,6 +514,36 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
     if (p.op == "HardSigmoid")
       return fmt::format("std::fmin(1.f, std::fmax(0.f, {} * {} + {}))", a, FloatLiteral(p.alpha), FloatLiteral(p.beta));
     return "/*unknown*/0.f";
+  };
+  // Values under a Slice or Concat of the last axis are emitted inline at a shifted column index
+  // (`idx`); "narrow" values (row width other than the domain's) exist only there.
+  std::string emit_error;
+  std::function<std::string(int, const std::string&)> inl = [&](int v, const std::string& idx) -> std::string {
+    const Prim& p = P[v];
+    bool indexed = p.kind == Prim::kSlice || p.kind == Prim::kConcat || narrow(v);
+    if (idx == "j" && !indexed) return ref(v);
+    if (p.kind == Prim::kConst || p.vkind == VKind::kScal) return ref(v);
+    switch (p.kind) {
+      case Prim::kInput: {
+        RowInputClass c = g.signature.inputs[p.input];
+        return c == RowInputClass::kRowVec ? fmt::format("in{}[{}]", p.input, idx) : fmt::format("p{}[{}]", p.input, idx);
+      }
+      case Prim::kSlice: return inl(p.a, fmt::format("({} + {})", idx, p.offset));
+      case Prim::kConcat:
+        return fmt::format("(({0}) < {1} ? {2} : {3})", idx, p.offset, inl(p.a, idx),
+                           inl(p.b, fmt::format("({} - {})", idx, p.offset)));
+      default: break;
+    }
+    if (p.level < cur_level) {
+      if (buffered[v]) return fmt::format("buf{}[{}]", v, idx);
+      emit_error = "a Slice/Concat of a value computed before a reduction";
+      return "0.f";
+    }
+    return expr_of(p, inl(p.a, idx), p.b >= 0 ? inl(p.b, idx) : "");
+  };
+  auto expr = [&](const Prim& p) -> std::string {
+    if (p.kind == Prim::kSlice || p.kind == Prim::kConcat) return inl(static_cast<int>(&p - P.data()), "j");
+    return expr_of(p, p.a >= 0 ? ref(p.a) : "", p.b >= 0 ? ref(p.b) : "");
   };
 
   std::ostringstream os;
@@ -486,7 +593,8 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
     std::vector<int> row_ops, reds;
     for (size_t v = 0; v < P.size(); ++v) {
       if (!live[v]) continue;
-      if (P[v].vkind == VKind::kRow && P[v].level == level && P[v].kind != Prim::kInput) row_ops.push_back(v);
+      if (P[v].vkind == VKind::kRow && P[v].level == level && P[v].kind != Prim::kInput && !narrow(static_cast<int>(v)))
+        row_ops.push_back(v);
       if (P[v].kind == Prim::kReduce && P[P[v].a].level == level) reds.push_back(v);
     }
     if (row_ops.empty() && reds.empty()) continue;
@@ -518,6 +626,10 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
   for (size_t v = 0; v < P.size(); ++v)
     if (buffered[v]) os << fmt::format("    std::free(buf{});\n", v);
   os << "  }\n}\n";
+  if (!emit_error.empty()) {
+    g.reason = emit_error;
+    return g;
+  }
   g.source = os.str();
   g.ok = true;
   return g;
@@ -540,7 +652,10 @@ std::vector<Tensor> RunRowKernel(RowKernelFn fn, const GeneratedRowKernel& k, co
     if (!k.domain_inputs[i]) continue;
     GAF_CHECK(inputs[i]->dtype() == DataType::kFloat, "{}: input {} is {}, the kernel takes float", k.symbol, i,
               DataTypeName(inputs[i]->dtype()));
-    RowInputClass c = ClassifyRowInput(inputs[i]->shape(), full, &offsets[i]);
+    const Shape& is = inputs[i]->shape();
+    GAF_CHECK(is.empty() || is.back() == 1 || is.back() == cols, "{}: input {} of shape {} has rows of another width",
+              k.symbol, i, ShapeToString(is));
+    RowInputClass c = ClassifyRowInput(is, full, &offsets[i]);
     GAF_CHECK(c == k.signature.inputs[i], "{}: input {} of shape {} broadcasts differently than at generation",
               k.symbol, i, ShapeToString(inputs[i]->shape()));
     in[i] = inputs[i]->data<float>();

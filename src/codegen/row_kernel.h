@@ -45,6 +45,7 @@ struct GeneratedRowKernel {
   std::string reason;       // why the group cannot be generated (when !ok)
   std::string symbol;       // extern "C" function name
   std::string source;       // full C++ translation unit
+  std::string ops_summary;  // the body's operators, e.g. "Pow,ReduceMean,Add,Sqrt,Div,Mul,Mul"
   RowKernelSignature signature;
   std::vector<bool> domain_inputs;  // inputs that form the row domain (all but scalar constants)
 };

@@ -52,7 +52,11 @@ std::vector<Tensor> Reference(const Case& c) {
     }
   }
   g.nodes = c.f.nodes;
-  for (const auto& o : c.f.outputs) g.outputs.push_back(ValueInfo{o});
+  for (const auto& o : c.f.outputs) {
+    ValueInfo v;
+    v.name = o;
+    g.outputs.push_back(v);
+  }
   Session s(testing::MakeModel(g));
   std::map<std::string, Tensor> feeds;
   for (size_t i = 0; i < c.f.inputs.size(); ++i)

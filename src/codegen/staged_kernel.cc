@@ -1,0 +1,289 @@
+#include "codegen/staged_kernel.h"
+
+#include <fmt/format.h>
+
+#include <map>
+#include <numeric>
+#include <random>
+#include <set>
+
+#include "runtime/session.h"
+
+namespace gaf {
+
+namespace {
+
+bool IsContraction(const Node& n) {
+  return n.domain.empty() && (n.op_type == "MatMul" || n.op_type == "Gemm" || n.op_type == "Conv" ||
+                              n.op_type == "ConvTranspose");
+}
+
+// Types and shapes of every value of the body for this call: the body runs once on random inputs
+// of the call's shapes (constants with their real values).
+std::map<std::string, std::pair<DataType, Shape>> BodyShapes(const RowKernelRequest& req, std::string* error) {
+  const Function& f = *req.function;
+  Graph g;
+  std::map<std::string, Tensor> feeds;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (size_t i = 0; i < f.inputs.size(); ++i) {
+    const Tensor* c = req.constants[i];
+    if (c != nullptr) {
+      g.initializers.emplace_back(f.inputs[i], *c);
+      continue;
+    }
+    ValueInfo v;
+    v.name = f.inputs[i];
+    v.dtype = req.input_types[i];
+    g.inputs.push_back(v);
+    Tensor t(req.input_types[i], req.input_shapes[i]);
+    if (t.dtype() == DataType::kFloat)
+      for (int64_t k = 0; k < t.numel(); ++k) t.data<float>()[k] = u(rng);
+    feeds[f.inputs[i]] = std::move(t);
+  }
+  g.nodes = f.nodes;
+  for (const auto& o : f.outputs) {
+    ValueInfo v;
+    v.name = o;
+    g.outputs.push_back(v);
+  }
+  Model m;
+  m.opset_imports.push_back({"", 17});
+  m.graph = std::move(g);
+  std::map<std::string, std::pair<DataType, Shape>> shapes;
+  for (size_t i = 0; i < f.inputs.size(); ++i) shapes[f.inputs[i]] = {req.input_types[i], req.input_shapes[i]};
+  try {
+    SessionOptions o;
+    o.num_threads = 1;
+    o.observer = [&](const std::string& name, const Tensor& t) { shapes[name] = {t.dtype(), t.shape()}; };
+    Session s(m, o);
+    s.Run(feeds);
+  } catch (const std::exception& e) {
+    *error = fmt::format("the body does not run on the recorded shapes: {}", e.what());
+  }
+  return shapes;
+}
+
+}  // namespace
+
+StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string& symbol, int64_t opset) {
+  StagedKernel k;
+  k.opset = opset;
+  const Function& f = *req.function;
+  std::string err;
+  auto shapes = BodyShapes(req, &err);
+  if (!err.empty()) {
+    k.reason = err;
+    return k;
+  }
+  std::map<std::string, int> id;
+  auto value = [&](const std::string& name) {
+    auto it = id.find(name);
+    if (it != id.end()) return it->second;
+    id[name] = static_cast<int>(k.value_names.size());
+    k.value_names.push_back(name);
+    return static_cast<int>(k.value_names.size()) - 1;
+  };
+  std::map<std::string, const Tensor*> constant_of;
+  for (size_t i = 0; i < f.inputs.size(); ++i) {
+    k.function_inputs.push_back(value(f.inputs[i]));
+    if (req.constants[i] != nullptr) constant_of[f.inputs[i]] = req.constants[i];
+  }
+  // Depth of every node: contractions add one.
+  std::map<std::string, int> depth_of;
+  std::vector<int> depth(f.nodes.size(), 0);
+  for (size_t i = 0; i < f.nodes.size(); ++i) {
+    const Node& n = f.nodes[i];
+    int d = 0;
+    for (const auto& in : n.inputs)
+      if (!in.empty() && depth_of.count(in)) d = std::max(d, depth_of[in]);
+    if (IsContraction(n)) ++d;
+    depth[i] = d;
+    for (const auto& o : n.outputs)
+      if (!o.empty()) depth_of[o] = d;
+  }
+  int max_depth = depth.empty() ? 0 : *std::max_element(depth.begin(), depth.end());
+  std::set<std::string> function_outputs(f.outputs.begin(), f.outputs.end());
+  // Uses of each value by node index (to find stage outputs).
+  std::map<std::string, std::vector<size_t>> users;
+  for (size_t i = 0; i < f.nodes.size(); ++i)
+    for (const auto& in : f.nodes[i].inputs) users[in].push_back(i);
+
+  int row_count = 0;
+  for (int d = 0; d <= max_depth; ++d) {
+    // Contractions of this depth first (their inputs are of a smaller depth), then the row work.
+    for (size_t i = 0; i < f.nodes.size(); ++i) {
+      if (depth[i] != d || !IsContraction(f.nodes[i])) continue;
+      StagedKernel::Stage st;
+      st.library = true;
+      st.node = f.nodes[i];
+      st.kernel = OpRegistry::Global().Find("", st.node.op_type);
+      if (st.kernel == nullptr) {
+        k.reason = fmt::format("{}: no library kernel", st.node.Describe());
+        return k;
+      }
+      for (const auto& in : st.node.inputs) st.inputs.push_back(in.empty() ? -1 : value(in));
+      for (const auto& o : st.node.outputs) st.outputs.push_back(o.empty() ? -1 : value(o));
+      k.stages.push_back(std::move(st));
+    }
+    // Row nodes of this depth, split into connected pieces (union-find over shared values).
+    std::vector<size_t> row_nodes;
+    for (size_t i = 0; i < f.nodes.size(); ++i)
+      if (depth[i] == d && !IsContraction(f.nodes[i])) row_nodes.push_back(i);
+    if (row_nodes.empty()) continue;
+    std::vector<size_t> parent(row_nodes.size());
+    std::iota(parent.begin(), parent.end(), 0);
+    std::function<size_t(size_t)> find = [&](size_t x) { return parent[x] == x ? x : parent[x] = find(parent[x]); };
+    std::map<std::string, size_t> producer;
+    for (size_t a = 0; a < row_nodes.size(); ++a)
+      for (const auto& o : f.nodes[row_nodes[a]].outputs) producer[o] = a;
+    for (size_t a = 0; a < row_nodes.size(); ++a)
+      for (const auto& in : f.nodes[row_nodes[a]].inputs) {
+        auto it = producer.find(in);
+        if (it != producer.end()) parent[find(a)] = find(it->second);
+      }
+    std::map<size_t, std::vector<size_t>> pieces;
+    for (size_t a = 0; a < row_nodes.size(); ++a) pieces[find(a)].push_back(row_nodes[a]);
+    for (const auto& [root, nodes] : pieces) {
+      Function sf;
+      sf.domain = f.domain;
+      sf.name = fmt::format("{}_stage{}", f.name, row_count);
+      std::set<std::string> produced, inputs_seen;
+      RowKernelRequest sreq;
+      sreq.function = &sf;
+      for (size_t ni : nodes) {
+        const Node& n = f.nodes[ni];
+        for (const auto& in : n.inputs) {
+          if (in.empty() || produced.count(in) || inputs_seen.count(in)) continue;
+          inputs_seen.insert(in);
+          sf.inputs.push_back(in);
+          auto sh = shapes.find(in);
+          if (sh == shapes.end()) {
+            k.reason = fmt::format("no shape for '{}'", in);
+            return k;
+          }
+          sreq.input_types.push_back(sh->second.first);
+          sreq.input_shapes.push_back(sh->second.second);
+          auto c = constant_of.find(in);
+          sreq.constants.push_back(c == constant_of.end() ? nullptr : c->second);
+        }
+        sf.nodes.push_back(n);
+        for (const auto& o : n.outputs) produced.insert(o);
+      }
+      std::set<size_t> in_piece(nodes.begin(), nodes.end());
+      for (size_t ni : nodes)
+        for (const auto& o : f.nodes[ni].outputs) {
+          if (o.empty()) continue;
+          bool needed = function_outputs.count(o) > 0;
+          for (size_t u : users[o]) needed |= !in_piece.count(u);
+          if (needed) sf.outputs.push_back(o);
+        }
+      StagedKernel::Stage st;
+      st.row = GenerateRowKernel(sreq, fmt::format("{}_s{}", symbol, row_count));
+      ++row_count;
+      if (!st.row.ok) {
+        k.reason = st.row.reason;
+        return k;
+      }
+      for (const auto& in : sf.inputs) st.inputs.push_back(value(in));
+      for (const auto& o : sf.outputs) st.outputs.push_back(value(o));
+      k.stages.push_back(std::move(st));
+    }
+  }
+  for (const auto& o : f.outputs) {
+    if (!id.count(o)) {
+      k.reason = fmt::format("output '{}' is a function input", o);
+      return k;
+    }
+    k.function_outputs.push_back(id[o]);
+  }
+  k.ok = true;
+  return k;
+}
+
+std::string StagedKernel::Describe() const {
+  std::string s;
+  for (const Stage& st : stages) {
+    if (!s.empty()) s += " + ";
+    if (st.library) {
+      s += "library " + st.node.op_type;
+    } else {
+      s += "generated[";
+      s += st.row.ops_summary;
+      s += "]";
+    }
+  }
+  return s;
+}
+
+std::vector<KernelSource> StagedKernel::Sources() const {
+  std::vector<KernelSource> out;
+  for (const Stage& st : stages)
+    if (!st.library) out.push_back({st.row.symbol, st.row.source});
+  return out;
+}
+
+bool StagedKernel::Bind(const KernelLibrary& library) {
+  for (Stage& st : stages) {
+    if (st.library) continue;
+    auto err = library.errors().find(st.row.symbol);
+    if (err != library.errors().end()) {
+      reason = "compile error: " + err->second.substr(0, 2000);
+      return false;
+    }
+    st.fn = reinterpret_cast<RowKernelFn>(library.Find(st.row.symbol));
+    if (st.fn == nullptr) {
+      reason = "symbol " + st.row.symbol + " missing from the library";
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<Tensor> RunStagedKernel(const StagedKernel& k, const std::vector<const Tensor*>& inputs, int num_threads) {
+  GAF_CHECK(inputs.size() == k.function_inputs.size(), "fused kernel: expected {} inputs, got {}",
+            k.function_inputs.size(), inputs.size());
+  std::vector<const Tensor*> val(k.value_names.size(), nullptr);
+  std::vector<Tensor> owned(k.value_names.size());
+  std::vector<char> is_owned(k.value_names.size(), 0);
+  for (size_t i = 0; i < inputs.size(); ++i) val[k.function_inputs[i]] = inputs[i];
+  std::vector<const Tensor*> ins;
+  for (const auto& st : k.stages) {
+    ins.clear();
+    for (int v : st.inputs) ins.push_back(v < 0 ? nullptr : val[v]);
+    if (st.library) {
+      KernelContext ctx{st.node, k.opset, ins, {}, nullptr, num_threads};
+      ctx.outputs.resize(st.node.outputs.size());
+      st.kernel->fn(ctx);
+      for (size_t o = 0; o < st.outputs.size(); ++o)
+        if (st.outputs[o] >= 0) {
+          owned[st.outputs[o]] = std::move(ctx.outputs[o]);
+          is_owned[st.outputs[o]] = 1;
+          val[st.outputs[o]] = &owned[st.outputs[o]];
+        }
+    } else {
+      std::vector<Tensor> outs = RunRowKernel(st.fn, st.row, ins);
+      for (size_t o = 0; o < st.outputs.size(); ++o) {
+        owned[st.outputs[o]] = std::move(outs[o]);
+        is_owned[st.outputs[o]] = 1;
+        val[st.outputs[o]] = &owned[st.outputs[o]];
+      }
+    }
+  }
+  std::vector<Tensor> out;
+  out.reserve(k.function_outputs.size());
+  for (int v : k.function_outputs) {
+    // An output that is a function input, or listed twice, is copied.
+    GAF_CHECK(val[v] != nullptr, "fused kernel: output '{}' was not computed", k.value_names[v]);
+    if (is_owned[v]) {
+      out.push_back(std::move(owned[v]));
+      is_owned[v] = 0;
+      val[v] = &out.back();
+    } else {
+      out.push_back(*val[v]);
+    }
+  }
+  return out;
+}
+
+}  // namespace gaf

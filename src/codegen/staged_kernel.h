@@ -1,0 +1,63 @@
+// Fused kernels for groups that contain contractions (MatMul, Gemm, Conv): the group's body is
+// split into stages by contraction depth. Contractions run through the matrix library (our MatMul
+// kernel: oneDNN sgemm, or the streaming GEMV for batch-1 decode); everything between them is
+// generated: each connected piece of elementwise/reduction work at one depth becomes one
+// generated row loop nest (see row_kernel.h) that reads the contraction's output once.
+//
+//   FusedSwiGLU                      stages
+//   x ─ MatMul Wg ─ Sigmoid ─ Mul ┐   0  library  MatMul(x, Wg) -> g
+//   x ─ MatMul Wu ────────────────Mul   1  library  MatMul(x, Wu) -> u
+//                                      2  row      y[j] = g[j] * sigmoid(g[j]) * u[j]
+//
+//   FusedAttention: library Q·Kᵀ, row (scale, mask, softmax in one pass), library P·V.
+//
+// A group without contractions is one row stage (the whole group in one loop nest). A group
+// with an operator that is neither a contraction nor row-generatable gets no kernel (the reason
+// says which node), so a "fused" kernel never just calls the old kernels one after another.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "codegen/compiler.h"
+#include "codegen/row_kernel.h"
+#include "ir/graph.h"
+#include "ops/kernel.h"
+
+namespace gaf {
+
+struct StagedKernel {
+  struct Stage {
+    bool library = false;            // contraction through the matrix library, else a generated row stage
+    std::vector<int> inputs, outputs;  // value ids
+    GeneratedRowKernel row;          // row stage
+    RowKernelFn fn = nullptr;
+    Node node;                       // library stage
+    const KernelInfo* kernel = nullptr;
+  };
+  bool ok = false;
+  std::string reason;                // why there is no kernel
+  std::vector<Stage> stages;
+  std::vector<std::string> value_names;
+  std::vector<int> function_inputs, function_outputs;  // value ids
+  int64_t opset = 17;
+
+  // "library MatMul + row[Sigmoid,Mul,Mul]" style summary.
+  std::string Describe() const;
+  // Sources of the row stages (symbols <prefix>_s<k>), for the batch compile.
+  std::vector<KernelSource> Sources() const;
+  // Resolves the row stages' entry points; returns false with `reason` set when one is missing or
+  // failed to compile (with the compiler's message).
+  bool Bind(const KernelLibrary& library);
+};
+
+// Plans and generates the kernel of one fused function for one call's input types, shapes and
+// constants (`request.function` is the function).
+StagedKernel GenerateStagedKernel(const RowKernelRequest& request, const std::string& symbol, int64_t opset);
+
+// Runs a bound kernel. Throws gaf::Error when the inputs no longer fit the generated code (another
+// broadcast class), so the caller can run the body instead.
+std::vector<Tensor> RunStagedKernel(const StagedKernel& kernel, const std::vector<const Tensor*>& inputs,
+                                    int num_threads);
+
+}  // namespace gaf
