@@ -14,5 +14,6 @@ void AddExampleCommand(CLI::App& app);   // example.cc
 void AddGenerateCommand(CLI::App& app);  // generate.cc
 void AddCalibrateCommand(CLI::App& app);  // calibrate.cc
 void AddFusionCommands(CLI::App& app);   // fusion_cmds.cc: analyze, estimate, fuse, explain
+void AddKernelCommands(CLI::App& app);   // kernel_cmds.cc: compile, verify, bench
 
 }  // namespace gaf::cli

@@ -30,6 +30,10 @@ struct FusionArgs {
   bool json = false;
   // fuse
   std::string output;
+  bool safe = false, no_speed_gate = false;
+  double min_cosine = 0.999, max_abs_error = 1e-3;
+  int repeats = 15, threads = 0;
+  std::string report;
   // explain
   std::string node, rule;
 };
@@ -215,8 +219,23 @@ void RunEstimate(const FusionArgs& a) {
 void RunFuse(const FusionArgs& a) {
   GAF_CHECK(!a.output.empty(), "fuse needs an output file (-o OUT.onnx)");
   auto f = MakeFuser(a);
+  if (a.safe) {
+    SafeFusionOptions so;
+    so.min_cosine = a.min_cosine;
+    so.max_abs_error = a.max_abs_error;
+    so.check_speed = !a.no_speed_gate;
+    so.repeats = a.repeats;
+    so.threads = a.threads;
+    f->FuseSafe(so);
+    if (!a.report.empty()) WriteFileAtomic(a.report, f->GetSafeFusionReport().ToJson() + "\n");
+  }
   f->Save(a.output);
   const FuseSummary& s = f->fuse_summary();
+  if (a.json && a.safe) {
+    fmt::print("{}\n", f->GetSafeFusionReport().ToJson());
+    return;
+  }
+  if (a.safe) fmt::print("{}", f->GetSafeFusionReport().ToText());
   if (a.json) {
     json j{{"model", a.model},
            {"output", a.output},
@@ -281,6 +300,13 @@ void AddFusionCommands(CLI::App& app) {
     auto* cmd = app.add_subcommand("fuse", "Fuse and write the fused model (standard ONNX with model-local functions)");
     AddCommonOptions(cmd, a.get());
     cmd->add_option("-o,--output", a->output, "output .onnx file")->required();
+    cmd->add_flag("--safe", a->safe, "safe fusion: per-group precision and speed gates, failures rolled back");
+    cmd->add_option("--min-cosine", a->min_cosine, "safe: minimum cosine similarity per group (default 0.999)");
+    cmd->add_option("--max-abs-error", a->max_abs_error, "safe: maximum absolute error per group (default 1e-3)");
+    cmd->add_flag("--no-speed-gate", a->no_speed_gate, "safe: keep groups whose kernel is not measurably faster");
+    cmd->add_option("--repeats", a->repeats, "safe: timed runs per side of the speed gate (median; default 15)");
+    cmd->add_option("--threads", a->threads, "safe: threads for the gates (default: all cores)");
+    cmd->add_option("--report", a->report, "safe: also write the safe-fusion report as JSON to this file");
     cmd->callback([a] { RunFuse(*a); });
   }
   {

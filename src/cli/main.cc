@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   gaf::cli::AddGenerateCommand(app);
   gaf::cli::AddCalibrateCommand(app);
   gaf::cli::AddFusionCommands(app);
+  gaf::cli::AddKernelCommands(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -30,6 +30,7 @@ std::shared_ptr<FusedKernelSet> FusedKernelSet::Build(const Model& model, const 
     e.fallbacks = std::make_shared<std::atomic<int64_t>>(0);
     RowKernelRequest req;
     req.function = f;
+    req.approx_math = f->doc_string.find("kernel-math=approx") != std::string::npos;
     bool shapes_known = true;
     for (const std::string& in : call.inputs) {
       const Tensor* c = model.graph.FindInitializer(in);

@@ -58,6 +58,10 @@ struct RowKernelRequest {
   // Value of each input that is a constant (an initializer), else null. Scalar constants are
   // folded into the code as literals; integer constants give axes.
   std::vector<const Tensor*> constants;
+  // Fast low-precision math (a rule's math=approx): exp by Schraudolph's bit trick (~4% error)
+  // and sigmoid/tanh/erf through it. Only for rules whose author asked for it; FuseSafe's
+  // precision gate decides whether the result is kept.
+  bool approx_math = false;
 };
 
 // Generates the kernel, or returns ok=false with a reason (unsupported op, type, axis, shape).
@@ -70,6 +74,8 @@ bool RowDomain(const std::vector<Shape>& input_shapes, Shape* full, int64_t* row
 
 // Classifies one input against the domain and fills its row-offset table when needed.
 RowInputClass ClassifyRowInput(const Shape& input, const Shape& full, std::vector<int64_t>* offsets);
+// Offset (in elements of the input) of each row of `full` in a broadcast input.
+std::vector<int64_t> RowOffsets(const Shape& input, const Shape& full);
 
 // Calls a compiled row kernel on concrete inputs: computes the domain, checks that every input
 // still has the class the kernel was generated for (gaf::Error otherwise, so the caller can

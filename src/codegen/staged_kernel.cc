@@ -151,6 +151,7 @@ StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string
       std::set<std::string> produced, inputs_seen;
       RowKernelRequest sreq;
       sreq.function = &sf;
+      sreq.approx_math = req.approx_math;
       for (size_t ni : nodes) {
         const Node& n = f.nodes[ni];
         for (const auto& in : n.inputs) {

@@ -68,6 +68,11 @@ using ShapeMap = std::map<std::string, ValueShape>;
 // runtime runs.
 ShapeMap RecordShapes(const Model& model, const std::map<std::string, int64_t>& dims = {});
 
+// The random inputs RecordShapes uses: floats uniform in [-1, 1], integer ids/positions 0, masks 1;
+// symbolic dims from `dims`, else 8 for names that look like a sequence length, else 1.
+std::map<std::string, Tensor> RandomFeeds(const Model& model, const std::map<std::string, int64_t>& dims = {},
+                                          uint32_t seed = 0);
+
 struct OpCost {
   double flops = 0;
   double bytes_read = 0;

@@ -35,6 +35,24 @@ int64_t BindDim(const Dim& d, const std::map<std::string, int64_t>& dims, bool s
   if (!d.param.empty()) {
     auto it = dims.find(d.param);
     if (it != dims.end()) return it->second;
+    // Exporters write sums of dims ("past_sequence_length + sequence_length"): bind each term.
+    if (d.param.find('+') != std::string::npos) {
+      int64_t sum = 0;
+      size_t start = 0;
+      while (start <= d.param.size()) {
+        size_t plus = d.param.find('+', start);
+        std::string term = d.param.substr(start, plus == std::string::npos ? std::string::npos : plus - start);
+        term.erase(0, term.find_first_not_of(' '));
+        term.erase(term.find_last_not_of(' ') + 1);
+        Dim t;
+        if (!term.empty() && std::all_of(term.begin(), term.end(), ::isdigit)) t.value = std::stoll(term);
+        else t.param = term;
+        sum += BindDim(t, dims, sequence_defaults);
+        if (plus == std::string::npos) break;
+        start = plus + 1;
+      }
+      return sum;
+    }
     if (sequence_defaults && LooksLikeSequence(d.param)) return kDefaultSequenceLength;
   }
   return 1;
@@ -95,6 +113,24 @@ bool TryRun(const Model& model, const std::map<std::string, int64_t>& dims, bool
 }
 
 }  // namespace
+
+std::map<std::string, Tensor> RandomFeeds(const Model& model, const std::map<std::string, int64_t>& dims,
+                                          uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::map<std::string, Tensor> feeds;
+  for (const ValueInfo& v : model.graph.inputs) {
+    if (model.graph.FindInitializer(v.name) != nullptr) continue;
+    GAF_CHECK(v.non_tensor_type.empty(), "input '{}' is a {}, not a tensor", v.name, v.non_tensor_type);
+    Shape shape;
+    if (v.has_shape) {
+      for (const Dim& d : v.dims) shape.push_back(BindDim(d, dims, true));
+    } else {
+      shape = {1};
+    }
+    feeds.emplace(v.name, RandomInput(v, shape, rng));
+  }
+  return feeds;
+}
 
 ShapeMap RecordShapes(const Model& model, const std::map<std::string, int64_t>& dims) {
   ShapeMap declared;

@@ -183,10 +183,15 @@ Model GraphAutoFusion::Fuse() {
   std::vector<RewriteGroup> groups;
   for (const FusionCandidate& c : candidates_) {
     if (c.verdict != Verdict::kFuse) continue;
-    groups.push_back({c.nodes, c.fused_op, c.rule, c.rule_source, c.id});
+    std::string math = "exact";
+    for (const FusionRule& r : rules_)
+      if (r.name == c.rule) math = r.math;
+    groups.push_back({c.nodes, c.fused_op, c.rule, c.rule_source, c.id, math});
   }
   std::vector<RewrittenGroup> done;
   fused_ = RewriteFusedGroups(model_, groups, &done);
+  fused_nodes_.clear();
+  for (const RewrittenGroup& r : done) fused_nodes_.emplace_back(r.node_name, r.candidate);
   fuse_summary_ = FuseSummary();
   fuse_summary_.groups = static_cast<int>(done.size());
   std::set<std::string> fns;
@@ -227,6 +232,27 @@ Model GraphAutoFusion::Fuse() {
   }
   fused_done_ = true;
   return fused_;
+}
+
+Model GraphAutoFusion::RollBack(const std::map<int, std::pair<Verdict, std::string>>& rollbacks) {
+  for (FusionCandidate& c : candidates_) {
+    auto it = rollbacks.find(c.id);
+    if (it == rollbacks.end()) continue;
+    c.verdict = it->second.first;
+    c.reason = it->second.second;
+    DecisionRecord rec;
+    rec.candidate = c.id;
+    rec.stage = "safe";
+    rec.rule = c.rule;
+    rec.fused_op = c.fused_op;
+    rec.nodes = c.node_names;
+    rec.op_types = c.op_types;
+    rec.decision = std::string("Rolled back (") + VerdictName(c.verdict) + ")";
+    rec.reason = c.reason;
+    log_.Append(rec);
+  }
+  fused_done_ = false;
+  return Fuse();
 }
 
 void GraphAutoFusion::Save(const std::string& path) {

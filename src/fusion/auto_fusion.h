@@ -64,6 +64,50 @@ struct FusionEstimate {
   int nodes_before = 0, nodes_after = 0;  // main-graph node counts without / with the fused groups
 };
 
+// Safe fusion (stage 4): each fused group's generated kernel is checked against the unfused
+// operators on the group's real inputs (values of one run of the model on random inputs):
+// precision (cosine similarity and max abs error over every output) and speed (median of repeats,
+// the fused kernel against the same operators run one after another by the reference kernels).
+// A group that fails is rolled back to its original operators with the reason; then the whole
+// model is checked end to end. Implemented in src/codegen/safe_fusion.cc (link gaf_codegen).
+struct SafeFusionOptions {
+  double min_cosine = 0.999;
+  double max_abs_error = 1e-3;   // absolute, per output element
+  bool check_speed = true;
+  int repeats = 15;              // timed runs per side (median)
+  int threads = 0;               // 0 = all cores
+  std::string kernel_cache;      // "" = $GAF_KERNEL_CACHE or ~/.cache/graph-autofusion/kernels
+  uint32_t seed = 0;             // random graph inputs
+};
+
+struct SafeKernelResult {
+  int candidate = -1;
+  std::string node, function, rule, kernel;  // kernel: how it runs ("library MatMul + generated[...]")
+  std::vector<std::string> original_nodes;
+  bool fused = false;                        // kept (else rolled back)
+  std::string reason_kind;                   // "", "precision", "speed", "compile"
+  std::string reason;                        // a sentence
+  double cosine = 0, max_abs_error = 0;      // measured on the group's real inputs
+  double predicted_unfused_us = 0, predicted_fused_us = 0;  // cost model (per formula in docs/cost_model.md)
+  double measured_unfused_us = 0, measured_fused_us = 0;    // medians of `repeats` runs
+  double noise = 0;                          // relative spread (IQR/median) of the unfused timings
+  std::string same_as;                       // measured once for identical kernel+shapes: that node
+};
+
+struct SafeFusionReport {
+  int candidates = 0, fused = 0;
+  std::map<std::string, int> skipped_by_reason;  // verdict name -> count (all stages)
+  std::vector<SafeKernelResult> kernels;        // one per fused group tried
+  // End to end, original (canonicalized) model vs the final fused model with its kernels.
+  std::vector<std::string> outputs;
+  std::vector<double> output_cosine, output_max_abs_error;
+  double time_original_ms = 0, time_fused_ms = 0, measured_speedup = 0;  // medians of `repeats`
+  double predicted_speedup = 1;                                           // cost model
+  std::string kernel_library;                                              // where the compiled kernels are
+  std::string ToText() const;
+  std::string ToJson() const;
+};
+
 // What Fuse() did (additions).
 struct FuseSummary {
   int groups = 0;                          // fused groups (nodes calling a function)
@@ -90,6 +134,16 @@ class GraphAutoFusion {
   // node's doc_string and metadata.
   Model Fuse();
   void Save(const std::string& path);  // saves the fused model (fusing first if needed)
+
+  // Fuse() plus the precision and speed gates with rollback (see SafeFusionOptions); also what
+  // Fuse() does when options.safe_mode is set and FuseSafe is called.
+  Model FuseSafe(const SafeFusionOptions& safe = {});
+  const SafeFusionReport& GetSafeFusionReport() const { return safe_report_; }
+  // Generates the kernels of the fused model's operators into `dir` (one source per kernel stage,
+  // build.ninja, the shared library) in one batch build; returns a summary. Defined with FuseSafe.
+  std::string CompileFusedOperators(const std::string& dir);
+  // Rolls back fused candidates (candidate id -> verdict and reason) and fuses again.
+  Model RollBack(const std::map<int, std::pair<Verdict, std::string>>& rollbacks);
 
   const Model& canonical_model() const { return model_; }
   const std::vector<std::string>& canonicalization_log() const { return canon_log_; }
@@ -119,6 +173,12 @@ class GraphAutoFusion {
   bool shapes_done_ = false, shapes_known_ = false;
   std::string shapes_error_;
   FuseSummary fuse_summary_;
+  std::vector<std::pair<std::string, int>> fused_nodes_;  // fused node name -> candidate id
+  SafeFusionReport safe_report_;
+ public:
+  // Fused node name -> candidate id of the last Fuse().
+  const std::vector<std::pair<std::string, int>>& fused_nodes() const { return fused_nodes_; }
+  const std::vector<FusionCandidate>& candidates() const { return candidates_; }
 };
 
 }  // namespace gaf

@@ -153,7 +153,7 @@ Model RewriteFusedGroups(const Model& model, const std::vector<RewriteGroup>& gr
     }
 
     const std::string base = grp.fused_op.empty() ? "Fused" + grp.rule : grp.fused_op;
-    const std::string sig = BodySignature(f);
+    const std::string sig = BodySignature(f) + "\nmath=" + grp.math;
     std::string fname;
     auto sit = name_of_signature.find(base + "\n" + sig);
     if (sit != name_of_signature.end()) {
@@ -166,6 +166,7 @@ Model RewriteFusedGroups(const Model& model, const std::vector<RewriteGroup>& gr
       f.name = fname;
       f.doc_string = fmt::format("graph-autofusion fused operator of rule '{}' ({}): the body is the original subgraph.",
                                  grp.rule, grp.rule_source.empty() ? "builtin" : grp.rule_source);
+      if (grp.math == "approx") f.doc_string += " kernel-math=approx";
       out.functions.push_back(std::move(f));
     }
 

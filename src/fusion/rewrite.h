@@ -31,6 +31,7 @@ struct RewriteGroup {
   std::string rule;
   std::string rule_source;
   int candidate = -1;
+  std::string math = "exact";  // "approx": the rule allows approximate math in its kernel
 };
 
 struct RewrittenGroup {

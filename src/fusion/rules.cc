@@ -206,10 +206,13 @@ class RuleParser {
         r.preset = value;
       } else if (key == "formula") {
         r.formula = value;
+      } else if (key == "math") {
+        if (value != "exact" && value != "approx") Throw(fmt::format("bad value '{}' for math (exact or approx)", value));
+        r.math = value;
       } else if (key == "name" && chain) {
         r.name = value;
       } else {
-        Throw(fmt::format("unknown key '{}' (expected fuse, priority, threshold, preset, formula{})", key,
+        Throw(fmt::format("unknown key '{}' (expected fuse, priority, threshold, preset, formula, math{})", key,
                           chain ? ", name" : ""));
       }
     }

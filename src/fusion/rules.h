@@ -21,6 +21,7 @@ struct FusionRule {
   std::string preset;        // "transformer", "cnn", "rnn", "user"
   std::string source;        // "builtin" or "file.rules:12"
   std::string formula;       // one line: what the group computes, for reports
+  std::string math = "exact";  // "approx": its kernel may use fast low-precision math (gated by FuseSafe)
 };
 
 // "op1+op2": op2 consumes op1's output (in any input slot; commutative-aware).

@@ -423,7 +423,7 @@ std::string ModelToBytes(const Model& model) {
   return out;
 }
 
-static void AtomicWrite(const std::string& path, const std::string& bytes) {
+void WriteFileAtomic(const std::string& path, const std::string& bytes) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -470,7 +470,7 @@ void SaveModel(const Model& model, const std::string& path, const SaveOptions& o
     fs::rename(ext_tmp, ext_path, ec);
     GAF_CHECK(!ec, "{}: cannot rename temporary file into place: {}", ext_path, ec.message());
   }
-  AtomicWrite(path, bytes);
+  WriteFileAtomic(path, bytes);
 }
 
 Tensor LoadTensorPb(const std::string& path) {
@@ -484,7 +484,7 @@ Tensor LoadTensorPb(const std::string& path) {
 void SaveTensorPb(const Tensor& t, const std::string& name, const std::string& path) {
   onnx::TensorProto tp;
   TensorToProto(t, name, &tp, nullptr);
-  AtomicWrite(path, tp.SerializeAsString());
+  WriteFileAtomic(path, tp.SerializeAsString());
 }
 
 std::string CheckModel(const Model& model) {

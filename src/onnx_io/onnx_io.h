@@ -25,6 +25,8 @@ struct SaveOptions {
 // Writes atomically: a temporary file in the same folder, then rename.
 void SaveModel(const Model& model, const std::string& path, const SaveOptions& options = {});
 std::string ModelToBytes(const Model& model);
+// Writes a file through a temporary name and a rename: readers never see a half-written file.
+void WriteFileAtomic(const std::string& path, const std::string& bytes);
 
 // A serialized TensorProto (the .pb files of the ONNX test data).
 Tensor LoadTensorPb(const std::string& path);

@@ -27,7 +27,7 @@ using testing::FloatValue;
 using testing::MakeModel;
 using testing::MakeNode;
 
-std::map<std::string, Tensor> RandomFeeds(const Model& m, uint32_t seed = 1);
+std::map<std::string, Tensor> TestFeeds(const Model& m, uint32_t seed = 1);
 void ExpectSameOutputs(const Model& original, const Model& fused, const std::map<std::string, Tensor>& feeds,
                        const std::string& what);
 
@@ -223,7 +223,7 @@ TEST(AutoFuser, FusesAnElementwiseChain) {
   Model m = MakeModel(g);
   Model fused = RewriteFusedGroups(m, {{groups[0].nodes, "FusedElementwise", "auto", "test", 1}});
   EXPECT_EQ(CheckModel(fused), "");
-  ExpectSameOutputs(m, fused, RandomFeeds(m), "elementwise chain");
+  ExpectSameOutputs(m, fused, TestFeeds(m), "elementwise chain");
 }
 
 TEST(AutoFuser, RespectsOutsideConsumersAndContractionPrologues) {
@@ -285,7 +285,7 @@ Agreement Compare(const Tensor& a, const Tensor& b) {
 }
 
 // Random feeds for a model's inputs (symbolic dims = 2, integer inputs 0, masks 1).
-std::map<std::string, Tensor> RandomFeeds(const Model& m, uint32_t seed) {
+std::map<std::string, Tensor> TestFeeds(const Model& m, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::set<std::string> inits;
@@ -369,11 +369,11 @@ TEST(FusionRewrite, FunctionsPerDistinctBodyAndProvenance) {
   EXPECT_TRUE(meta);
   ASSERT_EQ(done.size(), 3u);
   EXPECT_EQ(done[1].original_nodes, (std::vector<std::string>{"leaky1", "sig1"}));
-  ExpectSameOutputs(m, f, RandomFeeds(m), "three chains");
+  ExpectSameOutputs(m, f, TestFeeds(m), "three chains");
   // Round trip through the file format keeps the functions.
   Model back = ModelFromBytes(ModelToBytes(f), "", "fused");
   EXPECT_EQ(back.functions.size(), 2u);
-  ExpectSameOutputs(m, back, RandomFeeds(m), "three chains, reloaded");
+  ExpectSameOutputs(m, back, TestFeeds(m), "three chains, reloaded");
 }
 
 TEST(FusionRewrite, InitializersBecomeExplicitInputsAndOrderIsRepaired) {
@@ -397,7 +397,7 @@ TEST(FusionRewrite, InitializersBecomeExplicitInputsAndOrderIsRepaired) {
   EXPECT_EQ(f.graph.nodes[0].outputs, (std::vector<std::string>{"a", "y"}));
   ASSERT_EQ(f.functions.size(), 1u);
   EXPECT_EQ(f.functions[0].inputs, (std::vector<std::string>{"X0", "X1"}));
-  ExpectSameOutputs(m, f, RandomFeeds(m), "relu add");
+  ExpectSameOutputs(m, f, TestFeeds(m), "relu add");
   EXPECT_THROW(RewriteFusedGroups(m, {{{0, 2}, "A", "A", "", 1}, {{2, 1}, "B", "B", "", 2}}), Error);
 }
 
@@ -435,7 +435,7 @@ TEST(GraphAutoFusion, HandMadeRuleViaAddFusionRule) {
   EXPECT_EQ(CountFusedNodes(fused), 1);
   EXPECT_TRUE(f.fuse_summary().checker_passed);
   EXPECT_EQ(f.fuse_summary().per_rule.at("ReluSigmoid"), 1);
-  ExpectSameOutputs(m, fused, RandomFeeds(m), "relu sigmoid");
+  ExpectSameOutputs(m, fused, TestFeeds(m), "relu sigmoid");
   EXPECT_FALSE(f.decision_log().ForRule("ReluSigmoid").empty());
 }
 
@@ -511,7 +511,7 @@ TEST(GraphAutoFusion, TinyCnnFusedEqualsOriginal) {
   Model fused = f.Fuse();
   EXPECT_EQ(CheckModel(fused), "");
   EXPECT_GT(CountFusedNodes(fused), 0);
-  ExpectSameOutputs(m, fused, RandomFeeds(m), "tiny cnn");
+  ExpectSameOutputs(m, fused, TestFeeds(m), "tiny cnn");
   for (const Node& n : fused.graph.nodes) EXPECT_NE(n.op_type, "BatchNormalization") << n.name;
   const fs::path out = fs::temp_directory_path() / fmt::format("gaf_fused_cnn_{}.onnx", ::getpid());
   f.Save(out.string());
@@ -549,7 +549,7 @@ TEST(GraphAutoFusion, OrtFusionGraphsFusedEqualOriginal) {
       }
       // Graphs made to stress tensor sizes (gigabytes of input) are left to the conformance suites.
       if (elements > (int64_t{1} << 22)) continue;
-      feeds = RandomFeeds(m);
+      feeds = TestFeeds(m);
       Session(m).Run(feeds);
     } catch (const Error&) {
       continue;  // the runtime cannot run it (contrib ops, unsupported types)

@@ -1,0 +1,306 @@
+// `autofusion compile`, `verify`, `bench`: the generated kernels of a fused model, its precision
+// against the original, and the stage table (baseline unfused, + fusion, + safe fusion) measured
+// side by side in one run.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "cli/commands.h"
+#include "codegen/fused_session.h"
+#include "codegen/verify.h"
+#include "cost/cost_model.h"
+#include "fusion/auto_fusion.h"
+#include "models/generate.h"
+#include "onnx_io/npy.h"
+#include "onnx_io/onnx_io.h"
+
+namespace gaf::cli {
+
+namespace {
+
+using json = nlohmann::json;
+
+bool HasFusedOperators(const Model& m) {
+  for (const Function& f : m.functions)
+    if (f.domain == kFusedDomain) return true;
+  return false;
+}
+
+std::map<std::string, int64_t> ParseDims(const std::vector<std::string>& dims) {
+  std::map<std::string, int64_t> out;
+  for (const std::string& d : dims) {
+    const size_t eq = d.find('=');
+    GAF_CHECK(eq != std::string::npos && eq > 0, "--dim '{}' is not NAME=VALUE", d);
+    try {
+      out[d.substr(0, eq)] = std::stoll(d.substr(eq + 1));
+    } catch (const std::exception&) {
+      throw Error(fmt::format("--dim '{}': '{}' is not an integer", d, d.substr(eq + 1)));
+    }
+  }
+  return out;
+}
+
+std::map<std::string, Tensor> ParseInputs(const std::vector<std::string>& specs) {
+  std::map<std::string, Tensor> feeds;
+  for (const std::string& s : specs) {
+    const size_t eq = s.find('=');
+    GAF_CHECK(eq != std::string::npos && eq > 0, "--input '{}': expected NAME=FILE.npy|FILE.pb", s);
+    feeds[s.substr(0, eq)] = LoadTensorFile(s.substr(eq + 1));
+  }
+  return feeds;
+}
+
+// ---- compile ----
+struct CompileArgs {
+  std::string model, output, preset = "transformer", rules;
+  std::vector<std::string> dims;
+};
+
+void RunCompile(const CompileArgs& a) {
+  GAF_CHECK(!a.output.empty(), "compile needs an output folder (-o DIR)");
+  Model m = LoadModel(a.model);
+  if (HasFusedOperators(m)) {
+    KernelCompiler compiler(a.output);
+    auto set = CompileFusedKernels(m, compiler, ParseDims(a.dims));
+    const KernelLibrary* lib = set->library();
+    fmt::print("kernel library: {} ({})\n", lib && !lib->directory().empty() ? lib->directory() : "none (no kernels)",
+               lib && lib->from_cache() ? "cached, nothing compiled" : fmt::format("compiled in {:.2f} s", lib ? lib->compile_seconds() : 0.0));
+    fmt::print("{}", DescribeFusedKernels(*set));
+    return;
+  }
+  FusionOptions o;
+  o.preset = a.preset;
+  o.rules_file = a.rules;
+  o.dims = ParseDims(a.dims);
+  GraphAutoFusion f(m, o);
+  fmt::print("{} has no fused operators: fused with preset '{}' first.\n", a.model, a.preset);
+  fmt::print("{}", f.CompileFusedOperators(a.output));
+}
+
+// ---- verify ----
+struct VerifyArgs {
+  std::string fused, original;
+  std::vector<std::string> inputs, dims;
+  int threads = 0, repeat = 0;
+  uint32_t seed = 0;
+  double min_cosine = 0.999, max_abs_error = 1e-3;
+  bool json = false;
+};
+
+void RunVerify(const VerifyArgs& a) {
+  Model fused = LoadModel(a.fused);
+  GAF_CHECK(HasFusedOperators(fused), "{}: no fused operators (domain {}) to verify", a.fused, kFusedDomain);
+  VerifyOptions vo;
+  vo.dims = ParseDims(a.dims);
+  vo.feeds = ParseInputs(a.inputs);
+  vo.seed = a.seed;
+  vo.threads = a.threads;
+  vo.repeats = a.repeat;
+  // Without --original the reference is the fused model's own bodies: the original operators.
+  Model original = a.original.empty() ? fused : LoadModel(a.original);
+  PrecisionReport p = VerifyPrecision(fused, original, vo);
+  PerformanceReport perf;
+  if (a.repeat > 0) perf = VerifyPerformance(fused, vo);
+  const bool pass = p.Passes(a.min_cosine, a.max_abs_error);
+  if (a.json) {
+    json outs = json::array();
+    for (const auto& o : p.outputs)
+      outs.push_back({{"name", o.name},
+                      {"same_shape", o.same_shape},
+                      {"cosine", o.cosine},
+                      {"max_abs_error", std::isfinite(o.max_abs_error) ? o.max_abs_error : -1.0},
+                      {"max_abs_reference", o.max_abs_reference}});
+    json j{{"fused", a.fused},
+           {"reference", a.original.empty() ? "the fused model's function bodies (unfused operators)" : a.original},
+           {"outputs", outs},
+           {"min_cosine", p.min_cosine},
+           {"max_abs_error", std::isfinite(p.max_abs_error) ? p.max_abs_error : -1.0},
+           {"gate", {{"min_cosine", a.min_cosine}, {"max_abs_error", a.max_abs_error}}},
+           {"pass", pass}};
+    if (a.repeat > 0)
+      j["performance"] = {{"baseline_ms", perf.baseline_ms}, {"fused_ms", perf.fused_ms}, {"speedup", perf.speedup},
+                          {"repeats", perf.repeats}, {"source", "measured: medians of interleaved runs"}};
+    fmt::print("{}\n", j.dump(2));
+  } else {
+    fmt::print("reference: {}\n", a.original.empty() ? "the fused model's function bodies (the unfused operators)" : a.original);
+    fmt::print("{:<36} {:>12} {:>14} {:>14}\n", "output", "cosine", "max abs error", "max |ref|");
+    for (const auto& o : p.outputs)
+      fmt::print("{:<36} {:>12.8f} {:>14.4g} {:>14.4g}{}\n", o.name, o.cosine, o.max_abs_error, o.max_abs_reference,
+                 o.same_shape ? "" : "  (shapes differ)");
+    fmt::print("fused kernels:\n{}", p.kernels);
+    if (a.repeat > 0)
+      fmt::print("time: unfused {:.3f} ms, fused {:.3f} ms -> {:.2f}x (medians of {} interleaved runs)\n", perf.baseline_ms,
+                 perf.fused_ms, perf.speedup, perf.repeats);
+    fmt::print("{} (gate: cosine >= {}, max abs error <= {})\n", pass ? "PASS" : "FAIL", a.min_cosine, a.max_abs_error);
+  }
+  GAF_CHECK(pass, "precision gate failed: min cosine {:.6f}, max abs error {:.3g}", p.min_cosine, p.max_abs_error);
+}
+
+// ---- bench ----
+struct BenchArgs {
+  std::string model, preset = "transformer", rules;
+  std::vector<std::string> dims;
+  int threads = 0, repeat = 5, tokens = 30, prompt_len = 8;
+  bool safe = false, json = false;
+};
+
+struct Stage {
+  std::string name;
+  Model model;
+  std::shared_ptr<FusedKernelSet> kernels;
+  std::unique_ptr<Session> session;
+  std::vector<double> samples;  // seconds per token (decoder) or per inference
+  std::vector<int64_t> tokens;
+  std::string note;
+};
+
+void RunBench(const BenchArgs& a) {
+  Model original = LoadModel(a.model);
+  GAF_CHECK(!HasFusedOperators(original), "{}: already fused; bench takes the original model and fuses it", a.model);
+  FusionOptions o;
+  o.preset = a.preset;
+  o.rules_file = a.rules;
+  o.dims = ParseDims(a.dims);
+  SessionOptions so;
+  so.num_threads = a.threads;
+  const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency());
+
+  std::vector<std::unique_ptr<Stage>> stages;
+  auto add = [&](const std::string& name, const Model& m, bool kernels, const std::string& note) {
+    auto st = std::make_unique<Stage>();
+    st->name = name;
+    st->model = m;
+    st->note = note;
+    SessionOptions s = so;
+    if (kernels) {
+      KernelCompiler compiler;
+      st->kernels = CompileFusedKernels(st->model, compiler, o.dims);
+      s.function_kernels = st->kernels->Provider();
+    }
+    st->session = std::make_unique<Session>(st->model, s);
+    stages.push_back(std::move(st));
+  };
+  add("baseline (unfused)", original, false, "reference kernels, one per operator");
+  GraphAutoFusion f(original, o);
+  Model fused = f.Fuse();
+  add("+ fusion", fused, true,
+      fmt::format("{} groups ({} functions), generated kernels", f.fuse_summary().groups, f.fuse_summary().functions));
+  std::string safe_summary;
+  if (a.safe) {
+    GraphAutoFusion g(original, o);
+    SafeFusionOptions sopt;
+    sopt.threads = a.threads;
+    Model safe = g.FuseSafe(sopt);
+    const SafeFusionReport& r = g.GetSafeFusionReport();
+    int rolled = 0;
+    for (const auto& k : r.kernels) rolled += !k.fused;
+    add("+ safe fusion (gated)", safe, true, fmt::format("{} groups kept, {} rolled back", r.fused, rolled));
+  }
+
+  bool decoder = true;
+  DecoderSignature sig;
+  try {
+    sig = DecoderSignature::Discover(stages[0]->session->inputs(), stages[0]->session->outputs());
+  } catch (const Error&) {
+    decoder = false;
+  }
+  GenerateOptions gen;
+  std::map<std::string, Tensor> feeds;
+  if (decoder) {
+    for (int i = 0; i < a.prompt_len; ++i) gen.prompt_ids.push_back(1 + (i * 7) % 50);
+    gen.max_new_tokens = a.tokens;
+  } else {
+    feeds = RandomFeeds(original, o.dims, 0);
+  }
+  auto run_once = [&](Stage& st) {
+    if (decoder) {
+      GenerateResult g = Generate(*st.session, sig, gen);
+      st.tokens = g.tokens;
+      return g.MedianStepSeconds();
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    st.session->Run(feeds);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  for (auto& st : stages) run_once(*st);  // warm-up
+  for (int r = 0; r < std::max(1, a.repeat); ++r)  // interleaved, so load changes hit every stage alike
+    for (auto& st : stages) st->samples.push_back(run_once(*st));
+
+  const double base = Median(stages[0]->samples);
+  if (a.json) {
+    json j{{"model", a.model}, {"threads", threads}, {"repeats", a.repeat}, {"decoder", decoder},
+           {"unit", decoder ? "tokens/s (decode, median step)" : "inferences/s"}, {"stages", json::array()}};
+    for (auto& st : stages) {
+      double t = Median(st->samples);
+      json s{{"stage", st->name}, {"seconds", t}, {"rate", t > 0 ? 1.0 / t : 0.0}, {"speedup", t > 0 ? base / t : 0.0},
+             {"noise", RelativeIqr(st->samples)}, {"note", st->note}};
+      if (decoder) s["same_tokens_as_baseline"] = st->tokens == stages[0]->tokens;
+      j["stages"].push_back(s);
+    }
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+  fmt::print("{} — {} thread(s), medians of {} interleaved runs{}\n", a.model, threads, a.repeat,
+             decoder ? fmt::format(", decode of {} tokens after a {}-token prompt", a.tokens, a.prompt_len) : "");
+  fmt::print("  {:<24} {:>14} {:>12} {:>9} {:>7}  {}\n", "stage", decoder ? "tokens/s" : "inferences/s",
+             decoder ? "ms/token" : "ms", "speedup", "noise", "note");
+  for (auto& st : stages) {
+    double t = Median(st->samples);
+    std::string note = st->note;
+    if (decoder && st->tokens != stages[0]->tokens) note += " [TOKENS DIFFER from baseline]";
+    fmt::print("  {:<24} {:>14.1f} {:>12.3f} {:>8.2f}x {:>6.0f}%  {}\n", st->name, t > 0 ? 1 / t : 0.0, t * 1e3,
+               t > 0 ? base / t : 0.0, 100 * RelativeIqr(st->samples), note);
+  }
+  if (stages.size() > 1 && stages[1]->kernels) fmt::print("fused kernels:\n{}", DescribeFusedKernels(*stages[1]->kernels));
+}
+
+}  // namespace
+
+void AddKernelCommands(CLI::App& app) {
+  {
+    auto a = std::make_shared<CompileArgs>();
+    auto* cmd = app.add_subcommand("compile", "Generate and batch-compile the fused kernels of a model into a folder");
+    cmd->add_option("model", a->model, "fused ONNX model (or an unfused one: it is fused with --preset first)")->required();
+    cmd->add_option("-o,--output", a->output, "folder for the sources, build.ninja and the kernel library")->required();
+    cmd->add_option("--preset", a->preset, "rule preset when the model is not fused yet (default transformer)");
+    cmd->add_option("--rules", a->rules, "extra rules when the model is not fused yet");
+    cmd->add_option("--dim", a->dims, "NAME=VALUE binding of a symbolic dimension for the recorded shapes");
+    cmd->callback([a] { RunCompile(*a); });
+  }
+  {
+    auto a = std::make_shared<VerifyArgs>();
+    auto* cmd = app.add_subcommand("verify", "Precision of a fused model run with its generated kernels (cosine, max abs error per output)");
+    cmd->add_option("fused", a->fused, "fused ONNX model")->required();
+    cmd->add_option("--original", a->original, "the original model (default: the fused model's own function bodies)");
+    cmd->add_option("-i,--input", a->inputs, "NAME=FILE.npy|FILE.pb (default: random)");
+    cmd->add_option("--dim", a->dims, "NAME=VALUE for a symbolic dimension of random inputs");
+    cmd->add_option("--threads", a->threads, "threads (default: all cores)");
+    cmd->add_option("--seed", a->seed, "seed of random inputs");
+    cmd->add_option("--min-cosine", a->min_cosine, "gate: minimum cosine similarity (default 0.999)");
+    cmd->add_option("--max-abs-error", a->max_abs_error, "gate: maximum absolute error (default 1e-3)");
+    cmd->add_option("--repeat", a->repeat, "also time unfused vs fused, medians of N interleaved runs");
+    cmd->add_flag("--json", a->json, "machine-readable output");
+    cmd->callback([a] { RunVerify(*a); });
+  }
+  {
+    auto a = std::make_shared<BenchArgs>();
+    auto* cmd = app.add_subcommand("bench", "Stage table: baseline unfused, + fusion (+ safe fusion), measured side by side");
+    cmd->add_option("model", a->model, "ONNX model (not fused)")->required();
+    cmd->add_option("--preset", a->preset, "rule preset (default transformer)");
+    cmd->add_option("--rules", a->rules, "extra rules from a rule file");
+    cmd->add_option("--dim", a->dims, "NAME=VALUE for a symbolic dimension of random inputs");
+    cmd->add_option("--threads", a->threads, "threads (default: all cores)");
+    cmd->add_option("--repeat", a->repeat, "interleaved runs per stage (median; default 5)");
+    cmd->add_option("-n,--tokens", a->tokens, "decoders: new tokens per generation (default 30)");
+    cmd->add_flag("--safe", a->safe, "add the safe-fusion stage (precision and speed gates with rollback)");
+    cmd->add_flag("--json", a->json, "machine-readable output");
+    cmd->callback([a] { RunBench(*a); });
+  }
+}
+
+}  // namespace gaf::cli

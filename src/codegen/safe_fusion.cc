@@ -1,0 +1,314 @@
+// GraphAutoFusion::FuseSafe and CompileFusedOperators (declared in fusion/auto_fusion.h; they
+// need the code generator, so they live in this library).
+#include <fmt/format.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "codegen/fused_kernels.h"
+#include "codegen/fused_session.h"
+#include "codegen/verify.h"
+#include "cost/cost_model.h"
+#include "fusion/auto_fusion.h"
+#include "onnx_io/onnx_io.h"
+#include "runtime/session.h"
+
+namespace gaf {
+
+namespace {
+
+// The unfused operators of a function as a StagedKernel whose every stage is the reference
+// kernel of one node: the baseline of the precision and speed gates.
+StagedKernel ReferenceSequence(const Function& f, int64_t opset) {
+  StagedKernel k;
+  k.opset = opset;
+  std::map<std::string, int> id;
+  auto value = [&](const std::string& name) {
+    auto it = id.find(name);
+    if (it != id.end()) return it->second;
+    id[name] = static_cast<int>(k.value_names.size());
+    k.value_names.push_back(name);
+    return static_cast<int>(k.value_names.size()) - 1;
+  };
+  for (const auto& in : f.inputs) k.function_inputs.push_back(value(in));
+  for (const Node& n : f.nodes) {
+    StagedKernel::Stage st;
+    st.library = true;
+    st.node = n;
+    st.kernel = OpRegistry::Global().Find(n.domain, n.op_type);
+    GAF_CHECK(st.kernel != nullptr, "{}: no reference kernel", n.Describe());
+    for (const auto& in : n.inputs) st.inputs.push_back(in.empty() ? -1 : value(in));
+    for (const auto& o : n.outputs) st.outputs.push_back(o.empty() ? -1 : value(o));
+    k.stages.push_back(std::move(st));
+  }
+  for (const auto& o : f.outputs) k.function_outputs.push_back(value(o));
+  k.ok = true;
+  return k;
+}
+
+double Micros(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
+  safe_report_ = SafeFusionReport();
+  SafeFusionReport& rep = safe_report_;
+  Model fused = Fuse();
+  const int threads = safe.threads;
+
+  // One run of the fused model (reference path) on random inputs, keeping the actual inputs of
+  // every fused call: the gates test each kernel on the values it meets in the model.
+  std::set<std::string> wanted;
+  for (const Node& n : fused.graph.nodes)
+    if (n.domain == kFusedDomain)
+      for (const auto& in : n.inputs)
+        if (!in.empty() && fused.graph.FindInitializer(in) == nullptr) wanted.insert(in);
+  std::map<std::string, Tensor> values;
+  std::map<std::string, ValueType> shapes;
+  std::map<std::string, Tensor> feeds = RandomFeeds(fused, options_.dims, safe.seed);
+  {
+    SessionOptions so;
+    so.num_threads = threads;
+    so.observer = [&](const std::string& name, const Tensor& t) {
+      shapes[name] = ValueType{t.dtype(), t.shape()};
+      if (wanted.count(name)) values[name] = t;
+    };
+    Session s(fused, so);
+    s.Run(feeds);
+    for (const auto& [name, t] : feeds) {
+      shapes[name] = ValueType{t.dtype(), t.shape()};
+      if (wanted.count(name)) values[name] = t;
+    }
+  }
+  KernelCompiler compiler(safe.kernel_cache);
+  std::shared_ptr<FusedKernelSet> kernels = FusedKernelSet::Build(fused, shapes, compiler, kFusedDomain);
+  if (kernels->library()) rep.kernel_library = kernels->library()->directory();
+  std::map<std::string, const FusedKernelSet::Entry*> entry_of;
+  for (const auto& e : kernels->entries()) entry_of[e.function] = &e;
+
+  std::map<std::string, int> candidate_of_node(fused_nodes_.begin(), fused_nodes_.end());
+  std::map<int, const FusionCandidate*> cand;
+  for (const FusionCandidate& c : candidates_) cand[c.id] = &c;
+  std::map<std::string, size_t> measured;  // function + input shapes -> index in rep.kernels
+  std::map<int, std::pair<Verdict, std::string>> rollbacks;
+  const int64_t opset = fused.OpsetVersion("");
+
+  for (const Node& call : fused.graph.nodes) {
+    if (call.domain != kFusedDomain) continue;
+    SafeKernelResult r;
+    r.node = call.name;
+    r.function = call.op_type;
+    r.candidate = candidate_of_node.count(call.name) ? candidate_of_node[call.name] : -1;
+    if (cand.count(r.candidate)) {
+      const FusionCandidate& c = *cand[r.candidate];
+      r.rule = c.rule;
+      r.original_nodes = c.node_names;
+      r.predicted_unfused_us = c.cost.time_before_us;
+      r.predicted_fused_us = c.cost.time_after_us;
+    }
+    const FusedKernelSet::Entry* e = entry_of.count(call.op_type) ? entry_of[call.op_type] : nullptr;
+    const Function* f = fused.FindFunction(call.domain, call.op_type);
+    std::vector<const Tensor*> ins;
+    std::string key = call.op_type;
+    for (const auto& in : call.inputs) {
+      const Tensor* t = in.empty() ? nullptr : fused.graph.FindInitializer(in);
+      if (t == nullptr && values.count(in)) t = &values[in];
+      ins.push_back(t);
+      key += "|" + (t ? ShapeToString(t->shape()) : std::string("-"));
+    }
+    auto same = measured.find(key);
+    if (same != measured.end()) {
+      const SafeKernelResult& m = rep.kernels[same->second];
+      std::string keep_node = r.node;
+      auto keep = std::make_tuple(r.candidate, r.rule, r.original_nodes, r.predicted_unfused_us, r.predicted_fused_us);
+      r = m;
+      r.node = keep_node;
+      std::tie(r.candidate, r.rule, r.original_nodes, r.predicted_unfused_us, r.predicted_fused_us) = keep;
+      r.same_as = m.node;
+    } else {
+      if (e == nullptr || f == nullptr || !e->bound) {
+        r.reason_kind = "compile";
+        r.reason = e == nullptr ? "no kernel entry" : "no generated kernel: " + e->status;
+      } else if (std::find(ins.begin(), ins.end(), nullptr) != ins.end()) {
+        r.reason_kind = "compile";
+        r.reason = "an input of the group was not produced by the test run";
+      } else {
+        r.kernel = e->kernel.Describe();
+        StagedKernel reference = ReferenceSequence(*f, opset);
+        try {
+          std::vector<Tensor> want = RunStagedKernel(reference, ins, threads);
+          std::vector<Tensor> got = RunStagedKernel(e->kernel, ins, threads);
+          r.cosine = 1;
+          for (size_t o = 0; o < want.size(); ++o) {
+            double cs = 0, err = 0;
+            if (want[o].shape() != got[o].shape()) {
+              cs = -1;
+              err = INFINITY;
+            } else {
+              CompareTensors(want[o], got[o], &cs, &err);
+            }
+            r.cosine = std::min(r.cosine, cs);
+            r.max_abs_error = std::max(r.max_abs_error, err);
+          }
+          if (safe.check_speed) {
+            std::vector<double> tu, tf;
+            for (int i = 0; i < safe.repeats + 1; ++i) {  // first pair is a warm-up
+              auto t0 = std::chrono::steady_clock::now();
+              RunStagedKernel(reference, ins, threads);
+              double u = Micros(t0);
+              t0 = std::chrono::steady_clock::now();
+              RunStagedKernel(e->kernel, ins, threads);
+              double fu = Micros(t0);
+              if (i > 0) {
+                tu.push_back(u);
+                tf.push_back(fu);
+              }
+            }
+            r.measured_unfused_us = Median(tu);
+            r.measured_fused_us = Median(tf);
+            r.noise = RelativeIqr(tu);
+          }
+          if (!(r.cosine >= safe.min_cosine) || !(r.max_abs_error <= safe.max_abs_error)) {
+            r.reason_kind = "precision";
+            r.reason = fmt::format("precision: cosine {:.6f} (gate >= {}), max abs error {:.3g} (gate <= {:.3g})", r.cosine,
+                                   safe.min_cosine, r.max_abs_error, safe.max_abs_error);
+          } else if (safe.check_speed && !(r.measured_fused_us < r.measured_unfused_us)) {
+            r.reason_kind = "speed";
+            r.reason = fmt::format("speed: fused kernel {:.2f} us, unfused operators {:.2f} us (medians of {}, noise {:.0f}%)",
+                                   r.measured_fused_us, r.measured_unfused_us, safe.repeats, 100 * r.noise);
+          }
+        } catch (const Error& ex) {
+          r.reason_kind = "compile";
+          r.reason = std::string("the kernel does not run on the group's inputs: ") + ex.what();
+        }
+      }
+      measured[key] = rep.kernels.size();
+    }
+    r.fused = r.reason_kind.empty();
+    if (!r.fused && r.candidate >= 0) {
+      Verdict v = r.reason_kind == "precision" ? Verdict::kSkipPrecision
+                  : r.reason_kind == "speed"   ? Verdict::kSkipSpeed
+                                               : Verdict::kSkipCompile;
+      rollbacks[r.candidate] = {v, r.reason};
+    }
+    rep.kernels.push_back(std::move(r));
+  }
+  if (!rollbacks.empty()) fused = RollBack(rollbacks);
+
+  rep.candidates = static_cast<int>(candidates_.size());
+  for (const FusionCandidate& c : candidates_) {
+    if (c.verdict == Verdict::kFuse) ++rep.fused;
+    else rep.skipped_by_reason[VerdictName(c.verdict)]++;
+  }
+  FusionEstimate est = EstimateFusionBenefit();
+  rep.predicted_speedup = est.predicted_speedup;
+
+  // End to end: the original (canonicalized) model against the final fused model with its kernels.
+  VerifyOptions vo;
+  vo.dims = options_.dims;
+  vo.seed = safe.seed;
+  vo.threads = threads;
+  vo.repeats = safe.repeats;
+  vo.kernel_cache = safe.kernel_cache;
+  PrecisionReport pr = VerifyPrecision(fused, model_, vo);
+  for (const auto& o : pr.outputs) {
+    rep.outputs.push_back(o.name);
+    rep.output_cosine.push_back(o.cosine);
+    rep.output_max_abs_error.push_back(o.max_abs_error);
+  }
+  PerformanceReport perf = VerifyPerformance(fused, vo);
+  rep.time_original_ms = perf.baseline_ms;
+  rep.time_fused_ms = perf.fused_ms;
+  rep.measured_speedup = perf.speedup;
+  return fused;
+}
+
+std::string SafeFusionReport::ToText() const {
+  std::string s = fmt::format("Safe fusion: {} candidates, {} fused", candidates, fused);
+  for (const auto& [k, n] : skipped_by_reason) s += fmt::format(", {} {}", n, k);
+  s += "\n";
+  s += fmt::format("  {:<48} {:<9} {:>9} {:>10} {:>10} {:>10} {:>10}  {}\n", "fused node (rule)", "verdict", "cosine",
+                   "max|err|", "pred gain", "unfused", "fused", "reason / kernel");
+  for (const auto& k : kernels) {
+    std::string name = fmt::format("{} ({})", k.node, k.rule);
+    if (name.size() > 48) name = "..." + name.substr(name.size() - 45);
+    double pred = k.predicted_unfused_us > 0 ? k.predicted_unfused_us / std::max(k.predicted_fused_us, 1e-9) : 0;
+    s += fmt::format("  {:<48} {:<9} {:>9.6f} {:>10.3g} {:>9.2f}x {:>8.2f}us {:>8.2f}us  {}\n", name,
+                     k.fused ? "fused" : "ROLLBACK", k.cosine, k.max_abs_error, pred, k.measured_unfused_us,
+                     k.measured_fused_us,
+                     k.fused ? (k.same_as.empty() ? k.kernel : "as " + k.same_as) : k.reason);
+  }
+  s += "  (pred gain: cost model time before/after, docs/cost_model.md; unfused/fused: measured medians on the group's "
+       "real inputs)\n";
+  s += "End to end (original vs fused with generated kernels, same random inputs):\n";
+  for (size_t i = 0; i < outputs.size(); ++i)
+    s += fmt::format("  {:<32} cosine {:.7f}  max abs error {:.3g}\n", outputs[i], output_cosine[i],
+                     output_max_abs_error[i]);
+  s += fmt::format("  time: original {:.3f} ms, fused {:.3f} ms -> measured {:.2f}x (predicted {:.2f}x)\n",
+                   time_original_ms, time_fused_ms, measured_speedup, predicted_speedup);
+  if (!kernel_library.empty()) s += "  kernels: " + kernel_library + "\n";
+  return s;
+}
+
+std::string SafeFusionReport::ToJson() const {
+  nlohmann::json j;
+  j["candidates"] = candidates;
+  j["fused"] = fused;
+  j["skipped_by_reason"] = skipped_by_reason;
+  j["kernels"] = nlohmann::json::array();
+  for (const auto& k : kernels)
+    j["kernels"].push_back({{"node", k.node},
+                            {"function", k.function},
+                            {"rule", k.rule},
+                            {"candidate", k.candidate},
+                            {"original_nodes", k.original_nodes},
+                            {"fused", k.fused},
+                            {"reason_kind", k.reason_kind},
+                            {"reason", k.reason},
+                            {"kernel", k.kernel},
+                            {"cosine", k.cosine},
+                            {"max_abs_error", std::isfinite(k.max_abs_error) ? k.max_abs_error : -1.0},
+                            {"predicted_unfused_us", k.predicted_unfused_us},
+                            {"predicted_fused_us", k.predicted_fused_us},
+                            {"measured_unfused_us", k.measured_unfused_us},
+                            {"measured_fused_us", k.measured_fused_us},
+                            {"noise", k.noise},
+                            {"same_as", k.same_as}});
+  nlohmann::json e = nlohmann::json::array();
+  for (size_t i = 0; i < outputs.size(); ++i)
+    e.push_back({{"output", outputs[i]},
+                 {"cosine", output_cosine[i]},
+                 {"max_abs_error", std::isfinite(output_max_abs_error[i]) ? output_max_abs_error[i] : -1.0}});
+  j["end_to_end"] = {{"outputs", e},
+                     {"time_original_ms", time_original_ms},
+                     {"time_fused_ms", time_fused_ms},
+                     {"measured_speedup", measured_speedup},
+                     {"predicted_speedup", predicted_speedup},
+                     {"time_source", "measured: medians of interleaved runs"},
+                     {"predicted_source", "cost model (docs/cost_model.md)"}};
+  j["kernel_library"] = kernel_library;
+  return j.dump(2);
+}
+
+std::string GraphAutoFusion::CompileFusedOperators(const std::string& dir) {
+  Model fused = Fuse();
+  std::map<std::string, ValueType> shapes;
+  for (const auto& [name, vs] : RecordShapes(fused, options_.dims))
+    if (vs.known) shapes[name] = ValueType{vs.dtype, vs.shape};
+  KernelCompiler compiler(dir);
+  auto set = FusedKernelSet::Build(fused, shapes, compiler, kFusedDomain);
+  std::string s = fmt::format("kernel library: {} ({})\n",
+                              set->library() && !set->library()->directory().empty() ? set->library()->directory() : "none",
+                              set->library() && set->library()->from_cache() ? "cached, nothing compiled"
+                              : set->library() ? fmt::format("compiled in {:.2f} s", set->library()->compile_seconds())
+                                               : "");
+  s += DescribeFusedKernels(*set);
+  return s;
+}
+
+}  // namespace gaf
