@@ -112,7 +112,7 @@ TEST(Rules, ParserErrorsNameFileLineAndProblem) {
   EXPECT_EQ(ErrorOf("rule A\n  x = Relu($a)\nrule B\n  y = Relu($a)\nend\n"),
             "my.rules:3: rule 'A' (line 1) has no 'end' before this 'rule'");
   EXPECT_EQ(ErrorOf("rule A colour=red\n  x = Relu($a)\nend\n"),
-            "my.rules:1: unknown key 'colour' (expected fuse, priority, threshold, preset, formula)");
+            "my.rules:1: unknown key 'colour' (expected fuse, priority, threshold, preset, formula, math)");
   EXPECT_EQ(ErrorOf("rule A\n  x = Relu($a)\n  y = Neg($a)\nend\n"),
             "my.rules:2: rule 'A': node 'x' does not feed the root 'y' (the last node)");
   EXPECT_EQ(ErrorOf("rule A\n  x = Neg(y)\n  y = Neg(x)\nend\n"), "my.rules:3: rule 'A': node 'y' is part of a cycle");
