@@ -1,6 +1,8 @@
 #include "codegen/fused_kernels.h"
 
 #include <cctype>
+#include <cstdio>
+#include <cstdlib>
 
 namespace gaf {
 
@@ -92,7 +94,8 @@ std::function<std::optional<KernelInfo>(const Node&, const Function&)> FusedKern
           std::vector<Tensor> outs = RunStagedKernel(e->kernel, ctx.inputs, ctx.num_threads);
           for (size_t o = 0; o < ctx.outputs.size() && o < outs.size(); ++o) ctx.outputs[o] = std::move(outs[o]);
           return;
-        } catch (const Error&) {
+        } catch (const Error& ex) {
+          if (std::getenv("GAF_DEBUG_FALLBACK")) fprintf(stderr, "fallback %s: %s\n", e->function.c_str(), ex.what());
           // Inputs broadcast differently than at generation: run the body below.
         }
       }

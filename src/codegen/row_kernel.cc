@@ -13,6 +13,44 @@
 
 namespace gaf {
 
+std::vector<Shape> CollapseTrailing(const std::vector<Shape>& shapes) {
+  size_t r = 0;
+  for (const Shape& s : shapes) r = std::max(r, s.size());
+  if (r < 2) return shapes;
+  std::vector<Shape> pad;
+  Shape full(r, 1);
+  for (const Shape& s : shapes) {
+    Shape p(r, 1);
+    for (size_t i = 0; i < s.size(); ++i) p[r - s.size() + i] = s[i];
+    for (size_t i = 0; i < r; ++i) full[i] = p[i] == 1 ? full[i] : p[i];
+    pad.push_back(p);
+  }
+  size_t k = r - 1;  // trailing group [k, r)
+  while (k > 0) {
+    bool ok = true;
+    for (const Shape& p : pad) {
+      bool all_full = true, all_one = true;
+      for (size_t i = k; i < r; ++i) {
+        all_full &= p[i] == full[i];
+        all_one &= p[i] == 1;
+      }
+      if (!((all_full && p[k - 1] == full[k - 1]) || (all_one && p[k - 1] == 1))) ok = false;
+    }
+    if (!ok) break;
+    --k;
+  }
+  if (k == r - 1) return shapes;
+  std::vector<Shape> out;
+  for (const Shape& p : pad) {
+    Shape c(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(k));
+    int64_t n = 1;
+    for (size_t i = k; i < r; ++i) n *= p[i];
+    c.push_back(n);
+    out.push_back(c);
+  }
+  return out;
+}
+
 bool RowDomain(const std::vector<Shape>& input_shapes, Shape* full, int64_t* rows, int64_t* cols,
                std::string* reason) {
   Shape out;
@@ -53,14 +91,17 @@ std::vector<int64_t> RowOffsets(const Shape& input, const Shape& full) {
     in_strides[i] = s[i] == 1 ? 0 : acc;
     acc *= s[i];
   }
+  // Odometer over the leading dims (no divisions: this runs on every call of a kernel).
+  std::vector<int64_t> idx(r, 0);
+  int64_t off = 0;
   for (int64_t row = 0; row < rows; ++row) {
-    int64_t rem = row, off = 0;
-    for (size_t i = r - 1; i-- > 0;) {
-      int64_t idx = rem % full[i];
-      rem /= full[i];
-      off += idx * in_strides[i];
-    }
     offsets[static_cast<size_t>(row)] = off;
+    for (size_t i = r - 1; i-- > 0;) {
+      off += in_strides[i];
+      if (++idx[i] < full[i]) break;
+      off -= in_strides[i] * full[i];
+      idx[i] = 0;
+    }
   }
   return offsets;
 }
@@ -259,6 +300,13 @@ bool LowerNode(const Node& n, Lowering& lw, const std::map<std::string, const Te
     out = lw.Binary("Mul", d, inv);
     if (n.HasInput(1)) out = lw.Binary("Mul", out, in(1));
     if (n.HasInput(2)) out = lw.Binary("Add", out, in(2));
+  } else if (op == "BatchNormalization") {
+    if (n.GetInt("training_mode", 0) != 0) return fail("BatchNormalization in training mode");
+    for (size_t o = 1; o < n.outputs.size(); ++o)
+      if (!n.outputs[o].empty()) return fail("BatchNormalization's running statistics outputs");
+    if (n.inputs.size() < 5) return fail("BatchNormalization expects 5 inputs");
+    int inv = lw.Unary("Reciprocal", lw.Unary("Sqrt", lw.Binary("Add", in(4), lw.Const(n.GetFloat("epsilon", 1e-5f)))));
+    out = lw.Binary("Add", lw.Binary("Mul", lw.Binary("Sub", in(0), in(3)), lw.Binary("Mul", in(1), inv)), in(2));
   } else if (op == "Slice") {
     // Only a contiguous slice of the last axis: the value at column j is the operand's at j + start.
     int x = in(0);
@@ -313,7 +361,7 @@ bool LowerNode(const Node& n, Lowering& lw, const std::map<std::string, const Te
     return fail(fmt::format("operator {} is not supported by the row code generator", op));
   }
   if (out < 0) return fail("missing operand");
-  if (n.outputs.size() > 1 && op != "Dropout" && op != "LayerNormalization")
+  if (n.outputs.size() > 1 && op != "Dropout" && op != "LayerNormalization" && op != "BatchNormalization")
     return fail("multiple outputs");
   lw.id[n.outputs[0]] = out;
   return true;
@@ -339,6 +387,54 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
     g.reason = "input count mismatch";
     return g;
   }
+  // Per-channel parameters ([C]) of BatchNormalization broadcast along axis 1, not the last: they
+  // are viewed as [C,1,...,1] (same data), which the row model then reads as one value per row.
+  std::vector<Shape> shapes = req.input_shapes;
+  g.input_views.assign(nin, Shape{});
+  {
+    size_t max_rank = 0;
+    for (const Shape& sh : shapes) max_rank = std::max(max_rank, sh.size());
+    for (const Node& n : f.nodes) {
+      if (n.op_type != "BatchNormalization" || !n.domain.empty()) continue;
+      size_t rank = max_rank;
+      for (size_t i = 0; i < nin; ++i)
+        if (f.inputs[i] == n.inputs[0]) rank = shapes[i].size();
+      if (rank < 3) continue;
+      for (size_t k = 1; k < n.inputs.size() && k < 5; ++k)
+        for (size_t i = 0; i < nin; ++i)
+          if (f.inputs[i] == n.inputs[k] && shapes[i].size() == 1) {
+            Shape view(rank - 1, 1);
+            view[0] = shapes[i][0];
+            shapes[i] = g.input_views[i] = view;
+          }
+    }
+  }
+  // Purely elementwise bodies: trailing axes over which every input is either whole or broadcast
+  // are merged into one row (a conv output [N,C,H,W] with per-channel [C,1,1] parameters becomes
+  // rows of H*W), so rows are long and per-row work is rare.
+  {
+    static const std::set<std::string> kRowwise = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceSumSquare",
+                                                   "ReduceL2", "Softmax", "LogSoftmax", "LayerNormalization", "Slice", "Concat"};
+    bool elementwise = true;
+    for (const Node& n : f.nodes) elementwise &= !kRowwise.count(n.op_type);
+    std::vector<size_t> idx;
+    std::vector<Shape> dom;
+    for (size_t i = 0; i < nin; ++i) {
+      const Tensor* c = req.constants.size() > i ? req.constants[i] : nullptr;
+      if ((c != nullptr && c->numel() == 1) || req.input_types[i] != DataType::kFloat) continue;
+      idx.push_back(i);
+      dom.push_back(shapes[i]);
+    }
+    if (elementwise && !dom.empty()) {
+      std::vector<Shape> col = CollapseTrailing(dom);
+      if (col[0].size() != std::max_element(dom.begin(), dom.end(), [](const Shape& a, const Shape& b) {
+            return a.size() < b.size();
+          })->size()) {
+        g.collapse = true;
+        for (size_t k = 0; k < idx.size(); ++k) shapes[idx[k]] = col[k];
+      }
+    }
+  }
   // The domain is formed by non-constant inputs (constants only broadcast into it).
   std::vector<Shape> varying;
   g.domain_inputs.assign(nin, false);
@@ -347,7 +443,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
     bool scalar_const = c != nullptr && c->numel() == 1;
     bool int_const = c != nullptr && req.input_types[i] != DataType::kFloat;
     if (scalar_const || int_const) continue;
-    varying.push_back(req.input_shapes[i]);
+    varying.push_back(shapes[i]);
     g.domain_inputs[i] = true;
   }
   Shape full;
@@ -372,7 +468,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
     }
     Prim p(Prim::kInput);
     p.input = static_cast<int>(i);
-    p.shape = req.input_shapes[i];
+    p.shape = shapes[i];
     lw.id[f.inputs[i]] = input_prim[i] = lw.Add(p);
   }
   for (const Node& n : f.nodes)
@@ -385,7 +481,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
   std::vector<std::vector<int64_t>> dummy(nin);
   g.signature.inputs.assign(nin, RowInputClass::kScalar);
   for (size_t i = 0; i < nin; ++i)
-    if (input_prim[i] >= 0) g.signature.inputs[i] = ClassifyRowInput(req.input_shapes[i], full, &dummy[i]);
+    if (input_prim[i] >= 0) g.signature.inputs[i] = ClassifyRowInput(shapes[i], full, &dummy[i]);
   auto& P = lw.prims;
   for (Prim& p : P) {
     switch (p.kind) {
@@ -501,11 +597,12 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
       if (p.op == "Sub") return a + " - " + b;
       if (p.op == "Mul") return a + " * " + b;
       if (p.op == "Div") return a + " / " + b;
-      if (p.op == "Max") return fmt::format("std::fmax({}, {})", a, b);
-      if (p.op == "Min") return fmt::format("std::fmin({}, {})", a, b);
+      // Comparisons rather than std::fmax/fmin: those are library calls unless -ffinite-math-only.
+      if (p.op == "Max") return fmt::format("({0} > {1} ? {0} : {1})", a, b);
+      if (p.op == "Min") return fmt::format("({0} < {1} ? {0} : {1})", a, b);
       if (p.op == "Pow") return fmt::format("std::pow({}, {})", a, b);
     }
-    if (p.op == "Relu") return fmt::format("std::fmax({}, 0.f)", a);
+    if (p.op == "Relu") return fmt::format("({0} > 0.f ? {0} : 0.f)", a);
     if (p.op == "Neg") return "-" + a;
     if (p.op == "Abs") return fmt::format("std::fabs({})", a);
     if (p.op == "Sqrt") return fmt::format("std::sqrt({})", a);
@@ -521,7 +618,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
     if (p.op == "Ceil") return fmt::format("std::ceil({})", a);
     if (p.op == "LeakyRelu") return fmt::format("({0} >= 0.f ? {0} : {0} * {1})", a, FloatLiteral(p.alpha));
     if (p.op == "HardSigmoid")
-      return fmt::format("std::fmin(1.f, std::fmax(0.f, {} * {} + {}))", a, FloatLiteral(p.alpha), FloatLiteral(p.beta));
+      return fmt::format("gaf_clamp01({} * {} + {})", a, FloatLiteral(p.alpha), FloatLiteral(p.beta));
     return "/*unknown*/0.f";
   };
   // Values under a Slice or Concat of the last axis are emitted inline at a shifted column index
@@ -573,6 +670,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
           "inline float FastTanh(float x) { return 2.f * FastSigmoid(2.f * x) - 1.f; }\n"
           "inline float FastErf(float x) { return FastTanh(1.1283792f * x); }\n"
           "}  // namespace gaf_approx\n";
+  os << "static inline float gaf_clamp01(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }\n";
   os << "struct RowKernelArgs { int64_t rows, cols; const float* const* in; const int64_t* const* in_row_offset; "
         "float* const* out; };\n";
   // Rows [r0, r1) in one function; the entry point calls it directly for small work (an OpenMP
@@ -655,7 +753,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
   os << "  }\n}\n";
   os << "extern \"C\" void " << symbol << "(const RowKernelArgs* a) {\n"
      << "  const int64_t R = a->rows, N = a->cols;\n"
-     << "  if (R == 1 || R * N <= 32768 || omp_in_parallel()) {\n    rows_" << symbol << "(a, 0, R);\n    return;\n  }\n"
+     << "  if (R == 1 || R * N <= 8192 || omp_in_parallel()) {\n    rows_" << symbol << "(a, 0, R);\n    return;\n  }\n"
      << "#pragma omp parallel\n  {\n"
      << "    const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();\n"
      << "    rows_" << symbol << "(a, R * t / n, R * (t + 1) / n);\n  }\n}\n";
@@ -668,15 +766,33 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
   return g;
 }
 
+// The shape an input is read as: its own, or for a per-channel parameter [C] the view [C,1,..,1]
+// of the rank chosen at generation.
+static Shape ViewOf(const GeneratedRowKernel& k, size_t i, const Tensor& t) {
+  if (k.input_views.size() <= i || k.input_views[i].empty()) return t.shape();
+  GAF_CHECK(t.shape().size() == 1, "{}: input {} of shape {} is not a per-channel vector", k.symbol, i,
+            ShapeToString(t.shape()));
+  Shape v(k.input_views[i].size(), 1);
+  v[0] = t.shape()[0];
+  return v;
+}
+
 std::vector<Tensor> RunRowKernel(RowKernelFn fn, const GeneratedRowKernel& k, const std::vector<const Tensor*>& inputs) {
   GAF_CHECK(inputs.size() == k.domain_inputs.size(), "{}: expected {} inputs, got {}", k.symbol,
             k.domain_inputs.size(), inputs.size());
   std::vector<Shape> shapes;
+  std::vector<Shape> viewed(inputs.size());
   for (size_t i = 0; i < inputs.size(); ++i)
-    if (k.domain_inputs[i]) shapes.push_back(inputs[i]->shape());
-  Shape full;
+    if (k.domain_inputs[i]) shapes.push_back(viewed[i] = ViewOf(k, i, *inputs[i]));
+  Shape full, out_shape;
   int64_t rows = 0, cols = 0;
   std::string reason;
+  GAF_CHECK(RowDomain(shapes, &out_shape, &rows, &cols, &reason), "{}: {}", k.symbol, reason);
+  if (k.collapse) {
+    shapes = CollapseTrailing(shapes);
+    for (size_t i = 0, d = 0; i < inputs.size(); ++i)
+      if (k.domain_inputs[i]) viewed[i] = shapes[d++];
+  }
   GAF_CHECK(RowDomain(shapes, &full, &rows, &cols, &reason), "{}: {}", k.symbol, reason);
   std::vector<std::vector<int64_t>> offsets(inputs.size());
   std::vector<const float*> in(inputs.size(), nullptr);
@@ -685,7 +801,7 @@ std::vector<Tensor> RunRowKernel(RowKernelFn fn, const GeneratedRowKernel& k, co
     if (!k.domain_inputs[i]) continue;
     GAF_CHECK(inputs[i]->dtype() == DataType::kFloat, "{}: input {} is {}, the kernel takes float", k.symbol, i,
               DataTypeName(inputs[i]->dtype()));
-    const Shape& is = inputs[i]->shape();
+    const Shape& is = viewed[i];
     GAF_CHECK(is.empty() || is.back() == 1 || is.back() == cols, "{}: input {} of shape {} has rows of another width",
               k.symbol, i, ShapeToString(is));
     const RowInputClass want = k.signature.inputs[i];
@@ -710,10 +826,10 @@ std::vector<Tensor> RunRowKernel(RowKernelFn fn, const GeneratedRowKernel& k, co
   }
   std::vector<Tensor> outs;
   std::vector<float*> out_ptrs;
-  Shape per_row = full;
+  Shape per_row = out_shape;
   per_row.back() = 1;
   for (bool pr : k.signature.output_per_row) {
-    outs.emplace_back(DataType::kFloat, pr ? per_row : full);
+    outs.emplace_back(DataType::kFloat, pr ? per_row : out_shape);
     out_ptrs.push_back(outs.back().data<float>());
   }
   RowKernelArgs args{rows, cols, in.data(), in_off.data(), out_ptrs.data()};

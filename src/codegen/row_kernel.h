@@ -48,6 +48,8 @@ struct GeneratedRowKernel {
   std::string ops_summary;  // the body's operators, e.g. "Pow,ReduceMean,Add,Sqrt,Div,Mul,Mul"
   RowKernelSignature signature;
   std::vector<bool> domain_inputs;  // inputs that form the row domain (all but scalar constants)
+  bool collapse = false;             // elementwise body: trailing axes merged (CollapseTrailing) at run time
+  std::vector<Shape> input_views;   // per input: the shape it is read as (BatchNorm's [C] as [C,1,1]), or empty
 };
 
 // Input shapes/dtypes of one call of the fused function, in the function's input order.
@@ -71,6 +73,10 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& request, const std:
 // a reason when the group does not fit the row model.
 bool RowDomain(const std::vector<Shape>& input_shapes, Shape* full, int64_t* rows, int64_t* cols,
                std::string* reason);
+
+// Merges trailing axes over which every shape is either the whole extent or all ones (shapes
+// aligned to the right); returns them unchanged when nothing merges.
+std::vector<Shape> CollapseTrailing(const std::vector<Shape>& shapes);
 
 // Classifies one input against the domain and fills its row-offset table when needed.
 RowInputClass ClassifyRowInput(const Shape& input, const Shape& full, std::vector<int64_t>* offsets);

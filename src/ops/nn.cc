@@ -2,23 +2,36 @@
 // MaxPool, AveragePool, LpPool and their global variants.
 //
 // float32 products go through Sgemm(): oneDNN's dnnl_sgemm, except batch-1 products with a
-// row-major [K,N] weight (the decode step of an LLM), which use GemvRows(): an OpenMP-parallel
-// streaming kernel that reads the weight once, split over K across threads.
+// row-major [K,N] weight (the decode step of an LLM), which use GemvF32(): a streaming kernel
+// that reads the weight once, split over column blocks taken dynamically by the threads.
 #include <oneapi/dnnl/dnnl.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "ops/gemv.h"
 #include "ops/kernel.h"
 #include "ops/kernel_util.h"
+
+// AVX-512 F+BW+VL: masked loads of float and half lanes; other machines take portable loops.
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define GAF_AVX512 1
+#else
+#define GAF_AVX512 0
+#endif
+#if GAF_AVX512 || (defined(__F16C__) && defined(__AVX__))
+#include <immintrin.h>
+#endif
 
 namespace gaf {
 namespace {
@@ -45,67 +58,199 @@ inline void KernelRange(int64_t base, int64_t d, int64_t kmax, int64_t limit, in
 }
 
 // ------------------------------------------------------------------------------------------
-// GEMM.
+// GEMV: y[0:N] (+)= x[0:K] * W[K,N], W row-major (leading dimension ldw), float32 or IEEE half.
+//
+// The columns are cut into blocks handed out to the threads dynamically: a thread that is
+// descheduled just takes fewer blocks instead of holding up the others at a barrier. A block
+// streams all K rows of its columns, eight rows per pass, into an accumulator row kept in L1.
+// Every column is summed in the same order whatever the block width and the thread count, so
+// the result does not depend on the number of threads.
 
-// acc[0:n] += sum_{k in [k0,k1)} x[k] * w[k*ldw + 0:n]; rows streamed four at a time.
-void RowAccumulate(float* __restrict acc, const float* __restrict x, const float* __restrict w,
-                   int64_t ldw, int64_t k0, int64_t k1, int64_t n) {
-  int64_t k = k0;
-  for (; k + 4 <= k1; k += 4) {
-    const float a0 = x[k], a1 = x[k + 1], a2 = x[k + 2], a3 = x[k + 3];
-    const float* __restrict r0 = w + k * ldw;
-    const float* __restrict r1 = r0 + ldw;
-    const float* __restrict r2 = r1 + ldw;
-    const float* __restrict r3 = r2 + ldw;
-#pragma omp simd
-    for (int64_t j = 0; j < n; ++j) acc[j] += a0 * r0[j] + a1 * r1[j] + a2 * r2[j] + a3 * r3[j];
+constexpr int64_t kGemvMaxBlock = 512;        // columns per block: a 2 KB accumulator row
+constexpr int64_t kGemvPrefetchRows = 16;     // a block's row segments are too short for the
+                                              // hardware prefetchers to ramp up on their own
+constexpr int64_t kGemvMinParallel = 1 << 16;  // weight elements below which one thread is faster
+
+// dst[0:n] = float(src[0:n]), src IEEE half bits.
+void HalfToFloatRow(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if GAF_AVX512
+  for (; i < n; i += 16) {
+    const __mmask16 m = n - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m256i h = _mm256_maskz_loadu_epi16(m, src + i);
+    _mm512_mask_storeu_ps(dst + i, m, _mm512_maskz_cvtph_ps(m, h));
   }
-  for (; k < k1; ++k) {
-    const float a0 = x[k];
-    const float* __restrict r0 = w + k * ldw;
+#elif defined(__F16C__) && defined(__AVX__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(dst + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+#endif
+  for (; i < n; ++i) dst[i] = HalfToFloat(src[i]);
+}
+
+template <class T>
+void PrefetchRows(const T* r, int64_t ldw, int64_t rows, int64_t n) {
+  for (int64_t u = 0; u < rows; ++u)
+    for (int64_t j = 0; j < n; j += 64 / sizeof(T)) __builtin_prefetch(r + u * ldw + j);
+}
+
+#if GAF_AVX512
+inline __m512 Load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 Load16(const uint16_t* p, __mmask16 m) {
+  return _mm512_maskz_cvtph_ps(m, _mm256_maskz_loadu_epi16(m, p));
+}
+#endif
+
+// One column block: y[0:n] (+)= x[0:K] * w[K, 0:n], n <= kGemvMaxBlock. Rows are taken eight at
+// a time and summed as a fixed pairwise tree before they are added to the accumulator.
+template <class T>
+void GemvBlock(const float* x, const T* w, int64_t ldw, float* y, int64_t K, int64_t n,
+               bool accumulate) {
+  alignas(64) float acc[kGemvMaxBlock] = {};
+  int64_t k = 0;
+  for (; k + 8 <= K; k += 8) {
+    const T* r = w + k * ldw;
+    if (k + kGemvPrefetchRows + 8 <= K) PrefetchRows(r + kGemvPrefetchRows * ldw, ldw, 8, n);
+#if GAF_AVX512
+    __m512 xv[8];
+    for (int u = 0; u < 8; ++u) xv[u] = _mm512_set1_ps(x[k + u]);
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 m = n - j >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - j)) - 1);
+      auto pair = [&](int u) {
+        return _mm512_fmadd_ps(xv[u + 1], Load16(r + (u + 1) * ldw + j, m),
+                               _mm512_mul_ps(xv[u], Load16(r + u * ldw + j, m)));
+      };
+      const __m512 s = _mm512_add_ps(_mm512_add_ps(pair(0), pair(2)),
+                                     _mm512_add_ps(pair(4), pair(6)));
+      _mm512_store_ps(acc + j, _mm512_add_ps(_mm512_load_ps(acc + j), s));
+    }
+#else
+    const float* f[8];
+    [[maybe_unused]] alignas(64) float widened[8][kGemvMaxBlock];  // half rows as float
+    for (int u = 0; u < 8; ++u) {
+      if constexpr (std::is_same_v<T, float>) {
+        f[u] = r + u * ldw;
+      } else {
+        HalfToFloatRow(r + u * ldw, widened[u], n);
+        f[u] = widened[u];
+      }
+    }
+    const float x0 = x[k], x1 = x[k + 1], x2 = x[k + 2], x3 = x[k + 3];
+    const float x4 = x[k + 4], x5 = x[k + 5], x6 = x[k + 6], x7 = x[k + 7];
 #pragma omp simd
-    for (int64_t j = 0; j < n; ++j) acc[j] += a0 * r0[j];
+    for (int64_t j = 0; j < n; ++j)
+      acc[j] += ((x0 * f[0][j] + x1 * f[1][j]) + (x2 * f[2][j] + x3 * f[3][j])) +
+                ((x4 * f[4][j] + x5 * f[5][j]) + (x6 * f[6][j] + x7 * f[7][j]));
+#endif
+  }
+  for (; k < K; ++k) {
+    const T* r = w + k * ldw;
+#if GAF_AVX512
+    const __m512 xk = _mm512_set1_ps(x[k]);
+    for (int64_t j = 0; j < n; j += 16) {
+      const __mmask16 m = n - j >= 16 ? 0xffff : static_cast<__mmask16>((1u << (n - j)) - 1);
+      _mm512_store_ps(acc + j, _mm512_fmadd_ps(xk, Load16(r + j, m), _mm512_load_ps(acc + j)));
+    }
+#else
+    const float xk = x[k];
+    for (int64_t j = 0; j < n; ++j) {
+      if constexpr (std::is_same_v<T, float>) {
+        acc[j] += xk * r[j];
+      } else {
+        acc[j] += xk * HalfToFloat(r[j]);
+      }
+    }
+#endif
+  }
+  if (accumulate) {
+    for (int64_t j = 0; j < n; ++j) y[j] += acc[j];
+  } else {
+    std::memcpy(y, acc, sizeof(float) * n);
   }
 }
 
-// y[0:N] (+)= x[0:K] * W[K,N] (row-major, leading dimension ldw). Each thread streams a
-// contiguous block of rows of W once into a private accumulator; partials are then summed.
-void GemvRows(const float* x, const float* w, int64_t ldw, float* y, int64_t K, int64_t N,
-              bool accumulate) {
-  constexpr int64_t kColBlock = 8192;  // accumulator block that stays in L1/L2
-  int max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
-  int64_t work = K * N;
-  int nt = static_cast<int>(std::min<int64_t>({max_threads, std::max<int64_t>(1, work / 32768),
-                                               std::max<int64_t>(1, K / 8)}));
-  auto run_rows = [&](float* acc, int64_t k0, int64_t k1, bool zero) {
-    for (int64_t c0 = 0; c0 < N; c0 += kColBlock) {
-      int64_t cn = std::min(kColBlock, N - c0);
-      if (zero) std::memset(acc + c0, 0, sizeof(float) * cn);
-      RowAccumulate(acc + c0, x, w + c0, ldw, k0, k1, cn);
+// Under CPU contention (other processes on a small shared VM) a team thread that is not
+// scheduled holds the end of the parallel region up by a whole time slice, several ms, longer
+// than most products take on one thread. When a product on the team took longer than the
+// calling thread alone would have, the next products run on the calling thread only: 8 of
+// them, doubling up to 1024 while the team keeps losing, then the team is tried again.
+class GemvTeamGovernor {
+ public:
+  bool TeamAllowed() {
+    const int left = serial_left_.load(std::memory_order_relaxed);
+    if (left <= 0) return true;
+    serial_left_.store(left - 1, std::memory_order_relaxed);  // approximate under races: fine
+    return false;
+  }
+  void Report(bool team_lost) {
+    if (!team_lost) {
+      backoff_.store(kMinBackoff, std::memory_order_relaxed);
+      return;
     }
-  };
-  if (nt <= 1) {
-    run_rows(y, 0, K, !accumulate);
+    const int b = backoff_.load(std::memory_order_relaxed);
+    serial_left_.store(b, std::memory_order_relaxed);
+    backoff_.store(std::min(2 * b, kMaxBackoff), std::memory_order_relaxed);
+  }
+
+ private:
+  static constexpr int kMinBackoff = 8, kMaxBackoff = 1024;
+  std::atomic<int> serial_left_{0};
+  std::atomic<int> backoff_{kMinBackoff};
+};
+GemvTeamGovernor g_gemv_governor;
+
+template <class T>
+void Gemv(const float* x, const T* w, int64_t ldw, float* y, int64_t K, int64_t N,
+          bool accumulate) {
+  if (N <= 0) return;
+  if (K <= 0) {
+    if (!accumulate) std::memset(y, 0, sizeof(float) * N);
     return;
   }
-  std::unique_ptr<float[]> scratch(new float[static_cast<size_t>(nt - 1) * N]);
+  const int max_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  // About four blocks per thread, so that a late thread's share is taken over in small pieces.
+  const int64_t width = std::clamp<int64_t>(CeilDiv(CeilDiv(N, 4 * max_threads), 16) * 16, 64,
+                                            kGemvMaxBlock);
+  const int64_t blocks = CeilDiv(N, width);
+  auto block = [&](int64_t b) {
+    const int64_t c0 = b * width;
+    GemvBlock(x, w + c0, ldw, y + c0, K, std::min(width, N - c0), accumulate);
+  };
+  int nt = static_cast<int>(std::min<int64_t>(max_threads, blocks));
+  if (K * N < kGemvMinParallel) nt = 1;
+  if (nt > 1 && !g_gemv_governor.TeamAllowed()) nt = 1;
+  if (nt == 1) {
+    for (int64_t b = 0; b < blocks; ++b) block(b);
+    return;
+  }
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point master_end;
+  int64_t master_blocks = 0;
 #pragma omp parallel num_threads(nt)
   {
-    int t = omp_get_thread_num();
-    int team = omp_get_num_threads();
-    int64_t k0 = K * t / team, k1 = K * (t + 1) / team;
-    float* acc = t == 0 ? y : scratch.get() + static_cast<int64_t>(t - 1) * N;
-    run_rows(acc, k0, k1, t != 0 || !accumulate);
-#pragma omp barrier
-    int64_t n0 = N * t / team, n1 = N * (t + 1) / team;
-    for (int s = 1; s < team; ++s) {
-      const float* __restrict p = scratch.get() + static_cast<int64_t>(s - 1) * N;
-      float* __restrict yy = y;
-#pragma omp simd
-      for (int64_t j = n0; j < n1; ++j) yy[j] += p[j];
+    int64_t mine = 0;
+#pragma omp for schedule(dynamic, 1) nowait
+    for (int64_t b = 0; b < blocks; ++b) {
+      block(b);
+      ++mine;
+    }
+    if (omp_get_thread_num() == 0) {
+      master_end = Clock::now();
+      master_blocks = mine;
     }
   }
+  // Alone, the calling thread would have taken about its own time scaled to all blocks.
+  if (master_blocks > 0) {
+    const double team = std::chrono::duration<double>(Clock::now() - start).count();
+    const double alone = std::chrono::duration<double>(master_end - start).count() * blocks /
+                         static_cast<double>(master_blocks);
+    g_gemv_governor.Report(team > alone);
+  }
 }
+
+// ------------------------------------------------------------------------------------------
+// GEMM.
 
 // C[M,N] = alpha * op(A) * op(B) + beta * C, row-major.
 void Sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
@@ -124,7 +269,7 @@ void Sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
       for (int64_t k = 0; k < K; ++k) tmp[k] = alpha * (ta ? A[k * lda] : A[k]);
       x = tmp.data();
     }
-    GemvRows(x, B, ldb, C, K, N, beta == 1.f);
+    GemvF32(x, B, ldb, C, K, N, beta == 1.f);
     return;
   }
   dnnl_status_t st = dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
@@ -1576,6 +1721,74 @@ void MaxUnpoolKernel(KernelContext& ctx) {
 }
 
 }  // namespace
+
+void GemvF32(const float* x, const float* w, int64_t ldw, float* y, int64_t K, int64_t N,
+             bool accumulate) {
+  Gemv(x, w, ldw, y, K, N, accumulate);
+}
+
+void GemvF16(const float* x, const uint16_t* w_half, int64_t ldw, float* y, int64_t K, int64_t N,
+             bool accumulate) {
+  Gemv(x, w_half, ldw, y, K, N, accumulate);
+}
+
+void ConvertToHalf(const float* src, uint16_t* dst, int64_t n) {
+  ParallelFor(n, int64_t{1} << 16, [&](int64_t b, int64_t e) {
+    int64_t i = b;
+#if GAF_AVX512
+    for (; i < e; i += 16) {
+      const __mmask16 m = e - i >= 16 ? 0xffff : static_cast<__mmask16>((1u << (e - i)) - 1);
+      const __m512 f = _mm512_maskz_loadu_ps(m, src + i);
+      _mm256_mask_storeu_epi16(
+          dst + i, m, _mm512_maskz_cvtps_ph(m, f, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
+#elif defined(__F16C__) && defined(__AVX__)
+    for (; i + 8 <= e; i += 8)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
+                       _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+#endif
+    for (; i < e; ++i) dst[i] = FloatToHalf(src[i]);
+  });
+}
+
+void MatMulF16Weight(const float* A, const uint16_t* B_half, float* C, int64_t M, int64_t K,
+                     int64_t N) {
+  if (M <= 0 || N <= 0) return;
+  if (M <= 4) {  // decode-sized: stream the weight once per row
+    for (int64_t m = 0; m < M; ++m) GemvF16(A + m * K, B_half, N, C + m * N, K, N, false);
+    return;
+  }
+  if (K <= 0) {
+    std::memset(C, 0, sizeof(float) * M * N);
+    return;
+  }
+  // Column tiles taken dynamically; each thread widens its tile to float a K-slice at a time
+  // and multiplies it with oneDNN (single-threaded inside the region). Tiles are fixed in size,
+  // so the result does not depend on the thread count.
+  constexpr int64_t kTileN = 256, kTileK = 256;
+  const int64_t tiles = CeilDiv(N, kTileN);
+  const int nt = omp_in_parallel()
+                     ? 1
+                     : static_cast<int>(std::min<int64_t>(omp_get_max_threads(), tiles));
+  std::atomic<int> status{dnnl_success};
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<float> tile(kTileK * kTileN);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t c0 = t * kTileN, cn = std::min(kTileN, N - c0);
+      for (int64_t k0 = 0; k0 < K; k0 += kTileK) {
+        const int64_t kn = std::min(kTileK, K - k0);
+        for (int64_t k = 0; k < kn; ++k)
+          HalfToFloatRow(B_half + (k0 + k) * N + c0, tile.data() + k * cn, cn);
+        const dnnl_status_t st = dnnl_sgemm('N', 'N', M, cn, kn, 1.f, A + k0, K, tile.data(), cn,
+                                            k0 == 0 ? 0.f : 1.f, C + c0, N);
+        if (st != dnnl_success) status.store(st, std::memory_order_relaxed);
+      }
+    }
+  }
+  GAF_CHECK(status.load() == dnnl_success, "oneDNN sgemm failed with status {}", status.load());
+}
 
 void RegisterNnKernels(OpRegistry& r) {
   r.Register({"", "MatMul", OpKind::kContraction, MatMulKernel, true});

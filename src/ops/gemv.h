@@ -1,0 +1,29 @@
+// Matrix-vector products with a row-major weight, as in the decode step of an LLM, and the
+// float16-weight variants: y[0:N] (+)= x[0:K] * W[K,N], W[k][n] at w[k * ldw + n].
+//
+// Work is split over column blocks taken dynamically by the OpenMP threads (one thread when
+// called inside a parallel region); every output column is summed by one thread in a fixed
+// order, so results do not depend on the thread count. Accumulation is in float32.
+#pragma once
+
+#include <cstdint>
+
+namespace gaf {
+
+// y = x * W, or y += x * W when accumulate.
+void GemvF32(const float* x, const float* w, int64_t ldw, float* y, int64_t K, int64_t N,
+             bool accumulate);
+
+// As GemvF32 with W stored as IEEE float16 bits, widened to float while streaming.
+void GemvF16(const float* x, const uint16_t* w_half, int64_t ldw, float* y, int64_t K, int64_t N,
+             bool accumulate);
+
+// dst[i] = float16 bits of src[i], rounded to nearest even (overflow to inf, NaN kept quiet).
+void ConvertToHalf(const float* src, uint16_t* dst, int64_t n);
+
+// C[M,N] = A[M,K] * B[K,N], all row-major and contiguous, B as float16 bits (any M; meant for
+// prefill, M > 1).
+void MatMulF16Weight(const float* A, const uint16_t* B_half, float* C, int64_t M, int64_t K,
+                     int64_t N);
+
+}  // namespace gaf
