@@ -1,0 +1,206 @@
+// Safe fusion and the kernel parity suite: every fused group's generated kernel against the
+// reference kernels on the group's real inputs (FuseSafe's precision gate), rollback of a
+// deliberately imprecise user rule with reason "precision", verify/bench building blocks.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <set>
+
+#include "codegen/fused_session.h"
+#include "codegen/verify.h"
+#include "fusion/auto_fusion.h"
+#include "fusion/rules.h"
+#include "models/cnn.h"
+#include "models/generate.h"
+#include "models/llama.h"
+#include "onnx_io/onnx_io.h"
+#include "test_util.h"
+
+namespace gaf {
+namespace {
+namespace fs = std::filesystem;
+using testing::MakeModel;
+using testing::MakeNode;
+
+SafeFusionOptions NoSpeedGate() {
+  SafeFusionOptions o;
+  o.check_speed = false;  // timing is for benchmarks; unit tests check precision and structure
+  o.repeats = 3;
+  return o;
+}
+
+FusionOptions Preset(const std::string& p) {
+  FusionOptions o;
+  o.preset = p;
+  return o;
+}
+
+// Prints one parity line per measured kernel and checks the precision gate held for each.
+int CheckParity(const SafeFusionReport& r, const std::string& what, std::map<std::string, int>* per_rule) {
+  int checked = 0;
+  for (const SafeKernelResult& k : r.kernels) {
+    if (!k.same_as.empty() || k.reason_kind == "compile") continue;
+    ++checked;
+    (*per_rule)[k.rule]++;
+    std::printf("  parity %-28s %-34s cosine %.8f  max abs err %.3g  %s\n", what.c_str(), k.rule.c_str(), k.cosine,
+                k.max_abs_error, k.kernel.c_str());
+    EXPECT_NE(k.reason_kind, "precision") << what << ": " << k.node << ": " << k.reason;
+    EXPECT_GE(k.cosine, 0.9999) << what << ": " << k.node;
+  }
+  return checked;
+}
+
+TEST(SafeFusion, TinyLlamaKernelsPassGatesAndKeepTokens) {
+  Model m = BuildLlamaModel(LlamaPreset("tiny"));
+  GraphAutoFusion f(m, Preset("transformer"));
+  Model fused = f.FuseSafe(NoSpeedGate());
+  const SafeFusionReport& r = f.GetSafeFusionReport();
+  std::set<std::string> kinds;
+  for (const SafeKernelResult& k : r.kernels)
+    if (k.fused) kinds.insert(k.rule);
+  // Norms, rotary, attention (library Q.K^T + generated scale/mask/softmax + library P.V) and
+  // SwiGLU (library matmuls + generated epilogue) all get kernels that pass the gate.
+  for (const char* rule : {"RMSNormFusion", "AddRMSNormFusion", "RotaryEmbeddingFusion", "AttentionFusion", "SwiGLUFusion"})
+    EXPECT_TRUE(kinds.count(rule)) << rule << " not kept; report:\n" << r.ToText();
+  for (double c : r.output_cosine) EXPECT_GE(c, 0.9999);
+  EXPECT_GT(r.time_original_ms, 0);
+  EXPECT_GT(r.time_fused_ms, 0);
+  // The fused model with generated kernels generates the same greedy tokens.
+  KernelCompiler compiler;
+  FusedRuntime rt = MakeFusedRuntime(fused, {}, compiler);
+  Session ref(m);
+  GenerateOptions g;
+  g.prompt_ids = {5, 17, 42, 7};
+  g.max_new_tokens = 12;
+  EXPECT_EQ(Generate(*rt.session, g).tokens, Generate(ref, g).tokens);
+  int64_t calls = 0, fallbacks = 0;
+  for (const auto& e : rt.kernels->entries()) {
+    calls += e.calls->load();
+    fallbacks += e.fallbacks->load();
+  }
+  EXPECT_GT(calls, 0);
+  EXPECT_EQ(fallbacks, 0) << DescribeFusedKernels(*rt.kernels);
+}
+
+// A user rule whose kernel is deliberately imprecise (math=approx: Schraudolph's exp, ~4% error)
+// is rolled back with reason "precision"; the same rule with exact math is kept.
+TEST(SafeFusion, ImpreciseUserRuleIsRolledBackForPrecision) {
+  Graph g;
+  g.inputs.push_back(testing::FloatValue("x", {4, 37}));
+  g.nodes.push_back(MakeNode("Sigmoid", {"x"}, {"s"}, "sig"));
+  g.nodes.push_back(MakeNode("Mul", {"x", "s"}, {"y"}, "mul"));
+  g.outputs.push_back(testing::FloatValue("y", {4, 37}));
+  Model m = MakeModel(g);
+  for (const std::string math : {"approx", "exact"}) {
+    FusionOptions o = Preset("none");
+    o.auto_fuse = false;
+    o.benefit_threshold = 0;
+    GraphAutoFusion f(m, o);
+    for (FusionRule& r : ParseRules("rule CrudeSiLU fuse=CrudeSiLU priority=50 math=" + math +
+                                        "\n  s = Sigmoid($x)\n  y = Mul($x, s)\nend\n",
+                                    "user.rules"))
+      f.AddFusionRule(r);
+    Model out = f.FuseSafe(NoSpeedGate());
+    const SafeFusionReport& r = f.GetSafeFusionReport();
+    ASSERT_EQ(r.kernels.size(), 1u) << r.ToText();
+    const SafeKernelResult& k = r.kernels[0];
+    int fused_nodes = 0;
+    for (const Node& n : out.graph.nodes) fused_nodes += n.domain == kFusedDomain;
+    if (math == "approx") {
+      EXPECT_FALSE(k.fused);
+      EXPECT_EQ(k.reason_kind, "precision") << k.reason;
+      EXPECT_NE(k.reason.find("precision"), std::string::npos);
+      EXPECT_GT(k.max_abs_error, 1e-3);
+      EXPECT_EQ(fused_nodes, 0);  // rolled back to Sigmoid + Mul
+      EXPECT_EQ(r.skipped_by_reason.at("Skip: precision"), 1);
+      bool logged = false;
+      for (const DecisionRecord& d : f.decision_log().records())
+        logged |= d.stage == "safe" && d.reason.find("precision") != std::string::npos;
+      EXPECT_TRUE(logged);
+    } else {
+      EXPECT_TRUE(k.fused) << k.reason;
+      EXPECT_LT(k.max_abs_error, 1e-5);
+      EXPECT_EQ(fused_nodes, 1);
+    }
+  }
+}
+
+// Parity suite: every built-in rule that fires on the built-in models (incl. odd sizes) and on one
+// ONNX Runtime fusion test graph per rule has its kernel checked against the reference kernels.
+TEST(SafeFusion, ParitySuiteGeneratedKernelsMatchReference) {
+  std::map<std::string, int> per_rule;
+  int checked = 0;
+  LlamaConfig odd = LlamaPreset("tiny");
+  odd.hidden_size = 40;  // rows of 40, head_dim 10, intermediate 97: nothing a multiple of 16
+  odd.num_heads = 4;
+  odd.num_kv_heads = 2;
+  odd.intermediate_size = 97;
+  for (const auto& [name, model, preset] :
+       std::vector<std::tuple<std::string, Model, std::string>>{{"llama-tiny", BuildLlamaModel(LlamaPreset("tiny")), "transformer"},
+                                                              {"llama-odd", BuildLlamaModel(odd), "transformer"},
+                                                              {"cnn-tiny", BuildCnnModel(CnnPreset("tiny")), "cnn"}}) {
+    GraphAutoFusion f(model, Preset(preset));
+    f.FuseSafe(NoSpeedGate());
+    checked += CheckParity(f.GetSafeFusionReport(), name, &per_rule);
+  }
+  const fs::path dir = fs::path(GAF_SHARED_DIR) / "testdata" / "ort-fusion";
+  if (fs::exists(dir)) {
+    std::vector<fs::path> files;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".onnx") files.push_back(e.path());
+    std::sort(files.begin(), files.end());
+    std::set<std::string> covered;
+    for (const fs::path& p : files) {
+      Model m;
+      try {
+        m = LoadModel(p.string());
+        int64_t elements = 0;
+        for (const ValueInfo& v : m.graph.inputs) {
+          int64_t n = 1;
+          for (const Dim& d : v.dims) n *= d.known() ? d.value : 2;
+          elements += n;
+        }
+        if (elements > (int64_t{1} << 20)) continue;
+        GraphAutoFusion probe(m, Preset("all"));
+        bool new_rule = false;
+        for (const FusionCandidate& c : probe.AnalyzeFusionBenefit())
+          new_rule |= c.verdict == Verdict::kFuse && c.rule != "auto" && !covered.count(c.rule);
+        if (!new_rule) continue;
+        GraphAutoFusion f(m, Preset("all"));
+        f.FuseSafe(NoSpeedGate());
+        for (const SafeKernelResult& k : f.GetSafeFusionReport().kernels) covered.insert(k.rule);
+        checked += CheckParity(f.GetSafeFusionReport(), p.filename().string(), &per_rule);
+      } catch (const Error& e) {
+        continue;  // graphs the runtime cannot run (contrib ops, unsupported types)
+      }
+    }
+  }
+  std::printf("parity: %d kernels checked across %zu rules\n", checked, per_rule.size());
+  EXPECT_GT(checked, 15);
+  EXPECT_GE(per_rule.size(), 8u);
+}
+
+TEST(Verify, PrecisionAndPerformanceOfAFusedModel) {
+  Model m = BuildLlamaModel(LlamaPreset("tiny"));
+  GraphAutoFusion f(m, Preset("transformer"));
+  Model fused = f.Fuse();
+  VerifyOptions o;
+  o.repeats = 3;
+  PrecisionReport p = VerifyPrecision(fused, m, o);
+  ASSERT_EQ(p.outputs.size(), m.graph.outputs.size());
+  EXPECT_TRUE(p.Passes(0.999, 1e-3)) << p.min_cosine << " " << p.max_abs_error;
+  EXPECT_NE(p.kernels.find("kernel"), std::string::npos);
+  PerformanceReport perf = VerifyPerformance(fused, o);
+  EXPECT_GT(perf.baseline_ms, 0);
+  EXPECT_GT(perf.fused_ms, 0);
+  // A wrong output is caught: compare against a model whose logits differ.
+  double cs = 0, err = 0;
+  Tensor a = Tensor::FromVector<float>({1, 2, 3}, {3}), b = Tensor::FromVector<float>({1, 2, 4}, {3});
+  CompareTensors(a, b, &cs, &err);
+  EXPECT_LT(cs, 0.999);
+  EXPECT_FLOAT_EQ(err, 1.0);
+}
+
+}  // namespace
+}  // namespace gaf
