@@ -1,6 +1,8 @@
 #include "codegen/fused_kernels.h"
 
 #include <cctype>
+#include <functional>
+#include <set>
 #include <cstdio>
 #include <cstdlib>
 
@@ -18,16 +20,22 @@ std::string Sanitize(const std::string& s) {
 
 std::shared_ptr<FusedKernelSet> FusedKernelSet::Build(const Model& model, const std::map<std::string, ValueType>& shapes,
                                                       KernelCompiler& compiler, const std::string& domain) {
+  // One kernel per call site: calls of one function differ in their constants (weights folded
+  // into a kernel, scalars baked into its code) and shapes. Generated stage sources are named by
+  // a hash of their text, so call sites with identical code share one compiled function.
   auto set = std::make_shared<FusedKernelSet>();
   std::vector<KernelSource> sources;
+  std::set<std::string> have;
+  std::map<std::string, Graph> bodies;
   for (const Node& call : model.graph.nodes) {
-    if (call.domain != domain || set->by_function_.count(call.op_type)) continue;
+    if (call.domain != domain) continue;
     const Function* f = model.FindFunction(call.domain, call.op_type);
     if (f == nullptr) continue;
     Entry e;
     e.function = f->name;
-    e.symbol = "gaf_fused_" + Sanitize(f->name);
-    e.body = FunctionBodyGraph(*f);
+    e.node = call.name;
+    if (!bodies.count(f->name)) bodies[f->name] = FunctionBodyGraph(*f);
+    e.body = bodies[f->name];
     e.calls = std::make_shared<std::atomic<int64_t>>(0);
     e.fallbacks = std::make_shared<std::atomic<int64_t>>(0);
     RowKernelRequest req;
@@ -55,14 +63,25 @@ std::shared_ptr<FusedKernelSet> FusedKernelSet::Build(const Model& model, const 
     if (!shapes_known) {
       e.status = "input shapes unknown (no recorded run)";
     } else {
-      e.kernel = GenerateStagedKernel(req, e.symbol, model.OpsetVersion(""));
+      const std::string tmp = "gaf_fused_kernel_tmp";
+      e.kernel = GenerateStagedKernel(req, tmp, model.OpsetVersion(""));
       if (e.kernel.ok) {
-        for (auto& src : e.kernel.Sources()) sources.push_back(std::move(src));
+        for (auto& st : e.kernel.stages) {
+          if (st.library) continue;
+          const std::string old = st.row.symbol;
+          char hex[17];
+          std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(std::hash<std::string>{}(st.row.source)));
+          const std::string sym = "gaf_" + Sanitize(f->name) + "_" + hex;
+          for (size_t pos = 0; (pos = st.row.source.find(old, pos)) != std::string::npos; pos += sym.size())
+            st.row.source.replace(pos, old.size(), sym);
+          st.row.symbol = sym;
+          if (have.insert(sym).second) sources.push_back({sym, st.row.source});
+        }
       } else {
         e.status = "not generated: " + e.kernel.reason;
       }
     }
-    set->by_function_[f->name] = set->entries_.size();
+    set->by_node_[call.name] = set->entries_.size();
     set->entries_.push_back(std::move(e));
   }
   set->library_ = compiler.Compile(sources);
@@ -74,11 +93,15 @@ std::shared_ptr<FusedKernelSet> FusedKernelSet::Build(const Model& model, const 
   return set;
 }
 
+const FusedKernelSet::Entry* FusedKernelSet::EntryForNode(const std::string& node) const {
+  auto it = by_node_.find(node);
+  return it == by_node_.end() ? nullptr : &entries_[it->second];
+}
+
 std::function<std::optional<KernelInfo>(const Node&, const Function&)> FusedKernelSet::Provider() {
   return [this](const Node& call, const Function& f) -> std::optional<KernelInfo> {
-    auto it = by_function_.find(f.name);
-    if (it == by_function_.end()) return std::nullopt;
-    const Entry* e = &entries_[it->second];
+    const Entry* e = EntryForNode(call.name);
+    if (e == nullptr) return std::nullopt;
     if (!e->bound) return std::nullopt;  // runs inlined, through the reference kernels
     KernelInfo info;
     info.domain = call.domain;

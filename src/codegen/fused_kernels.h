@@ -29,7 +29,7 @@ class FusedKernelSet {
  public:
   struct Entry {
     std::string function;      // function (fused op) name
-    std::string symbol;
+    std::string node;          // the call site (fused node name)
     StagedKernel kernel;
     bool bound = false;        // the kernel is compiled and usable
     std::string status;        // "compiled", "cached", or why there is no kernel
@@ -37,7 +37,7 @@ class FusedKernelSet {
     std::shared_ptr<std::atomic<int64_t>> calls, fallbacks;
   };
 
-  // Generates a kernel per fused function from the shapes its first call had (`shapes`: value
+  // Generates a kernel per call site of a fused function from the shapes of its inputs (`shapes`: value
   // name -> type and shape, e.g. recorded by one run), compiles all of them in one batch.
   static std::shared_ptr<FusedKernelSet> Build(const Model& model, const std::map<std::string, ValueType>& shapes,
                                                KernelCompiler& compiler, const std::string& domain);
@@ -45,12 +45,13 @@ class FusedKernelSet {
   // For SessionOptions::function_kernels (the set must outlive the session).
   std::function<std::optional<KernelInfo>(const Node&, const Function&)> Provider();
 
-  const std::vector<Entry>& entries() const { return entries_; }
+  const std::vector<Entry>& entries() const { return entries_; }  // one per call site
+  const Entry* EntryForNode(const std::string& node) const;
   const KernelLibrary* library() const { return library_.get(); }
 
  private:
   std::vector<Entry> entries_;
-  std::map<std::string, size_t> by_function_;
+  std::map<std::string, size_t> by_node_;
   std::shared_ptr<KernelLibrary> library_;
   std::deque<Tensor> constants_;  // keeps constant inputs alive (stable addresses)
 };

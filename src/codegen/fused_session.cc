@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "cost/cost_model.h"
 
 namespace gaf {
@@ -25,11 +27,32 @@ FusedRuntime MakeFusedRuntime(const Model& model, SessionOptions options, Kernel
 }
 
 std::string DescribeFusedKernels(const FusedKernelSet& set) {
+  // One line per function: its call sites summed; the status and stages of its first call site
+  // (call sites that differ are listed separately).
+  struct Row {
+    std::string function, state, status;
+    int sites = 0;
+    int64_t calls = 0, fallbacks = 0;
+  };
+  std::vector<Row> rows;
+  for (const auto& e : set.entries()) {
+    std::string status = e.bound ? e.status + ": " + e.kernel.Describe() : e.status;
+    std::string state = e.bound ? "kernel" : "body";
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const Row& r) {
+      return r.function == e.function && r.status == status && r.state == state;
+    });
+    if (it == rows.end()) {
+      rows.push_back({e.function, state, status});
+      it = rows.end() - 1;
+    }
+    it->sites++;
+    it->calls += e.calls->load();
+    it->fallbacks += e.fallbacks->load();
+  }
   std::string s;
-  for (const auto& e : set.entries())
-    s += fmt::format("  {:<36} {:<10} calls {:>6}  fallbacks {:>4}  {}\n", e.function,
-                     e.bound ? "kernel" : "body", e.calls->load(), e.fallbacks->load(),
-                     e.bound ? e.status + ": " + e.kernel.Describe() : e.status);
+  for (const Row& r : rows)
+    s += fmt::format("  {:<28} {:<6} sites {:>3}  calls {:>6}  fallbacks {:>4}  {}\n", r.function, r.state, r.sites, r.calls,
+                     r.fallbacks, r.status);
   return s;
 }
 

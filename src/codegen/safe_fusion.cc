@@ -88,8 +88,6 @@ Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
   KernelCompiler compiler(safe.kernel_cache);
   std::shared_ptr<FusedKernelSet> kernels = FusedKernelSet::Build(fused, shapes, compiler, kFusedDomain);
   if (kernels->library()) rep.kernel_library = kernels->library()->directory();
-  std::map<std::string, const FusedKernelSet::Entry*> entry_of;
-  for (const auto& e : kernels->entries()) entry_of[e.function] = &e;
 
   std::map<std::string, int> candidate_of_node(fused_nodes_.begin(), fused_nodes_.end());
   std::map<int, const FusionCandidate*> cand;
@@ -111,15 +109,20 @@ Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
       r.predicted_unfused_us = c.cost.time_before_us;
       r.predicted_fused_us = c.cost.time_after_us;
     }
-    const FusedKernelSet::Entry* e = entry_of.count(call.op_type) ? entry_of[call.op_type] : nullptr;
+    const FusedKernelSet::Entry* e = kernels->EntryForNode(call.name);
     const Function* f = fused.FindFunction(call.domain, call.op_type);
     std::vector<const Tensor*> ins;
+    // Call sites with the same generated code, shapes and constants are measured once.
     std::string key = call.op_type;
+    if (e != nullptr)
+      for (const auto& st : e->kernel.stages) key += "|" + (st.library ? st.node.op_type : st.row.symbol);
     for (const auto& in : call.inputs) {
       const Tensor* t = in.empty() ? nullptr : fused.graph.FindInitializer(in);
+      const bool constant = t != nullptr;
       if (t == nullptr && values.count(in)) t = &values[in];
       ins.push_back(t);
       key += "|" + (t ? ShapeToString(t->shape()) : std::string("-"));
+      if (constant && (e == nullptr || !e->kernel.owned_constants.empty())) key += "=" + in;
     }
     auto same = measured.find(key);
     if (same != measured.end()) {

@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <map>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <set>
@@ -66,10 +68,75 @@ std::map<std::string, std::pair<DataType, Shape>> BodyShapes(const RowKernelRequ
 
 }  // namespace
 
+// Conv followed by an inference BatchNormalization, all parameters constant: the normalization is
+// folded into the convolution's weights and bias (W' = W * a, B' = (B - mean) * a + beta with
+// a = gamma / sqrt(var + eps)), so the kernel does no normalization pass at all. The new
+// constants are owned by the kernel.
+void FoldConvBatchNorm(Function& body, std::map<std::string, const Tensor*>& constant_of, StagedKernel& k) {
+  std::map<std::string, int> uses;
+  for (const Node& n : body.nodes)
+    for (const auto& in : n.inputs) uses[in]++;
+  for (const auto& o : body.outputs) uses[o]++;
+  std::map<std::string, size_t> producer;
+  for (size_t i = 0; i < body.nodes.size(); ++i)
+    for (const auto& o : body.nodes[i].outputs) producer[o] = i;
+  std::set<size_t> removed;
+  auto constant = [&](const Node& n, size_t i) -> const Tensor* {
+    if (i >= n.inputs.size() || n.inputs[i].empty()) return nullptr;
+    auto it = constant_of.find(n.inputs[i]);
+    return it != constant_of.end() && it->second->dtype() == DataType::kFloat ? it->second : nullptr;
+  };
+  for (size_t bi = 0; bi < body.nodes.size(); ++bi) {
+    const Node& bn = body.nodes[bi];
+    if (bn.op_type != "BatchNormalization" || !bn.domain.empty() || bn.GetInt("training_mode", 0) != 0) continue;
+    if (bn.outputs.size() > 1 && std::any_of(bn.outputs.begin() + 1, bn.outputs.end(), [](const std::string& o) { return !o.empty(); }))
+      continue;
+    auto pit = producer.find(bn.inputs[0]);
+    if (pit == producer.end() || uses[bn.inputs[0]] != 1) continue;
+    Node& conv = body.nodes[pit->second];
+    if (conv.op_type != "Conv" || !conv.domain.empty() || conv.outputs.size() != 1) continue;
+    const Tensor* w = constant(conv, 1);
+    const Tensor* cb = constant(conv, 2);
+    const Tensor *gamma = constant(bn, 1), *beta = constant(bn, 2), *mean = constant(bn, 3), *var = constant(bn, 4);
+    if (w == nullptr || gamma == nullptr || beta == nullptr || mean == nullptr || var == nullptr) continue;
+    if (conv.inputs.size() > 2 && !conv.inputs[2].empty() && cb == nullptr) continue;
+    const int64_t M = w->shape().empty() ? 0 : w->shape()[0];
+    if (M == 0 || gamma->numel() != M || beta->numel() != M || mean->numel() != M || var->numel() != M ||
+        (cb != nullptr && cb->numel() != M))
+      continue;
+    const float eps = bn.GetFloat("epsilon", 1e-5f);
+    auto nw = std::make_shared<Tensor>(DataType::kFloat, w->shape());
+    auto nb = std::make_shared<Tensor>(DataType::kFloat, Shape{M});
+    const int64_t per = w->numel() / M;
+    for (int64_t o = 0; o < M; ++o) {
+      const double a = gamma->data<float>()[o] / std::sqrt(static_cast<double>(var->data<float>()[o]) + eps);
+      for (int64_t j = 0; j < per; ++j)
+        nw->data<float>()[o * per + j] = static_cast<float>(w->data<float>()[o * per + j] * a);
+      const double b0 = cb != nullptr ? cb->data<float>()[o] : 0.0;
+      nb->data<float>()[o] = static_cast<float>((b0 - mean->data<float>()[o]) * a + beta->data<float>()[o]);
+    }
+    const std::string wn = conv.outputs[0] + "/folded_weight", bname = conv.outputs[0] + "/folded_bias";
+    constant_of[wn] = nw.get();
+    constant_of[bname] = nb.get();
+    k.owned_constants.emplace_back(wn, nw);
+    k.owned_constants.emplace_back(bname, nb);
+    conv.inputs.resize(3);
+    conv.inputs[1] = wn;
+    conv.inputs[2] = bname;
+    conv.outputs[0] = bn.outputs[0];
+    k.notes.push_back("BatchNormalization folded into Conv");
+    removed.insert(bi);
+  }
+  std::vector<Node> kept;
+  for (size_t i = 0; i < body.nodes.size(); ++i)
+    if (!removed.count(i)) kept.push_back(std::move(body.nodes[i]));
+  body.nodes = std::move(kept);
+}
+
 StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string& symbol, int64_t opset) {
   StagedKernel k;
   k.opset = opset;
-  const Function& f = *req.function;
+  Function f = *req.function;  // copy: folding may rewrite it
   std::string err;
   auto shapes = BodyShapes(req, &err);
   if (!err.empty()) {
@@ -89,6 +156,8 @@ StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string
     k.function_inputs.push_back(value(f.inputs[i]));
     if (req.constants[i] != nullptr) constant_of[f.inputs[i]] = req.constants[i];
   }
+  FoldConvBatchNorm(f, constant_of, k);
+  for (const auto& [name, t] : k.owned_constants) k.constant_values.emplace_back(value(name), t.get());
   // Depth of every node: contractions add one.
   std::map<std::string, int> depth_of;
   std::vector<int> depth(f.nodes.size(), 0);
@@ -204,6 +273,7 @@ StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string
 
 std::string StagedKernel::Describe() const {
   std::string s;
+  for (const std::string& n : notes) s += n + "; ";
   for (const Stage& st : stages) {
     if (!s.empty()) s += " + ";
     if (st.library) {
@@ -245,6 +315,7 @@ std::vector<Tensor> RunStagedKernel(const StagedKernel& k, const std::vector<con
   GAF_CHECK(inputs.size() == k.function_inputs.size(), "fused kernel: expected {} inputs, got {}",
             k.function_inputs.size(), inputs.size());
   std::vector<const Tensor*> val(k.value_names.size(), nullptr);
+  for (const auto& [v, t] : k.constant_values) val[v] = t;
   std::vector<Tensor> owned(k.value_names.size());
   std::vector<char> is_owned(k.value_names.size(), 0);
   for (size_t i = 0; i < inputs.size(); ++i) val[k.function_inputs[i]] = inputs[i];

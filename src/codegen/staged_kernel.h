@@ -16,7 +16,9 @@
 // says which node), so a "fused" kernel never just calls the old kernels one after another.
 #pragma once
 
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "codegen/compiler.h"
@@ -41,6 +43,10 @@ struct StagedKernel {
   std::vector<std::string> value_names;
   std::vector<int> function_inputs, function_outputs;  // value ids
   int64_t opset = 17;
+  // Constants the kernel made (BatchNormalization folded into a Conv's weights and bias).
+  std::vector<std::pair<std::string, std::shared_ptr<Tensor>>> owned_constants;
+  std::vector<std::pair<int, const Tensor*>> constant_values;  // value id -> owned constant
+  std::vector<std::string> notes;                                // rewrites made, for Describe()
 
   // "library MatMul + row[Sigmoid,Mul,Mul]" style summary.
   std::string Describe() const;
