@@ -241,9 +241,12 @@ std::string SafeFusionReport::ToText() const {
     std::string name = fmt::format("{} ({})", k.node, k.rule);
     if (name.size() > 48) name = "..." + name.substr(name.size() - 45);
     double pred = k.predicted_unfused_us > 0 ? k.predicted_unfused_us / std::max(k.predicted_fused_us, 1e-9) : 0;
-    s += fmt::format("  {:<48} {:<9} {:>9.6f} {:>10.3g} {:>9.2f}x {:>8.2f}us {:>8.2f}us  {}\n", name,
-                     k.fused ? "fused" : "ROLLBACK", k.cosine, k.max_abs_error, pred, k.measured_unfused_us,
-                     k.measured_fused_us,
+    const bool measured = k.reason_kind != "compile";  // no kernel ran: nothing measured
+    s += fmt::format("  {:<48} {:<9} {:>9} {:>10} {:>9.2f}x {:>10} {:>10}  {}\n", name, k.fused ? "fused" : "ROLLBACK",
+                     measured ? fmt::format("{:.6f}", k.cosine) : "-",
+                     measured ? fmt::format("{:.3g}", k.max_abs_error) : "-", pred,
+                     measured && k.measured_unfused_us > 0 ? fmt::format("{:.2f}us", k.measured_unfused_us) : "-",
+                     measured && k.measured_fused_us > 0 ? fmt::format("{:.2f}us", k.measured_fused_us) : "-",
                      k.fused ? (k.same_as.empty() ? k.kernel : "as " + k.same_as) : k.reason);
   }
   s += "  (pred gain: cost model time before/after, docs/cost_model.md; unfused/fused: measured medians on the group's "
