@@ -777,35 +777,39 @@ static Shape ViewOf(const GeneratedRowKernel& k, size_t i, const Tensor& t) {
   return v;
 }
 
-std::vector<Tensor> RunRowKernel(RowKernelFn fn, const GeneratedRowKernel& k, const std::vector<const Tensor*>& inputs) {
-  GAF_CHECK(inputs.size() == k.domain_inputs.size(), "{}: expected {} inputs, got {}", k.symbol,
-            k.domain_inputs.size(), inputs.size());
+// Computes the launch of a call from its input shapes (and checks them); throws gaf::Error when
+// the inputs do not fit the generated code.
+static std::shared_ptr<const RowLaunch> PlanLaunch(const GeneratedRowKernel& k, const std::vector<const Tensor*>& inputs) {
+  auto L = std::make_shared<RowLaunch>();
+  L->shapes.resize(inputs.size());
+  L->offsets.resize(inputs.size());
   std::vector<Shape> shapes;
   std::vector<Shape> viewed(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i)
-    if (k.domain_inputs[i]) shapes.push_back(viewed[i] = ViewOf(k, i, *inputs[i]));
-  Shape full, out_shape;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!k.domain_inputs[i]) continue;
+    GAF_CHECK(inputs[i] != nullptr, "{}: input {} is absent", k.symbol, i);
+    GAF_CHECK(inputs[i]->dtype() == DataType::kFloat, "{}: input {} is {}, the kernel takes float", k.symbol, i,
+              DataTypeName(inputs[i]->dtype()));
+    L->shapes[i] = inputs[i]->shape();
+    shapes.push_back(viewed[i] = ViewOf(k, i, *inputs[i]));
+  }
+  Shape full;
   int64_t rows = 0, cols = 0;
   std::string reason;
-  GAF_CHECK(RowDomain(shapes, &out_shape, &rows, &cols, &reason), "{}: {}", k.symbol, reason);
+  GAF_CHECK(RowDomain(shapes, &L->out_shape, &rows, &cols, &reason), "{}: {}", k.symbol, reason);
   if (k.collapse) {
     shapes = CollapseTrailing(shapes);
     for (size_t i = 0, d = 0; i < inputs.size(); ++i)
       if (k.domain_inputs[i]) viewed[i] = shapes[d++];
   }
   GAF_CHECK(RowDomain(shapes, &full, &rows, &cols, &reason), "{}: {}", k.symbol, reason);
-  std::vector<std::vector<int64_t>> offsets(inputs.size());
-  std::vector<const float*> in(inputs.size(), nullptr);
-  std::vector<const int64_t*> in_off(inputs.size(), nullptr);
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!k.domain_inputs[i]) continue;
-    GAF_CHECK(inputs[i]->dtype() == DataType::kFloat, "{}: input {} is {}, the kernel takes float", k.symbol, i,
-              DataTypeName(inputs[i]->dtype()));
     const Shape& is = viewed[i];
     GAF_CHECK(is.empty() || is.back() == 1 || is.back() == cols, "{}: input {} of shape {} has rows of another width",
               k.symbol, i, ShapeToString(is));
     const RowInputClass want = k.signature.inputs[i];
-    const RowInputClass got = ClassifyRowInput(is, full, &offsets[i]);
+    const RowInputClass got = ClassifyRowInput(is, full, &L->offsets[i]);
     if (got != want) {
       // With one row, a full row and a shared row read the same addresses (so do per-row and
       // scalar values); a row-offset table describes any broadcast of the leading dims.
@@ -815,24 +819,55 @@ std::vector<Tensor> RunRowKernel(RowKernelFn fn, const GeneratedRowKernel& k, co
       bool ok = one_row && (((want == C::kFull || want == C::kRowVec) && (got == C::kFull || got == C::kRowVec)) ||
                             ((want == C::kPerRow || want == C::kScalar) && (got == C::kPerRow || got == C::kScalar)));
       if (!ok && ((want == C::kGeneral && !per_row) || (want == C::kGeneralPerRow && per_row))) {
-        offsets[i] = RowOffsets(is, full);
+        L->offsets[i] = RowOffsets(is, full);
         ok = true;
       }
       GAF_CHECK(ok, "{}: input {} of shape {} broadcasts differently than at generation", k.symbol, i,
                 ShapeToString(is));
     }
+  }
+  L->rows = rows;
+  L->cols = cols;
+  L->per_row_shape = L->out_shape;
+  L->per_row_shape.back() = 1;
+  return L;
+}
+
+std::vector<Tensor> RunRowKernel(RowKernelFn fn, const GeneratedRowKernel& k, const std::vector<const Tensor*>& inputs) {
+  GAF_CHECK(inputs.size() == k.domain_inputs.size(), "{}: expected {} inputs, got {}", k.symbol,
+            k.domain_inputs.size(), inputs.size());
+  std::shared_ptr<const RowLaunch> L;
+  {
+    std::lock_guard<std::mutex> lock(k.launch_cache->mu);
+    L = k.launch_cache->last;
+  }
+  bool hit = L != nullptr;
+  for (size_t i = 0; hit && i < inputs.size(); ++i)
+    if (k.domain_inputs[i])
+      hit = inputs[i] != nullptr && inputs[i]->dtype() == DataType::kFloat && inputs[i]->shape() == L->shapes[i];
+  if (!hit) {
+    L = PlanLaunch(k, inputs);
+    std::lock_guard<std::mutex> lock(k.launch_cache->mu);
+    k.launch_cache->last = L;
+  }
+  thread_local std::vector<const float*> in;
+  thread_local std::vector<const int64_t*> in_off;
+  thread_local std::vector<float*> out_ptrs;
+  in.assign(inputs.size(), nullptr);
+  in_off.assign(inputs.size(), nullptr);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!k.domain_inputs[i]) continue;
     in[i] = inputs[i]->data<float>();
-    in_off[i] = offsets[i].empty() ? nullptr : offsets[i].data();
+    in_off[i] = L->offsets[i].empty() ? nullptr : L->offsets[i].data();
   }
   std::vector<Tensor> outs;
-  std::vector<float*> out_ptrs;
-  Shape per_row = out_shape;
-  per_row.back() = 1;
+  outs.reserve(k.signature.output_per_row.size());
+  out_ptrs.clear();
   for (bool pr : k.signature.output_per_row) {
-    outs.emplace_back(DataType::kFloat, pr ? per_row : out_shape);
+    outs.emplace_back(DataType::kFloat, pr ? L->per_row_shape : L->out_shape);
     out_ptrs.push_back(outs.back().data<float>());
   }
-  RowKernelArgs args{rows, cols, in.data(), in_off.data(), out_ptrs.data()};
+  RowKernelArgs args{L->rows, L->cols, in.data(), in_off.data(), out_ptrs.data()};
   fn(&args);
   return outs;
 }

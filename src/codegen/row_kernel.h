@@ -17,6 +17,8 @@
 // PERROW (one value per row), SCALAR, GENERAL (row offsets from a table; column stride 0 or 1).
 #pragma once
 
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -40,6 +42,19 @@ struct RowKernelSignature {
   std::vector<bool> output_per_row;  // true: output is [.., 1] (one value per row)
 };
 
+// What a call needs besides data pointers, for one set of input shapes (rows, cols, output shape,
+// row-offset tables); RunRowKernel keeps the last one so repeated calls (a decode loop) skip it.
+struct RowLaunch {
+  std::vector<Shape> shapes;  // per input as given (empty for non-domain inputs)
+  int64_t rows = 0, cols = 0;
+  Shape out_shape, per_row_shape;
+  std::vector<std::vector<int64_t>> offsets;
+};
+struct RowLaunchCache {
+  std::mutex mu;
+  std::shared_ptr<const RowLaunch> last;
+};
+
 struct GeneratedRowKernel {
   bool ok = false;
   std::string reason;       // why the group cannot be generated (when !ok)
@@ -50,6 +65,7 @@ struct GeneratedRowKernel {
   std::vector<bool> domain_inputs;  // inputs that form the row domain (all but scalar constants)
   bool collapse = false;             // elementwise body: trailing axes merged (CollapseTrailing) at run time
   std::vector<Shape> input_views;   // per input: the shape it is read as (BatchNorm's [C] as [C,1,1]), or empty
+  std::shared_ptr<RowLaunchCache> launch_cache = std::make_shared<RowLaunchCache>();
 };
 
 // Input shapes/dtypes of one call of the fused function, in the function's input order.
