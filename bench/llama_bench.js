@@ -58,14 +58,26 @@ const maxAbsDiff = (a, b) => { let m = 0; for (let i = 0; i < a.length; i++) m =
 
 // The configurations; every round runs each once (a fresh process: one warm-up generation, then
 // --repeat generations, median step), so that load from other processes hits all of them alike.
+// `ours fused`: the model fused by `autofusion fuse --safe` (precision and speed gates), run with
+// its generated kernels.
+const fusedModel = path.join(tmp, 'fused.onnx');
+run(autofusion, ['fuse', args.model, '--preset', 'transformer', '-o', fusedModel, '--safe', '--threads', String(Math.max(...args.threads))]);
 const configs = [];
 for (const t of args.threads) configs.push({ engine: 'ours', opt: '-', threads: t, runs: [] });
+for (const t of args.threads) configs.push({ engine: 'ours fused', opt: 'safe', threads: t, runs: [] });
 for (const opt of args.ortOpt) for (const t of args.threads) configs.push({ engine: 'ort', opt, threads: t, runs: [] });
 
-function runConfig(c, withLogits) {
+function runConfig(c, withLogitsIn) {
+  let withLogits = withLogitsIn;
   const lf = path.join(tmp, `${c.engine}_${c.opt}_${c.threads}.npy`);
   let g;
-  if (c.engine === 'ours') {
+  if (c.engine === 'ours fused') {
+    // Logits of fused kernels are checked by `autofusion verify` (and the safe-fusion gates); here
+    // the greedy tokens are compared.
+    g = runJson(autofusion, ['generate', fusedModel, '--prompt-ids', promptStr, '--max-new-tokens', String(args.maxNew),
+      '--threads', String(c.threads), '--repeat', String(args.repeat), '--json']);
+    withLogits = false;
+  } else if (c.engine === 'ours') {
     g = runJson(autofusion, ['generate', args.model, '--prompt-ids', promptStr, '--max-new-tokens', String(args.maxNew),
       '--threads', String(c.threads), '--repeat', String(args.repeat), '--json']);
     if (withLogits) run(tool, ['logits', args.model, '--prompt-ids', promptStr, '--threads', String(c.threads), '-o', lf]);
@@ -93,11 +105,11 @@ const ref = configs[0];
 const rows = configs.map((c) => {
   const ms = median(c.runs.map((g) => g.decode_ms_per_token));
   return {
-    engine: c.engine === 'ours' ? 'ours' : `ort ${c.version}`, opt: c.opt, threads: c.threads, ms,
+    engine: c.engine.startsWith('ours') ? c.engine : `ort ${c.version}`, opt: c.opt, threads: c.threads, ms,
     ms_rounds: c.runs.map((g) => g.decode_ms_per_token),
     prefill: median(c.runs.map((g) => g.prefill_ms)), tokens: c.runs[0].tokens,
     same: c.runs.every((g) => JSON.stringify(g.tokens) === JSON.stringify(ref.runs[0].tokens)),
-    diff: maxAbsDiff(c.logits, ref.logits), deterministic: c.runs.every((g) => g.deterministic),
+    diff: c.logits ? maxAbsDiff(c.logits, ref.logits) : NaN, deterministic: c.runs.every((g) => g.deterministic),
   };
 });
 const membw = { array_bytes: membwRuns[0].array_bytes, repeats: membwRuns[0].repeats, rounds: membwRuns.length,
@@ -123,7 +135,7 @@ console.log('');
 const head = ['engine', 'opt', 'threads', 'tokens/s', 'ms/token', 'rounds min-max', 'prefill ms', 'same tokens', 'max |dlogit|', 'ms/token vs floor'];
 const table = rows.map((r) => [r.engine, r.opt, String(r.threads), r.tps.toFixed(1), r.ms.toFixed(3),
   `${Math.min(...r.ms_rounds).toFixed(2)}-${Math.max(...r.ms_rounds).toFixed(2)}`, r.prefill.toFixed(2),
-  r.same ? 'yes' : 'NO', r.diff.toExponential(2), `${r.pct_floor.toFixed(0)}%`]);
+  r.same ? 'yes' : 'NO', Number.isNaN(r.diff) ? '-' : r.diff.toExponential(2), `${r.pct_floor.toFixed(0)}%`]);
 const w = head.map((h, i) => Math.max(h.length, ...table.map((row) => row[i].length)));
 const line = (cells) => '| ' + cells.map((c, i) => c.padEnd(w[i])).join(' | ') + ' |';
 console.log(line(head));

@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "codegen/fused_session.h"
+#include "codegen/half_weights.h"
 #include "models/generate.h"
 #include "onnx_io/onnx_io.h"
 
@@ -27,6 +28,7 @@ struct GenerateArgs {
   int max_new_tokens = 50;
   int threads = 0;
   bool reference_kernels = false;
+  bool half_weights = false;
   int repeat = 1;
   uint32_t seed = 0;
   int64_t eos = -1;
@@ -77,9 +79,10 @@ void RunGenerate(const GenerateArgs& a) {
   for (const Function& f : m.functions) has_fused |= f.domain == "ai.graph_autofusion";
   if (has_fused && !a.reference_kernels) {
     KernelCompiler compiler;
-    kernels = CompileFusedKernels(m, compiler);
+    kernels = CompileFusedKernels(m, compiler, {}, "ai.graph_autofusion", a.half_weights);
     so.function_kernels = kernels->Provider();
   }
+  if (a.half_weights) so.node_kernels = HalfWeightProvider();
   Session session(m, so);
   DecoderSignature sig = DecoderSignature::Discover(session.inputs(), session.outputs());
   const int64_t vocab = VocabSize(session, sig);
@@ -168,6 +171,8 @@ void AddGenerateCommand(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "seed of the random prompt")->capture_default_str();
   cmd->add_option("--eos", a->eos, "stop after generating this token id");
   cmd->add_flag("--json", a->json, "machine-readable output");
+  cmd->add_flag("--half-weights", a->half_weights,
+                "float16 storage of constant MatMul weights (half the bytes; changes numerics slightly)");
   cmd->add_flag("--reference-kernels", a->reference_kernels,
                 "run fused operators through their function bodies instead of generated kernels");
   cmd->callback([a] { RunGenerate(*a); });

@@ -12,6 +12,7 @@
 
 #include "cli/commands.h"
 #include "codegen/fused_session.h"
+#include "codegen/half_weights.h"
 #include "codegen/verify.h"
 #include "cost/cost_model.h"
 #include "fusion/auto_fusion.h"
@@ -89,7 +90,7 @@ struct VerifyArgs {
   int threads = 0, repeat = 0;
   uint32_t seed = 0;
   double min_cosine = 0.999, max_abs_error = 1e-3;
-  bool json = false;
+  bool json = false, half_weights = false;
 };
 
 void RunVerify(const VerifyArgs& a) {
@@ -101,6 +102,7 @@ void RunVerify(const VerifyArgs& a) {
   vo.seed = a.seed;
   vo.threads = a.threads;
   vo.repeats = a.repeat;
+  vo.half_weights = a.half_weights;
   // Without --original the reference is the fused model's own bodies: the original operators.
   Model original = a.original.empty() ? fused : LoadModel(a.original);
   PrecisionReport p = VerifyPrecision(fused, original, vo);
@@ -146,7 +148,7 @@ struct BenchArgs {
   std::string model, preset = "transformer", rules;
   std::vector<std::string> dims;
   int threads = 0, repeat = 5, tokens = 30, prompt_len = 8;
-  bool safe = false, json = false;
+  bool safe = false, json = false, half_weights = false;
 };
 
 struct Stage {
@@ -171,7 +173,7 @@ void RunBench(const BenchArgs& a) {
   const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency());
 
   std::vector<std::unique_ptr<Stage>> stages;
-  auto add = [&](const std::string& name, const Model& m, bool kernels, const std::string& note) {
+  auto add = [&](const std::string& name, const Model& m, bool kernels, const std::string& note, bool half = false) {
     auto st = std::make_unique<Stage>();
     st->name = name;
     st->model = m;
@@ -179,9 +181,10 @@ void RunBench(const BenchArgs& a) {
     SessionOptions s = so;
     if (kernels) {
       KernelCompiler compiler;
-      st->kernels = CompileFusedKernels(st->model, compiler, o.dims);
+      st->kernels = CompileFusedKernels(st->model, compiler, o.dims, kFusedDomain, half);
       s.function_kernels = st->kernels->Provider();
     }
+    if (half) s.node_kernels = HalfWeightProvider();
     st->session = std::make_unique<Session>(st->model, s);
     stages.push_back(std::move(st));
   };
@@ -202,6 +205,9 @@ void RunBench(const BenchArgs& a) {
     add("+ safe fusion (gated)", safe, true, fmt::format("{} groups kept, {} rolled back", r.fused, rolled));
   }
 
+  if (a.half_weights)
+    add("+ fp16 weights", stages.back()->model, true,
+        "float16 storage of constant MatMul weights (numerics change: see verify --half-weights)", true);
   bool decoder = true;
   DecoderSignature sig;
   try {
@@ -284,6 +290,7 @@ void AddKernelCommands(CLI::App& app) {
     cmd->add_option("--min-cosine", a->min_cosine, "gate: minimum cosine similarity (default 0.999)");
     cmd->add_option("--max-abs-error", a->max_abs_error, "gate: maximum absolute error (default 1e-3)");
     cmd->add_option("--repeat", a->repeat, "also time unfused vs fused, medians of N interleaved runs");
+    cmd->add_flag("--half-weights", a->half_weights, "run with float16 storage of constant MatMul weights");
     cmd->add_flag("--json", a->json, "machine-readable output");
     cmd->callback([a] { RunVerify(*a); });
   }
@@ -298,6 +305,7 @@ void AddKernelCommands(CLI::App& app) {
     cmd->add_option("--repeat", a->repeat, "interleaved runs per stage (median; default 5)");
     cmd->add_option("-n,--tokens", a->tokens, "decoders: new tokens per generation (default 30)");
     cmd->add_flag("--safe", a->safe, "add the safe-fusion stage (precision and speed gates with rollback)");
+    cmd->add_flag("--half-weights", a->half_weights, "add a stage with float16 storage of constant MatMul weights");
     cmd->add_flag("--json", a->json, "machine-readable output");
     cmd->callback([a] { RunBench(*a); });
   }

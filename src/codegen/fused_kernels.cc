@@ -19,7 +19,8 @@ std::string Sanitize(const std::string& s) {
 }  // namespace
 
 std::shared_ptr<FusedKernelSet> FusedKernelSet::Build(const Model& model, const std::map<std::string, ValueType>& shapes,
-                                                      KernelCompiler& compiler, const std::string& domain) {
+                                                      KernelCompiler& compiler, const std::string& domain,
+                                                      bool half_weights) {
   // One kernel per call site: calls of one function differ in their constants (weights folded
   // into a kernel, scalars baked into its code) and shapes. Generated stage sources are named by
   // a hash of their text, so call sites with identical code share one compiled function.
@@ -41,6 +42,7 @@ std::shared_ptr<FusedKernelSet> FusedKernelSet::Build(const Model& model, const 
     RowKernelRequest req;
     req.function = f;
     req.approx_math = f->doc_string.find("kernel-math=approx") != std::string::npos;
+    req.half_weights = half_weights;
     bool shapes_known = true;
     for (const std::string& in : call.inputs) {
       const Tensor* c = model.graph.FindInitializer(in);

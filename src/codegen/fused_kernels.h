@@ -40,7 +40,8 @@ class FusedKernelSet {
   // Generates a kernel per call site of a fused function from the shapes of its inputs (`shapes`: value
   // name -> type and shape, e.g. recorded by one run), compiles all of them in one batch.
   static std::shared_ptr<FusedKernelSet> Build(const Model& model, const std::map<std::string, ValueType>& shapes,
-                                               KernelCompiler& compiler, const std::string& domain);
+                                               KernelCompiler& compiler, const std::string& domain,
+                                               bool half_weights = false);
 
   // For SessionOptions::function_kernels (the set must outlive the session).
   std::function<std::optional<KernelInfo>(const Node&, const Function&)> Provider();

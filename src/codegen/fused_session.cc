@@ -4,24 +4,27 @@
 
 #include <algorithm>
 
+#include "codegen/half_weights.h"
 #include "cost/cost_model.h"
 
 namespace gaf {
 
 std::shared_ptr<FusedKernelSet> CompileFusedKernels(const Model& model, KernelCompiler& compiler,
                                                     const std::map<std::string, int64_t>& dims,
-                                                    const std::string& domain) {
+                                                    const std::string& domain, bool half_weights) {
   std::map<std::string, ValueType> shapes;
   for (const auto& [name, vs] : RecordShapes(model, dims))
     if (vs.known) shapes[name] = ValueType{vs.dtype, vs.shape};
-  return FusedKernelSet::Build(model, shapes, compiler, domain);
+  return FusedKernelSet::Build(model, shapes, compiler, domain, half_weights);
 }
 
 FusedRuntime MakeFusedRuntime(const Model& model, SessionOptions options, KernelCompiler& compiler,
-                              const std::map<std::string, int64_t>& dims, const std::string& domain) {
+                              const std::map<std::string, int64_t>& dims, const std::string& domain,
+                              bool half_weights) {
   FusedRuntime rt;
-  rt.kernels = CompileFusedKernels(model, compiler, dims, domain);
+  rt.kernels = CompileFusedKernels(model, compiler, dims, domain, half_weights);
   options.function_kernels = rt.kernels->Provider();
+  if (half_weights) options.node_kernels = HalfWeightProvider();
   rt.session = std::make_unique<Session>(model, options);
   return rt;
 }

@@ -80,6 +80,8 @@ struct RowKernelRequest {
   // and sigmoid/tanh/erf through it. Only for rules whose author asked for it; FuseSafe's
   // precision gate decides whether the result is kept.
   bool approx_math = false;
+  // Contractions with a constant [K,N] weight use a float16 copy of it (half_weights.h).
+  bool half_weights = false;
 };
 
 // Generates the kernel, or returns ok=false with a reason (unsupported op, type, axis, shape).

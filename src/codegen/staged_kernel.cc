@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 
+#include "codegen/half_weights.h"
 #include "runtime/session.h"
 
 namespace gaf {
@@ -187,6 +188,15 @@ StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string
       st.library = true;
       st.node = f.nodes[i];
       st.kernel = OpRegistry::Global().Find("", st.node.op_type);
+      if (req.half_weights && st.node.op_type == "MatMul" && st.node.inputs.size() == 2 &&
+          constant_of.count(st.node.inputs[1])) {
+        const Tensor* w = constant_of[st.node.inputs[1]];
+        if (w->dtype() == DataType::kFloat && w->shape().size() == 2) {
+          st.own_kernel = std::make_shared<KernelInfo>(HalfWeightMatMulKernel(*w));
+          st.kernel = st.own_kernel.get();
+          k.notes.push_back("float16 weights");
+        }
+      }
       if (st.kernel == nullptr) {
         k.reason = fmt::format("{}: no library kernel", st.node.Describe());
         return k;

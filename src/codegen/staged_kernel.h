@@ -36,6 +36,7 @@ struct StagedKernel {
     RowKernelFn fn = nullptr;
     Node node;                       // library stage
     const KernelInfo* kernel = nullptr;
+    std::shared_ptr<KernelInfo> own_kernel;  // a kernel made for this stage (float16 weights)
   };
   bool ok = false;
   std::string reason;                // why there is no kernel

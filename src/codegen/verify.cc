@@ -77,7 +77,7 @@ PrecisionReport VerifyPrecision(const Model& fused, const Model& original, const
   Session* s = nullptr;
   if (o.use_kernels) {
     KernelCompiler compiler(o.kernel_cache);
-    rt = MakeFusedRuntime(fused, so, compiler, o.dims);
+    rt = MakeFusedRuntime(fused, so, compiler, o.dims, "ai.graph_autofusion", o.half_weights);
     s = rt.session.get();
   } else {
     plain = std::make_unique<Session>(fused, so);
@@ -122,7 +122,7 @@ PerformanceReport VerifyPerformance(const Model& fused, const VerifyOptions& o) 
   so.num_threads = o.threads;
   Session baseline(fused, so);  // functions inlined: the unfused operators
   KernelCompiler compiler(o.kernel_cache);
-  FusedRuntime rt = MakeFusedRuntime(fused, so, compiler, o.dims);
+  FusedRuntime rt = MakeFusedRuntime(fused, so, compiler, o.dims, "ai.graph_autofusion", o.half_weights);
   auto time = [&](Session& s) {
     auto t0 = std::chrono::steady_clock::now();
     s.Run(feeds);

@@ -23,6 +23,7 @@ struct VerifyOptions {
   int threads = 0;
   int repeats = 10;
   bool use_kernels = true;               // run the fused model with its generated kernels
+  bool half_weights = false;             // ... and float16 weight storage (half_weights.h)
   std::string kernel_cache;              // "" = default cache
 };
 

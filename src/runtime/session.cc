@@ -248,6 +248,15 @@ Session::Session(const Model& model, SessionOptions options) : model_(model), op
   } else {
     InlineFunctions(model_);
   }
+  if (options_.node_kernels) {
+    for (const Node& n : model_.graph.nodes) {
+      if (call_kernel_of_.count(&n)) continue;
+      std::optional<KernelInfo> k = options_.node_kernels(n, model_);
+      if (!k) continue;
+      call_kernels_.push_back(std::move(*k));
+      call_kernel_of_[&n] = &call_kernels_.back();
+    }
+  }
   std::unordered_set<std::string> inits;
   for (const auto& [n, t] : model_.graph.initializers) inits.insert(n);
   for (const ValueInfo& v : model_.graph.inputs)

@@ -29,6 +29,9 @@ struct SessionOptions {
   // Kernels for calls of model-local functions (fused operators): when it returns a kernel for
   // a call node, the call is kept as one node run by that kernel instead of being inlined.
   std::function<std::optional<KernelInfo>(const Node& call, const Function& function)> function_kernels;
+  // Kernels for other nodes of the main graph (after inlining): when it returns a kernel, the node
+  // runs it instead of the registry's (e.g. float16 weight storage for MatMul).
+  std::function<std::optional<KernelInfo>(const Node& node, const Model& model)> node_kernels;
 };
 
 struct OpProfile {

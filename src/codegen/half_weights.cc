@@ -1,0 +1,53 @@
+#include "codegen/half_weights.h"
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "ops/gemv.h"
+
+namespace gaf {
+
+KernelInfo HalfWeightMatMulKernel(const Tensor& weight) {
+  GAF_CHECK(weight.dtype() == DataType::kFloat && weight.shape().size() == 2, "float16 weight storage needs a float32 [K,N] weight");
+  const int64_t K = weight.shape()[0], N = weight.shape()[1];
+  auto half = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(K * N));
+  ConvertToHalf(weight.data<float>(), half->data(), K * N);
+  const KernelInfo* reference = OpRegistry::Global().Find("", "MatMul");
+  KernelInfo info;
+  info.domain = "";
+  info.op_type = "MatMul";
+  info.kind = OpKind::kContraction;
+  info.upcast_half = true;
+  info.fn = [half, K, N, reference](KernelContext& ctx) {
+    const Tensor& a = ctx.input(0);
+    const Tensor& b = ctx.input(1);
+    if (a.dtype() != DataType::kFloat || a.shape().empty() || a.shape().back() != K || b.shape() != Shape{K, N}) {
+      reference->fn(ctx);
+      return;
+    }
+    Shape out = a.shape();
+    out.back() = N;
+    const int64_t M = a.numel() / K;
+    ctx.outputs[0] = Tensor(DataType::kFloat, out);
+    if (M == 1) GemvF16(a.data<float>(), half->data(), N, ctx.outputs[0].data<float>(), K, N, false);
+    else MatMulF16Weight(a.data<float>(), half->data(), ctx.outputs[0].data<float>(), M, K, N);
+  };
+  return info;
+}
+
+std::function<std::optional<KernelInfo>(const Node&, const Model&)> HalfWeightProvider() {
+  auto cache = std::make_shared<std::map<std::string, KernelInfo>>();
+  auto mu = std::make_shared<std::mutex>();
+  return [cache, mu](const Node& n, const Model& m) -> std::optional<KernelInfo> {
+    if (n.op_type != "MatMul" || !n.domain.empty() || n.inputs.size() != 2) return std::nullopt;
+    const Tensor* w = m.graph.FindInitializer(n.inputs[1]);
+    if (w == nullptr || w->dtype() != DataType::kFloat || w->shape().size() != 2) return std::nullopt;
+    std::lock_guard<std::mutex> lock(*mu);
+    auto it = cache->find(n.inputs[1]);
+    if (it == cache->end()) it = cache->emplace(n.inputs[1], HalfWeightMatMulKernel(*w)).first;
+    return it->second;
+  };
+}
+
+}  // namespace gaf
