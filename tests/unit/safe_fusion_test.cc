@@ -5,13 +5,18 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <cmath>
+#include <random>
 #include <set>
+#include <tuple>
 
 #include "codegen/fused_session.h"
+#include "codegen/half_weights.h"
 #include "codegen/verify.h"
 #include "fusion/auto_fusion.h"
 #include "fusion/rules.h"
 #include "models/cnn.h"
+#include "ops/kernel.h"
 #include "models/generate.h"
 #include "models/llama.h"
 #include "onnx_io/onnx_io.h"
@@ -200,6 +205,33 @@ TEST(Verify, PrecisionAndPerformanceOfAFusedModel) {
   CompareTensors(a, b, &cs, &err);
   EXPECT_LT(cs, 0.999);
   EXPECT_FLOAT_EQ(err, 1.0);
+}
+
+// float16 weight storage: products against the float32 reference within float16's precision, for
+// decode (one row) and prefill (several rows), odd sizes; a non-matching call falls back.
+TEST(HalfWeights, MatMulMatchesFloat32Reference) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (auto [M, K, N] : std::vector<std::tuple<int64_t, int64_t, int64_t>>{{1, 37, 53}, {1, 384, 1000}, {3, 65, 17}, {9, 128, 257}}) {
+    Tensor a(DataType::kFloat, {1, M, K}), w(DataType::kFloat, {K, N});
+    for (int64_t i = 0; i < a.numel(); ++i) a.data<float>()[i] = u(rng);
+    for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = u(rng);
+    Node n = MakeNode("MatMul", {"a", "w"}, {"y"}, "mm");
+    KernelContext ref{n, 17, {&a, &w}, {}, nullptr, 2};
+    ref.outputs.resize(1);
+    OpRegistry::Global().Find("", "MatMul")->fn(ref);
+    KernelInfo half = HalfWeightMatMulKernel(w);
+    KernelContext got{n, 17, {&a, &w}, {}, nullptr, 2};
+    got.outputs.resize(1);
+    half.fn(got);
+    ASSERT_EQ(got.outputs[0].shape(), ref.outputs[0].shape());
+    double cs = 0, err = 0, scale = 0;
+    CompareTensors(ref.outputs[0], got.outputs[0], &cs, &err);
+    for (int64_t i = 0; i < ref.outputs[0].numel(); ++i) scale = std::max(scale, std::fabs(double(ref.outputs[0].data<float>()[i])));
+    EXPECT_GE(cs, 0.99999) << M << "x" << K << "x" << N;
+    EXPECT_LE(err, 2e-3 * scale) << M << "x" << K << "x" << N;
+    EXPECT_GT(err, 0.0) << "float16 storage should change the result somewhere";
+  }
 }
 
 }  // namespace
