@@ -50,6 +50,14 @@ hdr += " " * (64 - 10 - len(hdr) - 1) + "\n"
 open(sys.argv[1], "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr.encode() + b"\0" * 12)
 PY
 expect_error "wrong input shape" "$BIN" run "$MODEL" -i "image=$TMP/wrong.npy"
+# Kernel commands: wrong kinds of model and bad rule files name the problem.
+expect_error "verify an unfused model" "$BIN" verify "$MODEL"
+expect_error "verify a missing original" "$BIN" verify "$MODEL" --original "$TMP/nope.onnx"
+printf 'rule Bad fuse=X math=sloppy\n  y = Relu($x)\nend\n' >"$TMP/bad.rules"
+expect_error "rule with a bad math value" "$BIN" fuse "$MODEL" --preset none --rules "$TMP/bad.rules" --safe -o "$TMP/f.onnx"
+[ -e "$TMP/f.onnx" ] && { echo "FAIL fuse left an output after an error"; fail=$((fail + 1)); }
+"$BIN" fuse "$MODEL" --preset cnn -o "$TMP/fused.onnx" >/dev/null 2>&1 || { echo "FAIL fuse of the resnet-like export"; fail=$((fail + 1)); }
+expect_error "bench of an already fused model" "$BIN" bench "$TMP/fused.onnx"
 # Byte-flipped copies: must never crash.
 size=$(stat -c %s "$MODEL")
 for seed in $(seq 1 25); do
