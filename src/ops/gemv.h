@@ -1,9 +1,10 @@
 // Matrix-vector products with a row-major weight, as in the decode step of an LLM, and the
 // float16-weight variants: y[0:N] (+)= x[0:K] * W[K,N], W[k][n] at w[k * ldw + n].
 //
-// Work is split over column blocks taken dynamically by the OpenMP threads (one thread when
-// called inside a parallel region); every output column is summed by one thread in a fixed
-// order, so results do not depend on the thread count. Accumulation is in float32.
+// The work is split into tasks (row chunks x column pieces) taken dynamically by the OpenMP
+// threads (one thread when called inside a parallel region). The split depends on K and N only
+// and every output column is summed in a fixed order, so results do not depend on the thread
+// count. Accumulation is in float32.
 #pragma once
 
 #include <cstdint>
