@@ -65,6 +65,8 @@ run(autofusion, ['fuse', args.model, '--preset', 'transformer', '-o', fusedModel
 const configs = [];
 for (const t of args.threads) configs.push({ engine: 'ours', opt: '-', threads: t, runs: [] });
 for (const t of args.threads) configs.push({ engine: 'ours fused', opt: 'safe', threads: t, runs: [] });
+// float16 weight storage (opt-in, changes numerics): the same fused model with --half-weights.
+for (const t of args.threads) configs.push({ engine: 'ours fused', opt: 'safe+fp16w', threads: t, runs: [] });
 for (const opt of args.ortOpt) for (const t of args.threads) configs.push({ engine: 'ort', opt, threads: t, runs: [] });
 
 function runConfig(c, withLogitsIn) {
@@ -75,7 +77,7 @@ function runConfig(c, withLogitsIn) {
     // Logits of fused kernels are checked by `autofusion verify` (and the safe-fusion gates); here
     // the greedy tokens are compared.
     g = runJson(autofusion, ['generate', fusedModel, '--prompt-ids', promptStr, '--max-new-tokens', String(args.maxNew),
-      '--threads', String(c.threads), '--repeat', String(args.repeat), '--json']);
+      '--threads', String(c.threads), '--repeat', String(args.repeat), '--json', ...(c.opt.includes('fp16w') ? ['--half-weights'] : [])]);
     withLogits = false;
   } else if (c.engine === 'ours') {
     g = runJson(autofusion, ['generate', args.model, '--prompt-ids', promptStr, '--max-new-tokens', String(args.maxNew),
