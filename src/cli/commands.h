@@ -4,6 +4,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
 namespace gaf::cli {
 
 void AddInfoCommand(CLI::App& app);
@@ -15,5 +20,8 @@ void AddGenerateCommand(CLI::App& app);  // generate.cc
 void AddCalibrateCommand(CLI::App& app);  // calibrate.cc
 void AddFusionCommands(CLI::App& app);   // fusion_cmds.cc: analyze, estimate, fuse, explain
 void AddKernelCommands(CLI::App& app);   // kernel_cmds.cc: compile, verify, bench
+
+// NAME=VALUE bindings of symbolic dims (--dim); gaf::Error naming a malformed one.
+std::map<std::string, int64_t> ParseDimBindings(const std::vector<std::string>& dims);
 
 }  // namespace gaf::cli

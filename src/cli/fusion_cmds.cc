@@ -58,15 +58,7 @@ std::unique_ptr<GraphAutoFusion> MakeFuser(const FusionArgs& a) {
   o.profile = a.profile;
   o.benefit_threshold = a.threshold;
   o.auto_fuse = !a.no_auto;
-  for (const std::string& d : a.dims) {
-    const size_t eq = d.find('=');
-    GAF_CHECK(eq != std::string::npos && eq > 0, "--dim '{}' is not NAME=VALUE", d);
-    try {
-      o.dims[d.substr(0, eq)] = std::stoll(d.substr(eq + 1));
-    } catch (const std::exception&) {
-      throw Error(fmt::format("--dim '{}': '{}' is not an integer", d, d.substr(eq + 1)));
-    }
-  }
+  o.dims = ParseDimBindings(a.dims);
   return std::make_unique<GraphAutoFusion>(LoadModel(a.model), o);
 }
 
@@ -281,6 +273,20 @@ void RunExplain(const FusionArgs& a) {
 }
 
 }  // namespace
+
+std::map<std::string, int64_t> ParseDimBindings(const std::vector<std::string>& dims) {
+  std::map<std::string, int64_t> out;
+  for (const std::string& d : dims) {
+    const size_t eq = d.find('=');
+    GAF_CHECK(eq != std::string::npos && eq > 0, "--dim '{}' is not NAME=VALUE", d);
+    try {
+      out[d.substr(0, eq)] = std::stoll(d.substr(eq + 1));
+    } catch (const std::exception&) {
+      throw Error(fmt::format("--dim '{}': '{}' is not an integer", d, d.substr(eq + 1)));
+    }
+  }
+  return out;
+}
 
 void AddFusionCommands(CLI::App& app) {
   {

@@ -32,20 +32,6 @@ bool HasFusedOperators(const Model& m) {
   return false;
 }
 
-std::map<std::string, int64_t> ParseDims(const std::vector<std::string>& dims) {
-  std::map<std::string, int64_t> out;
-  for (const std::string& d : dims) {
-    const size_t eq = d.find('=');
-    GAF_CHECK(eq != std::string::npos && eq > 0, "--dim '{}' is not NAME=VALUE", d);
-    try {
-      out[d.substr(0, eq)] = std::stoll(d.substr(eq + 1));
-    } catch (const std::exception&) {
-      throw Error(fmt::format("--dim '{}': '{}' is not an integer", d, d.substr(eq + 1)));
-    }
-  }
-  return out;
-}
-
 std::map<std::string, Tensor> ParseInputs(const std::vector<std::string>& specs) {
   std::map<std::string, Tensor> feeds;
   for (const std::string& s : specs) {
@@ -67,7 +53,7 @@ void RunCompile(const CompileArgs& a) {
   Model m = LoadModel(a.model);
   if (HasFusedOperators(m)) {
     KernelCompiler compiler(a.output);
-    auto set = CompileFusedKernels(m, compiler, ParseDims(a.dims));
+    auto set = CompileFusedKernels(m, compiler, ParseDimBindings(a.dims));
     const KernelLibrary* lib = set->library();
     fmt::print("kernel library: {} ({})\n", lib && !lib->directory().empty() ? lib->directory() : "none (no kernels)",
                lib && lib->from_cache() ? "cached, nothing compiled" : fmt::format("compiled in {:.2f} s", lib ? lib->compile_seconds() : 0.0));
@@ -77,7 +63,7 @@ void RunCompile(const CompileArgs& a) {
   FusionOptions o;
   o.preset = a.preset;
   o.rules_file = a.rules;
-  o.dims = ParseDims(a.dims);
+  o.dims = ParseDimBindings(a.dims);
   GraphAutoFusion f(m, o);
   fmt::print("{} has no fused operators: fused with preset '{}' first.\n", a.model, a.preset);
   fmt::print("{}", f.CompileFusedOperators(a.output));
@@ -97,7 +83,7 @@ void RunVerify(const VerifyArgs& a) {
   Model fused = LoadModel(a.fused);
   GAF_CHECK(HasFusedOperators(fused), "{}: no fused operators (domain {}) to verify", a.fused, kFusedDomain);
   VerifyOptions vo;
-  vo.dims = ParseDims(a.dims);
+  vo.dims = ParseDimBindings(a.dims);
   vo.feeds = ParseInputs(a.inputs);
   vo.seed = a.seed;
   vo.threads = a.threads;
@@ -167,7 +153,7 @@ void RunBench(const BenchArgs& a) {
   FusionOptions o;
   o.preset = a.preset;
   o.rules_file = a.rules;
-  o.dims = ParseDims(a.dims);
+  o.dims = ParseDimBindings(a.dims);
   SessionOptions so;
   so.num_threads = a.threads;
   const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency());

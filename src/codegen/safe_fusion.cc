@@ -20,35 +20,6 @@ namespace gaf {
 
 namespace {
 
-// The unfused operators of a function as a StagedKernel whose every stage is the reference
-// kernel of one node: the baseline of the precision and speed gates.
-StagedKernel ReferenceSequence(const Function& f, int64_t opset) {
-  StagedKernel k;
-  k.opset = opset;
-  std::map<std::string, int> id;
-  auto value = [&](const std::string& name) {
-    auto it = id.find(name);
-    if (it != id.end()) return it->second;
-    id[name] = static_cast<int>(k.value_names.size());
-    k.value_names.push_back(name);
-    return static_cast<int>(k.value_names.size()) - 1;
-  };
-  for (const auto& in : f.inputs) k.function_inputs.push_back(value(in));
-  for (const Node& n : f.nodes) {
-    StagedKernel::Stage st;
-    st.library = true;
-    st.node = n;
-    st.kernel = OpRegistry::Global().Find(n.domain, n.op_type);
-    GAF_CHECK(st.kernel != nullptr, "{}: no reference kernel", n.Describe());
-    for (const auto& in : n.inputs) st.inputs.push_back(in.empty() ? -1 : value(in));
-    for (const auto& o : n.outputs) st.outputs.push_back(o.empty() ? -1 : value(o));
-    k.stages.push_back(std::move(st));
-  }
-  for (const auto& o : f.outputs) k.function_outputs.push_back(value(o));
-  k.ok = true;
-  return k;
-}
-
 double Micros(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -142,7 +113,7 @@ Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
         r.reason = "an input of the group was not produced by the test run";
       } else {
         r.kernel = e->kernel.Describe();
-        StagedKernel reference = ReferenceSequence(*f, opset);
+        StagedKernel reference = ReferenceStagedKernel(*f, opset);
         try {
           std::vector<Tensor> want = RunStagedKernel(reference, ins, threads);
           std::vector<Tensor> got = RunStagedKernel(e->kernel, ins, threads);

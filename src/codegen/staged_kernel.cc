@@ -144,14 +144,7 @@ StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string
     k.reason = err;
     return k;
   }
-  std::map<std::string, int> id;
-  auto value = [&](const std::string& name) {
-    auto it = id.find(name);
-    if (it != id.end()) return it->second;
-    id[name] = static_cast<int>(k.value_names.size());
-    k.value_names.push_back(name);
-    return static_cast<int>(k.value_names.size()) - 1;
-  };
+  auto value = [&](const std::string& name) { return k.ValueId(name); };
   std::map<std::string, const Tensor*> constant_of;
   for (size_t i = 0; i < f.inputs.size(); ++i) {
     k.function_inputs.push_back(value(f.inputs[i]));
@@ -271,12 +264,39 @@ StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string
     }
   }
   for (const auto& o : f.outputs) {
-    if (!id.count(o)) {
+    if (!k.value_ids.count(o)) {
       k.reason = fmt::format("output '{}' is a function input", o);
       return k;
     }
-    k.function_outputs.push_back(id[o]);
+    k.function_outputs.push_back(k.value_ids[o]);
   }
+  k.ok = true;
+  return k;
+}
+
+int StagedKernel::ValueId(const std::string& name) {
+  auto it = value_ids.find(name);
+  if (it != value_ids.end()) return it->second;
+  value_ids[name] = static_cast<int>(value_names.size());
+  value_names.push_back(name);
+  return static_cast<int>(value_names.size()) - 1;
+}
+
+StagedKernel ReferenceStagedKernel(const Function& f, int64_t opset) {
+  StagedKernel k;
+  k.opset = opset;
+  for (const auto& in : f.inputs) k.function_inputs.push_back(k.ValueId(in));
+  for (const Node& n : f.nodes) {
+    StagedKernel::Stage st;
+    st.library = true;
+    st.node = n;
+    st.kernel = OpRegistry::Global().Find(n.domain, n.op_type);
+    GAF_CHECK(st.kernel != nullptr, "{}: no reference kernel", n.Describe());
+    for (const auto& in : n.inputs) st.inputs.push_back(in.empty() ? -1 : k.ValueId(in));
+    for (const auto& o : n.outputs) st.outputs.push_back(o.empty() ? -1 : k.ValueId(o));
+    k.stages.push_back(std::move(st));
+  }
+  for (const auto& o : f.outputs) k.function_outputs.push_back(k.ValueId(o));
   k.ok = true;
   return k;
 }

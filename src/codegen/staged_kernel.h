@@ -16,6 +16,7 @@
 // says which node), so a "fused" kernel never just calls the old kernels one after another.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -48,6 +49,10 @@ struct StagedKernel {
   std::vector<std::pair<std::string, std::shared_ptr<Tensor>>> owned_constants;
   std::vector<std::pair<int, const Tensor*>> constant_values;  // value id -> owned constant
   std::vector<std::string> notes;                                // rewrites made, for Describe()
+  std::map<std::string, int> value_ids;                          // value name -> id
+
+  // The id of a value, allocated on first use.
+  int ValueId(const std::string& name);
 
   // "library MatMul + row[Sigmoid,Mul,Mul]" style summary.
   std::string Describe() const;
@@ -61,6 +66,10 @@ struct StagedKernel {
 // Plans and generates the kernel of one fused function for one call's input types, shapes and
 // constants (`request.function` is the function).
 StagedKernel GenerateStagedKernel(const RowKernelRequest& request, const std::string& symbol, int64_t opset);
+
+// The unfused operators of a function as a kernel whose every stage is one node's reference
+// kernel: the baseline of the safe-fusion gates.
+StagedKernel ReferenceStagedKernel(const Function& f, int64_t opset);
 
 // Runs a bound kernel. Throws gaf::Error when the inputs no longer fit the generated code (another
 // broadcast class), so the caller can run the body instead.

@@ -160,13 +160,7 @@ TEST(SafeFusion, ParitySuiteGeneratedKernelsMatchReference) {
       Model m;
       try {
         m = LoadModel(p.string());
-        int64_t elements = 0;
-        for (const ValueInfo& v : m.graph.inputs) {
-          int64_t n = 1;
-          for (const Dim& d : v.dims) n *= d.known() ? d.value : 2;
-          elements += n;
-        }
-        if (elements > (int64_t{1} << 20)) continue;
+        if (testing::InputElements(m) > (int64_t{1} << 20)) continue;
         GraphAutoFusion probe(m, Preset("all"));
         bool new_rule = false;
         for (const FusionCandidate& c : probe.AnalyzeFusionBenefit())

@@ -36,6 +36,17 @@ inline ValueInfo FloatValue(const std::string& name, std::vector<int64_t> dims) 
   return v;
 }
 
+// Elements of all graph inputs, unknown dims counted as 2: to skip graphs made to stress sizes.
+inline int64_t InputElements(const Model& m) {
+  int64_t elements = 0;
+  for (const ValueInfo& v : m.graph.inputs) {
+    int64_t n = 1;
+    for (const Dim& d : v.dims) n *= d.known() ? d.value : 2;
+    elements += n;
+  }
+  return elements;
+}
+
 inline Model MakeModel(Graph g, int64_t opset = 17) {
   Model m;
   m.ir_version = 8;
