@@ -26,9 +26,15 @@ KernelInfo HalfWeightMatMulKernel(const Tensor& weight) {
       reference->fn(ctx);
       return;
     }
+    const int64_t M = a.numel() / K;
+    if (M > 4) {
+      // Several rows (prefill) are compute-bound, not bandwidth-bound: the float32 weight and
+      // oneDNN's sgemm are faster there than widening float16 tiles.
+      reference->fn(ctx);
+      return;
+    }
     Shape out = a.shape();
     out.back() = N;
-    const int64_t M = a.numel() / K;
     ctx.outputs[0] = Tensor(DataType::kFloat, out);
     if (M == 1) GemvF16(a.data<float>(), half->data(), N, ctx.outputs[0].data<float>(), K, N, false);
     else MatMulF16Weight(a.data<float>(), half->data(), ctx.outputs[0].data<float>(), M, K, N);

@@ -15,8 +15,9 @@
 
 namespace gaf {
 
-// The kernel of MatMul(A, W) with W's float16 copy; A float32 [..., K]. Other inputs (another
-// weight shape, non-float A) run the reference MatMul on the original inputs.
+// The kernel of MatMul(A, W) with W's float16 copy; A float32 [..., K] with at most 4 rows (decode).
+// Other calls (more rows: prefill is compute-bound; another weight shape; non-float A) run the
+// reference MatMul on the original float32 inputs.
 KernelInfo HalfWeightMatMulKernel(const Tensor& weight);
 
 // For SessionOptions::node_kernels: every MatMul of the main graph whose weight is a float32 2-D
