@@ -67,7 +67,8 @@ struct FusionEstimate {
 // Safe fusion (stage 4): each fused group's generated kernel is checked against the unfused
 // operators on the group's real inputs (values of one run of the model on random inputs):
 // precision (cosine similarity and max abs error over every output) and speed (median of repeats,
-// the fused kernel against the same operators run one after another by the reference kernels).
+// the fused kernel against the same operators run one after another by the reference kernels;
+// it must be faster by more than the noise: unfused - fused > noise * unfused).
 // A group that fails is rolled back to its original operators with the reason; then the whole
 // model is checked end to end. Implemented in src/codegen/safe_fusion.cc (link gaf_codegen).
 struct SafeFusionOptions {
@@ -90,7 +91,7 @@ struct SafeKernelResult {
   double cosine = 0, max_abs_error = 0;      // measured on the group's real inputs
   double predicted_unfused_us = 0, predicted_fused_us = 0;  // cost model (per formula in docs/cost_model.md)
   double measured_unfused_us = 0, measured_fused_us = 0;    // medians of `repeats` runs
-  double noise = 0;                          // relative spread (IQR/median) of the unfused timings
+  double noise = 0;                          // larger relative spread (IQR/median) of the two sides' timings
   std::string same_as;                       // measured once for identical kernel+shapes: that node
 };
 
