@@ -134,6 +134,44 @@ void FoldConvBatchNorm(Function& body, std::map<std::string, const Tensor*>& con
   body.nodes = std::move(kept);
 }
 
+// A Conv whose output only feeds generated work: its constant bias moves into that work (an Add of
+// the bias viewed per channel, [M,1,..,1]), so the library convolution skips its separate bias
+// pass and the bias is added in the same pass as the epilogue (ReLU, residual Add).
+void HoistConvBias(Function& body, std::map<std::string, const Tensor*>& constant_of, StagedKernel& k,
+                   std::map<std::string, std::pair<DataType, Shape>>& shapes) {
+  std::set<std::string> outputs(body.outputs.begin(), body.outputs.end());
+  std::vector<Node> out;
+  for (Node& n : body.nodes) {
+    out.push_back(n);
+    if (n.op_type != "Conv" || !n.domain.empty() || n.inputs.size() < 3 || n.inputs[2].empty()) continue;
+    auto b = constant_of.find(n.inputs[2]);
+    if (b == constant_of.end() || b->second->dtype() != DataType::kFloat || b->second->shape().size() != 1) continue;
+    const std::string y = n.outputs[0];
+    if (outputs.count(y)) continue;  // the kernel's own output: keep the bias in the convolution
+    const Tensor* w = constant_of.count(n.inputs[1]) ? constant_of[n.inputs[1]] : nullptr;
+    if (w == nullptr || w->shape().size() < 3) continue;
+    Shape view(w->shape().size() - 1, 1);  // [M, 1, ..., 1] against the output [N, M, spatial...]
+    view[0] = b->second->numel();
+    if (!shapes.count(y)) continue;
+    auto bias = std::make_shared<Tensor>(b->second->Reshaped(view));
+    const std::string bname = y + "/hoisted_bias", raw = y + "/no_bias";
+    constant_of[bname] = bias.get();
+    k.owned_constants.emplace_back(bname, bias);
+    shapes[raw] = shapes[y];
+    shapes[bname] = {DataType::kFloat, view};
+    Node& conv = out.back();
+    conv.inputs.resize(2);
+    conv.outputs[0] = raw;
+    Node add;
+    add.op_type = "Add";
+    add.name = conv.name + "/bias";
+    add.inputs = {raw, bname};
+    add.outputs = {y};
+    out.push_back(add);
+  }
+  body.nodes = std::move(out);
+}
+
 StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string& symbol, int64_t opset) {
   StagedKernel k;
   k.opset = opset;
@@ -151,6 +189,7 @@ StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string
     if (req.constants[i] != nullptr) constant_of[f.inputs[i]] = req.constants[i];
   }
   FoldConvBatchNorm(f, constant_of, k);
+  HoistConvBias(f, constant_of, k, shapes);
   for (const auto& [name, t] : k.owned_constants) k.constant_values.emplace_back(value(name), t.get());
   // Depth of every node: contractions add one.
   std::map<std::string, int> depth_of;
