@@ -240,6 +240,11 @@ bool LowerNode(const Node& n, Lowering& lw, const std::map<std::string, const Te
     int x = in(0);
     int e = lw.Unary("Erf", lw.Binary("Mul", x, lw.Const(M_SQRT1_2)));
     out = lw.Binary("Mul", lw.Binary("Mul", x, lw.Const(0.5)), lw.Binary("Add", e, lw.Const(1.0)));
+  } else if (op == "Sum" || ((op == "Max" || op == "Min") && n.inputs.size() > 2)) {
+    out = in(0);
+    for (size_t i = 1; i < n.inputs.size(); ++i) out = lw.Binary(op == "Sum" ? "Add" : op, out, in(i));
+  } else if (op == "Softsign") {
+    out = lw.Binary("Div", in(0), lw.Binary("Add", lw.Unary("Abs", in(0)), lw.Const(1.0)));
   } else if (kBinary.count(op)) {
     if (n.inputs.size() != 2) return fail("expects two inputs");
     out = lw.Binary(op, in(0), in(1));
@@ -377,6 +382,12 @@ std::string FloatLiteral(double v) {
 
 }  // namespace
 
+// float16/bfloat16 values reach a fused kernel as float32: the runtime widens them before the call
+// and narrows the outputs after it (KernelInfo::upcast_half), so the generated code sees floats.
+static bool ComputedAsFloat(DataType t) {
+  return t == DataType::kFloat || t == DataType::kFloat16 || t == DataType::kBFloat16;
+}
+
 GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::string& symbol) {
   GeneratedRowKernel g;
   g.symbol = symbol;
@@ -421,7 +432,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
     std::vector<Shape> dom;
     for (size_t i = 0; i < nin; ++i) {
       const Tensor* c = req.constants.size() > i ? req.constants[i] : nullptr;
-      if ((c != nullptr && c->numel() == 1) || req.input_types[i] != DataType::kFloat) continue;
+      if ((c != nullptr && c->numel() == 1) || !ComputedAsFloat(req.input_types[i])) continue;
       idx.push_back(i);
       dom.push_back(shapes[i]);
     }
@@ -441,7 +452,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
   for (size_t i = 0; i < nin; ++i) {
     const Tensor* c = req.constants.size() > i ? req.constants[i] : nullptr;
     bool scalar_const = c != nullptr && c->numel() == 1;
-    bool int_const = c != nullptr && req.input_types[i] != DataType::kFloat;
+    bool int_const = c != nullptr && !ComputedAsFloat(req.input_types[i]);
     if (scalar_const || int_const) continue;
     varying.push_back(shapes[i]);
     g.domain_inputs[i] = true;
@@ -460,7 +471,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
       lw.id[f.inputs[i]] = lw.Const(c->ScalarAsDouble());
       continue;
     }
-    if (req.input_types[i] != DataType::kFloat) {
+    if (!ComputedAsFloat(req.input_types[i])) {
       if (c != nullptr) continue;  // integer constant tensors (axes) are read at lowering time
       g.reason = fmt::format("input {} ('{}') is {}; generated kernels take float32", i, f.inputs[i],
                              DataTypeName(req.input_types[i]));

@@ -101,6 +101,14 @@ Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
       key += "|" + (t ? ShapeToString(t->shape()) : std::string("-"));
       if (constant && (e == nullptr || !e->kernel.owned_constants.empty())) key += "=" + in;
     }
+    // Half-precision values are widened as the runtime does before it calls a fused kernel.
+    std::vector<Tensor> widened;
+    widened.reserve(ins.size());
+    for (const Tensor*& t : ins)
+      if (t != nullptr && (t->dtype() == DataType::kFloat16 || t->dtype() == DataType::kBFloat16)) {
+        widened.push_back(t->CastTo(DataType::kFloat));
+        t = &widened.back();
+      }
     auto same = measured.find(key);
     if (same != measured.end()) {
       const SafeKernelResult& m = rep.kernels[same->second];

@@ -182,6 +182,21 @@ StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string
     k.reason = err;
     return k;
   }
+  // float16/bfloat16 groups run on widened values (the runtime widens inputs and narrows float
+  // outputs to the inputs' half type), which is only right when every output has that type.
+  DataType half = DataType::kUndefined;
+  for (DataType t : req.input_types)
+    if (t == DataType::kFloat16 || t == DataType::kBFloat16) half = t;
+  for (const auto& o : f.outputs) {
+    auto it = shapes.find(o);
+    const DataType t = it == shapes.end() ? DataType::kUndefined : it->second.first;
+    const bool ok = half == DataType::kUndefined ? (t != DataType::kFloat16 && t != DataType::kBFloat16) : t == half;
+    if (!ok) {
+      k.reason = fmt::format("output '{}' is {} while the inputs are {}: mixed-precision groups are not generated", o,
+                             DataTypeName(t), half == DataType::kUndefined ? "float32" : DataTypeName(half));
+      return k;
+    }
+  }
   auto value = [&](const std::string& name) { return k.ValueId(name); };
   std::map<std::string, const Tensor*> constant_of;
   for (size_t i = 0; i < f.inputs.size(); ++i) {

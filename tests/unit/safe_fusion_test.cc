@@ -201,6 +201,27 @@ TEST(Verify, PrecisionAndPerformanceOfAFusedModel) {
   EXPECT_FLOAT_EQ(err, 1.0);
 }
 
+// float16 / bfloat16 models: fused groups get kernels (values widened by the runtime, outputs
+// narrowed back), and the fused model with its kernels matches the original.
+TEST(SafeFusion, HalfPrecisionGroupsGetKernels) {
+  const fs::path dir = fs::path(GAF_SHARED_DIR) / "testdata" / "ort-fusion";
+  int checked = 0;
+  for (const char* name : {"conv_add_relu_fp16.onnx", "bias_softmax_fusion_bfloat16.onnx"}) {
+    if (!fs::exists(dir / name)) continue;
+    Model m = LoadModel((dir / name).string());
+    GraphAutoFusion f(m, Preset("all"));
+    Model fused = f.FuseSafe(NoSpeedGate());
+    int kept = 0;
+    for (const SafeKernelResult& k : f.GetSafeFusionReport().kernels) kept += k.fused;
+    EXPECT_GT(kept, 0) << name << "\n" << f.GetSafeFusionReport().ToText();
+    PrecisionReport p = VerifyPrecision(fused, m);
+    EXPECT_TRUE(p.Passes(0.999, 1e-3)) << name << ": " << p.min_cosine << " " << p.max_abs_error;
+    EXPECT_NE(p.kernels.find("kernel"), std::string::npos) << p.kernels;
+    ++checked;
+  }
+  if (checked == 0) GTEST_SKIP() << "no half-precision test graphs in " << dir;
+}
+
 // float16 weight storage: products against the float32 reference within float16's precision, for
 // decode (one row) and prefill (several rows), odd sizes; a non-matching call falls back.
 TEST(HalfWeights, MatMulMatchesFloat32Reference) {
