@@ -1,6 +1,8 @@
 #include "codegen/compiler.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <array>
@@ -99,6 +101,25 @@ std::shared_ptr<KernelLibrary> KernelCompiler::Compile(const std::vector<KernelS
   lib->dir_ = dir.string();
   fs::path so = dir / "libgaf_kernels.so";
   auto t0 = std::chrono::steady_clock::now();
+  // Processes that compile the same batch at once (parallel tests, two sessions) take turns: the
+  // second finds the library the first built.
+  {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    GAF_CHECK(!ec, "{}: cannot create the kernel build folder: {}", dir.string(), ec.message());
+  }
+  struct DirLock {
+    int fd = -1;
+    explicit DirLock(const fs::path& p) : fd(::open(p.c_str(), O_CREAT | O_RDWR, 0644)) {
+      if (fd >= 0) ::flock(fd, LOCK_EX);
+    }
+    ~DirLock() {
+      if (fd >= 0) {
+        ::flock(fd, LOCK_UN);
+        ::close(fd);
+      }
+    }
+  } lock(dir / ".lock");
   if (fs::exists(so)) {
     lib->from_cache_ = true;
   } else {
