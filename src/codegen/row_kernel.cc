@@ -13,6 +13,36 @@
 
 namespace gaf {
 
+// Merges the last n axes of every shape (aligned to the right, padded to the largest rank) into
+// one; false when a shape is neither whole nor all ones over them.
+static bool MergeLastAxes(std::vector<Shape>& shapes, size_t n) {
+  size_t r = 0;
+  for (const Shape& s : shapes) r = std::max(r, s.size());
+  if (n < 2 || r < n) return n < 2;
+  Shape full(r, 1);
+  std::vector<Shape> pad;
+  for (const Shape& s : shapes) {
+    Shape p(r, 1);
+    for (size_t i = 0; i < s.size(); ++i) p[r - s.size() + i] = s[i];
+    for (size_t i = 0; i < r; ++i) full[i] = p[i] == 1 ? full[i] : p[i];
+    pad.push_back(p);
+  }
+  for (size_t k = 0; k < pad.size(); ++k) {
+    bool whole = true, ones = true;
+    int64_t prod = 1;
+    for (size_t i = r - n; i < r; ++i) {
+      whole &= pad[k][i] == full[i];
+      ones &= pad[k][i] == 1;
+      prod *= pad[k][i];
+    }
+    if (!whole && !ones) return false;
+    pad[k].resize(r - n);
+    pad[k].push_back(prod);
+  }
+  shapes = std::move(pad);
+  return true;
+}
+
 std::vector<Shape> CollapseTrailing(const std::vector<Shape>& shapes) {
   size_t r = 0;
   for (const Shape& s : shapes) r = std::max(r, s.size());
@@ -150,6 +180,10 @@ struct Lowering {
   std::vector<Prim> prims;
   std::map<std::string, int> id;
   std::string error;
+  // Reductions over the last `trailing` axes of the original rank-`rank` domain (merged into one
+  // row before lowering); keepdims=0 results, which may only be outputs of the group.
+  int64_t rank = 0, trailing = 1;
+  std::set<int> squeezed;
 
   int Add(Prim p) {
     prims.push_back(std::move(p));
@@ -197,6 +231,23 @@ struct Lowering {
     return Add(p);
   }
 };
+
+// The axes of a Reduce* node (attribute, or constant input from opset 18), normalized against
+// `rank` and sorted; an absent list means all axes.
+bool ReduceAxes(const Node& n, const std::map<std::string, const Tensor*>& consts, int64_t rank,
+                std::vector<int64_t>* axes) {
+  *axes = n.GetInts("axes");
+  if (n.HasInput(1)) {
+    auto it = consts.find(n.inputs[1]);
+    if (it == consts.end()) return false;
+    *axes = it->second->ToInt64s();
+  }
+  if (axes->empty())
+    for (int64_t a = 0; a < rank; ++a) axes->push_back(a);
+  for (int64_t& a : *axes) a = a < 0 ? a + rank : a;
+  std::sort(axes->begin(), axes->end());
+  return true;
+}
 
 bool IsLastAxis(int64_t axis, size_t rank) {
   int64_t r = static_cast<int64_t>(rank);
@@ -270,19 +321,19 @@ bool LowerNode(const Node& n, Lowering& lw, const std::map<std::string, const Te
   } else if (op == "ReduceMean" || op == "ReduceSum" || op == "ReduceMax" || op == "ReduceMin" ||
              op == "ReduceSumSquare" || op == "ReduceL2") {
     int x = in(0);
-    size_t rank = lw.prims[x].shape.size();
-    if (n.GetInt("keepdims", 1) != 1) return fail("keepdims=0 is not supported");
-    std::vector<int64_t> axes = n.GetInts("axes");
-    if (n.HasInput(1)) {
-      auto it = consts.find(n.inputs[1]);
-      if (it == consts.end()) return fail("axes are not a constant");
-      axes = it->second->ToInt64s();
-    }
-    if (axes.size() != 1 || !IsLastAxis(axes[0], rank)) return fail("only reductions over the last axis are generated");
+    // Single-axis reductions are checked against their input's rank; merged trailing axes against
+    // the domain's original rank (every input has it, see above).
+    const int64_t r = lw.trailing > 1 ? lw.rank : static_cast<int64_t>(lw.prims[x].shape.size());
+    std::vector<int64_t> axes;
+    if (!ReduceAxes(n, consts, r, &axes)) return fail("axes are not a constant");
+    std::vector<int64_t> want;
+    for (int64_t a = r - lw.trailing; a < r; ++a) want.push_back(a);
+    if (axes != want) return fail("only reductions over the last axis (or the same trailing axes everywhere) are generated");
     if (op == "ReduceSumSquare" || op == "ReduceL2") x = lw.Binary("Mul", x, x);
     std::string kind = op == "ReduceMean" ? "Mean" : op == "ReduceMax" ? "Max" : op == "ReduceMin" ? "Min" : "Sum";
     out = lw.Reduce(kind, x);
     if (op == "ReduceL2") out = lw.Unary("Sqrt", out);
+    if (n.GetInt("keepdims", 1) == 0) lw.squeezed.insert(out);
   } else if (op == "Softmax" || op == "LogSoftmax") {
     int x = in(0);
     int64_t axis = n.GetInt("axis", opset >= 13 ? -1 : 1);
@@ -420,6 +471,52 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
           }
     }
   }
+  // Reductions over several trailing axes (global pooling: ReduceMean axes=[2,3]): those axes are
+  // merged into one row when every reduction uses the same ones and every input is whole or
+  // broadcast over them.
+  int64_t domain_rank = 0;
+  for (size_t i = 0; i < nin; ++i)
+    if (ComputedAsFloat(req.input_types[i])) domain_rank = std::max<int64_t>(domain_rank, shapes[i].size());
+  {
+    std::map<std::string, const Tensor*> cmap;
+    for (size_t i = 0; i < nin; ++i)
+      if (req.constants.size() > i && req.constants[i] != nullptr) cmap[f.inputs[i]] = req.constants[i];
+    static const std::set<std::string> kReduce = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin",
+                                                  "ReduceSumSquare", "ReduceL2"};
+    static const std::set<std::string> kLastAxisOnly = {"Softmax", "LogSoftmax", "LayerNormalization", "Slice", "Concat"};
+    std::set<std::vector<int64_t>> seen;
+    bool last_axis_ops = false;
+    for (const Node& n : f.nodes) {
+      last_axis_ops |= kLastAxisOnly.count(n.op_type) > 0;
+      std::vector<int64_t> axes;
+      if (kReduce.count(n.op_type) && ReduceAxes(n, cmap, domain_rank, &axes)) seen.insert(axes);
+    }
+    if (seen.size() == 1 && !last_axis_ops) {
+      const std::vector<int64_t>& axes = *seen.begin();
+      const int64_t t = static_cast<int64_t>(axes.size());
+      bool trailing = t > 1 && axes.back() == domain_rank - 1 && axes.front() == domain_rank - t;
+      for (size_t k = 1; trailing && k < axes.size(); ++k) trailing = axes[k] == axes[k - 1] + 1;
+      if (trailing) {
+        std::vector<size_t> idx;
+        std::vector<Shape> dom;
+        for (size_t i = 0; i < nin; ++i) {
+          if (!ComputedAsFloat(req.input_types[i])) continue;
+          if (static_cast<int64_t>(shapes[i].size()) != domain_rank && NumElements(shapes[i]) != 1) {
+            g.reason = "a reduction over several axes with inputs of different ranks";
+            return g;
+          }
+          idx.push_back(i);
+          dom.push_back(shapes[i]);
+        }
+        if (!MergeLastAxes(dom, static_cast<size_t>(t))) {
+          g.reason = "an input is broadcast within the reduced axes";
+          return g;
+        }
+        for (size_t k = 0; k < idx.size(); ++k) shapes[idx[k]] = dom[k];
+        g.reduce_trailing = static_cast<int>(t);
+      }
+    }
+  }
   // Purely elementwise bodies: trailing axes over which every input is either whole or broadcast
   // are merged into one row (a conv output [N,C,H,W] with per-channel [C,1,1] parameters becomes
   // rows of H*W), so rows are long and per-row work is rare.
@@ -482,12 +579,21 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
     p.shape = shapes[i];
     lw.id[f.inputs[i]] = input_prim[i] = lw.Add(p);
   }
+  lw.rank = domain_rank;
+  lw.trailing = g.reduce_trailing;
   for (const Node& n : f.nodes)
     if (!LowerNode(n, lw, consts, 17)) {
       g.reason = lw.error;
       return g;
     }
 
+  // A keepdims=0 reduction changes how its result broadcasts: it may only be an output.
+  for (const Prim& p : lw.prims)
+    for (int operand : {p.a, p.b})
+      if (operand >= 0 && lw.squeezed.count(operand)) {
+        g.reason = "a keepdims=0 reduction is read inside the group";
+        return g;
+      }
   // Classify inputs, derive kinds and levels.
   std::vector<std::vector<int64_t>> dummy(nin);
   g.signature.inputs.assign(nin, RowInputClass::kScalar);
@@ -540,6 +646,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
     Shape per_row = full;
     per_row.back() = 1;
     bool is_row = p.vkind == VKind::kRow;
+    g.signature.output_squeezed.push_back(lw.squeezed.count(it->second) > 0);
     if ((is_row && p.shape != full) || (!is_row && p.shape != per_row) || p.kind == Prim::kInput ||
         p.kind == Prim::kConst) {
       g.reason = fmt::format("output '{}' has shape {}, not the group's row domain {}", o, ShapeToString(p.shape),
@@ -808,8 +915,11 @@ static std::shared_ptr<const RowLaunch> PlanLaunch(const GeneratedRowKernel& k, 
   int64_t rows = 0, cols = 0;
   std::string reason;
   GAF_CHECK(RowDomain(shapes, &L->out_shape, &rows, &cols, &reason), "{}: {}", k.symbol, reason);
-  if (k.collapse) {
-    shapes = CollapseTrailing(shapes);
+  if (k.collapse || k.reduce_trailing > 1) {
+    if (k.collapse) shapes = CollapseTrailing(shapes);
+    else
+      GAF_CHECK(MergeLastAxes(shapes, static_cast<size_t>(k.reduce_trailing)),
+                "{}: an input is broadcast within the reduced axes", k.symbol);
     for (size_t i = 0, d = 0; i < inputs.size(); ++i)
       if (k.domain_inputs[i]) viewed[i] = shapes[d++];
   }
@@ -839,8 +949,13 @@ static std::shared_ptr<const RowLaunch> PlanLaunch(const GeneratedRowKernel& k, 
   }
   L->rows = rows;
   L->cols = cols;
+  // Per-row outputs: the reduced trailing axes kept as 1 (keepdims) or dropped.
+  const size_t t = static_cast<size_t>(std::max(1, k.reduce_trailing));
+  GAF_CHECK(L->out_shape.size() >= t, "{}: output of rank {} for a reduction over {} axes", k.symbol,
+            L->out_shape.size(), t);
   L->per_row_shape = L->out_shape;
-  L->per_row_shape.back() = 1;
+  for (size_t i = L->out_shape.size() - t; i < L->out_shape.size(); ++i) L->per_row_shape[i] = 1;
+  L->squeezed_shape.assign(L->out_shape.begin(), L->out_shape.end() - static_cast<std::ptrdiff_t>(t));
   return L;
 }
 
@@ -874,8 +989,10 @@ std::vector<Tensor> RunRowKernel(RowKernelFn fn, const GeneratedRowKernel& k, co
   std::vector<Tensor> outs;
   outs.reserve(k.signature.output_per_row.size());
   out_ptrs.clear();
-  for (bool pr : k.signature.output_per_row) {
-    outs.emplace_back(DataType::kFloat, pr ? L->per_row_shape : L->out_shape);
+  for (size_t o = 0; o < k.signature.output_per_row.size(); ++o) {
+    const bool squeezed = o < k.signature.output_squeezed.size() && k.signature.output_squeezed[o];
+    outs.emplace_back(DataType::kFloat, squeezed ? L->squeezed_shape
+                                        : k.signature.output_per_row[o] ? L->per_row_shape : L->out_shape);
     out_ptrs.push_back(outs.back().data<float>());
   }
   RowKernelArgs args{L->rows, L->cols, in.data(), in_off.data(), out_ptrs.data()};

@@ -40,6 +40,7 @@ enum class RowInputClass { kFull, kRowVec, kPerRow, kScalar, kGeneral, kGeneralP
 struct RowKernelSignature {
   std::vector<RowInputClass> inputs;
   std::vector<bool> output_per_row;  // true: output is [.., 1] (one value per row)
+  std::vector<bool> output_squeezed; // per-row output of a keepdims=0 reduction: the reduced axes dropped
 };
 
 // What a call needs besides data pointers, for one set of input shapes (rows, cols, output shape,
@@ -47,7 +48,7 @@ struct RowKernelSignature {
 struct RowLaunch {
   std::vector<Shape> shapes;  // per input as given (empty for non-domain inputs)
   int64_t rows = 0, cols = 0;
-  Shape out_shape, per_row_shape;
+  Shape out_shape, per_row_shape, squeezed_shape;
   std::vector<std::vector<int64_t>> offsets;
 };
 struct RowLaunchCache {
@@ -64,6 +65,7 @@ struct GeneratedRowKernel {
   RowKernelSignature signature;
   std::vector<bool> domain_inputs;  // inputs that form the row domain (all but scalar constants)
   bool collapse = false;             // elementwise body: trailing axes merged (CollapseTrailing) at run time
+  int reduce_trailing = 1;           // reductions over this many trailing axes, merged into one row
   std::vector<Shape> input_views;   // per input: the shape it is read as (BatchNorm's [C] as [C,1,1]), or empty
   std::shared_ptr<RowLaunchCache> launch_cache = std::make_shared<RowLaunchCache>();
 };

@@ -149,6 +149,14 @@ TEST(SafeFusion, ParitySuiteGeneratedKernelsMatchReference) {
     f.FuseSafe(NoSpeedGate());
     checked += CheckParity(f.GetSafeFusionReport(), name, &per_rule);
   }
+  // Models exported by torch.onnx.export (tests/fixtures/torch): SE blocks (global mean over
+  // H,W with keepdims=0), depthwise convs, GELU/LayerNorm transformers.
+  for (const char* name : {"mobile_like", "resnet_like", "bert_like", "gpt2_block"}) {
+    const fs::path p = fs::path(GAF_SOURCE_DIR) / "tests" / "fixtures" / "torch" / name / "model.onnx";
+    GraphAutoFusion f(LoadModel(p.string()), Preset("all"));
+    f.FuseSafe(NoSpeedGate());
+    checked += CheckParity(f.GetSafeFusionReport(), name, &per_rule);
+  }
   const fs::path dir = fs::path(GAF_SHARED_DIR) / "testdata" / "ort-fusion";
   if (fs::exists(dir)) {
     std::vector<fs::path> files;
