@@ -43,6 +43,7 @@ std::shared_ptr<FusedKernelSet> FusedKernelSet::Build(const Model& model, const 
     req.function = f;
     req.approx_math = f->doc_string.find("kernel-math=approx") != std::string::npos;
     req.half_weights = half_weights;
+    req.opset = model.OpsetVersion("");
     bool shapes_known = true;
     for (const std::string& in : call.inputs) {
       const Tensor* c = model.graph.FindInitializer(in);

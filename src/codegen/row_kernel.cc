@@ -336,8 +336,11 @@ bool LowerNode(const Node& n, Lowering& lw, const std::map<std::string, const Te
     if (n.GetInt("keepdims", 1) == 0) lw.squeezed.insert(out);
   } else if (op == "Softmax" || op == "LogSoftmax") {
     int x = in(0);
+    // Before opset 13, Softmax(axis=k) normalizes over all of the axes k.. (flattened).
     int64_t axis = n.GetInt("axis", opset >= 13 ? -1 : 1);
-    if (!IsLastAxis(axis, lw.prims[x].shape.size())) return fail("softmax over an axis other than the last");
+    const bool merged = lw.trailing > 1 && opset < 13 && (axis < 0 ? axis + lw.rank : axis) == lw.rank - lw.trailing;
+    if (!merged && (lw.trailing > 1 || !IsLastAxis(axis, lw.prims[x].shape.size())))
+      return fail("softmax over an axis other than the last");
     int m = lw.Reduce("Max", x);
     int d = lw.Binary("Sub", x, m);
     int e = lw.Unary("Exp", d);
@@ -345,7 +348,10 @@ bool LowerNode(const Node& n, Lowering& lw, const std::map<std::string, const Te
     out = op == "Softmax" ? lw.Binary("Div", e, s) : lw.Binary("Sub", d, lw.Unary("Log", s));
   } else if (op == "LayerNormalization") {
     int x = in(0);
-    if (!IsLastAxis(n.GetInt("axis", -1), lw.prims[x].shape.size()))
+    // LayerNormalization(axis=k) normalizes over the axes k.. together.
+    const int64_t axis = n.GetInt("axis", -1);
+    const bool merged = lw.trailing > 1 && (axis < 0 ? axis + lw.rank : axis) == lw.rank - lw.trailing;
+    if (!merged && (lw.trailing > 1 || !IsLastAxis(axis, lw.prims[x].shape.size())))
       return fail("LayerNormalization over more than the last axis");
     for (size_t o = 1; o < n.outputs.size(); ++o)
       if (!n.outputs[o].empty()) return fail("LayerNormalization's Mean/InvStdDev outputs");
@@ -483,13 +489,23 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
       if (req.constants.size() > i && req.constants[i] != nullptr) cmap[f.inputs[i]] = req.constants[i];
     static const std::set<std::string> kReduce = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin",
                                                   "ReduceSumSquare", "ReduceL2"};
-    static const std::set<std::string> kLastAxisOnly = {"Softmax", "LogSoftmax", "LayerNormalization", "Slice", "Concat"};
+    static const std::set<std::string> kLastAxisOnly = {"Slice", "Concat"};
     std::set<std::vector<int64_t>> seen;
     bool last_axis_ops = false;
+    auto from_axis = [&](int64_t a) {  // the axes a.. of the domain
+      std::vector<int64_t> v;
+      for (a = a < 0 ? a + domain_rank : a; a < domain_rank; ++a) v.push_back(a);
+      return v;
+    };
     for (const Node& n : f.nodes) {
       last_axis_ops |= kLastAxisOnly.count(n.op_type) > 0;
       std::vector<int64_t> axes;
       if (kReduce.count(n.op_type) && ReduceAxes(n, cmap, domain_rank, &axes)) seen.insert(axes);
+      if (n.op_type == "Softmax" || n.op_type == "LogSoftmax") {
+        const int64_t a = n.GetInt("axis", req.opset >= 13 ? -1 : 1);
+        seen.insert(req.opset >= 13 ? std::vector<int64_t>{a < 0 ? a + domain_rank : a} : from_axis(a));
+      }
+      if (n.op_type == "LayerNormalization") seen.insert(from_axis(n.GetInt("axis", -1)));
     }
     if (seen.size() == 1 && !last_axis_ops) {
       const std::vector<int64_t>& axes = *seen.begin();
@@ -582,7 +598,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
   lw.rank = domain_rank;
   lw.trailing = g.reduce_trailing;
   for (const Node& n : f.nodes)
-    if (!LowerNode(n, lw, consts, 17)) {
+    if (!LowerNode(n, lw, consts, req.opset)) {
       g.reason = lw.error;
       return g;
     }

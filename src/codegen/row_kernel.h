@@ -84,6 +84,7 @@ struct RowKernelRequest {
   bool approx_math = false;
   // Contractions with a constant [K,N] weight use a float16 copy of it (half_weights.h).
   bool half_weights = false;
+  int64_t opset = 17;  // the model's ai.onnx opset (Softmax's default axis, Clip's inputs, ...)
 };
 
 // Generates the kernel, or returns ok=false with a reason (unsupported op, type, axis, shape).

@@ -51,7 +51,7 @@ std::map<std::string, std::pair<DataType, Shape>> BodyShapes(const RowKernelRequ
     g.outputs.push_back(v);
   }
   Model m;
-  m.opset_imports.push_back({"", 17});
+  m.opset_imports.push_back({"", req.opset});
   m.graph = std::move(g);
   std::map<std::string, std::pair<DataType, Shape>> shapes;
   for (size_t i = 0; i < f.inputs.size(); ++i) shapes[f.inputs[i]] = {req.input_types[i], req.input_shapes[i]};
@@ -278,6 +278,7 @@ StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string
       RowKernelRequest sreq;
       sreq.function = &sf;
       sreq.approx_math = req.approx_math;
+      sreq.opset = req.opset;
       for (size_t ni : nodes) {
         const Node& n = f.nodes[ni];
         for (const auto& in : n.inputs) {
