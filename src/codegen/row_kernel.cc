@@ -322,7 +322,7 @@ bool LowerNode(const Node& n, Lowering& lw, const std::map<std::string, const Te
              op == "ReduceSumSquare" || op == "ReduceL2") {
     int x = in(0);
     // Single-axis reductions are checked against their input's rank; merged trailing axes against
-    // the domain's original rank (every input has it, see above).
+    // the domain's original rank (negative axes count from the right, like broadcasting).
     const int64_t r = lw.trailing > 1 ? lw.rank : static_cast<int64_t>(lw.prims[x].shape.size());
     std::vector<int64_t> axes;
     if (!ReduceAxes(n, consts, r, &axes)) return fail("axes are not a constant");
@@ -517,10 +517,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
         std::vector<Shape> dom;
         for (size_t i = 0; i < nin; ++i) {
           if (!ComputedAsFloat(req.input_types[i])) continue;
-          if (static_cast<int64_t>(shapes[i].size()) != domain_rank && NumElements(shapes[i]) != 1) {
-            g.reason = "a reduction over several axes with inputs of different ranks";
-            return g;
-          }
+          // Lower-rank inputs align to the right (numpy broadcasting), as MergeLastAxes pads them.
           idx.push_back(i);
           dom.push_back(shapes[i]);
         }

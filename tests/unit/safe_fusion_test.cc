@@ -209,6 +209,46 @@ TEST(Verify, PrecisionAndPerformanceOfAFusedModel) {
   EXPECT_FLOAT_EQ(err, 1.0);
 }
 
+// Softmax before opset 13 normalizes over all axes from `axis` on (flattened), and a mean over
+// H,W with keepdims=0 drops them: both become one generated row per (n, c) and match the
+// reference kernels.
+TEST(SafeFusion, FlattenedSoftmaxAndGlobalMeanKernels) {
+  Graph g;
+  g.inputs.push_back(testing::FloatValue("x", {2, 3, 4, 5}));
+  g.inputs.push_back(testing::FloatValue("b", {3, 4, 5}));  // whole over the normalized axes 1..3
+  g.inputs.push_back(testing::FloatValue("s", {1, 3, 1, 1}));
+  g.nodes.push_back(MakeNode("Add", {"x", "b"}, {"a"}, "add"));
+  g.nodes.push_back(MakeNode("Softmax", {"a"}, {"y"}, "softmax", {testing::IntAttr("axis", 1)}));
+  g.nodes.push_back(MakeNode("Mul", {"x", "s"}, {"m"}, "mul"));
+  Attribute axes;
+  axes.name = "axes";
+  axes.type = Attribute::Type::kInts;
+  axes.ints = {2, 3};
+  g.nodes.push_back(MakeNode("ReduceMean", {"m"}, {"z"}, "mean", {axes, testing::IntAttr("keepdims", 0)}));
+  g.outputs.push_back(testing::FloatValue("y", {2, 3, 4, 5}));
+  g.outputs.push_back(testing::FloatValue("z", {2, 3}));
+  Model m = MakeModel(g, 11);
+  FusionOptions o = Preset("none");
+  o.auto_fuse = false;
+  o.benefit_threshold = 0;
+  GraphAutoFusion f(m, o);
+  for (FusionRule& r : ParseRules("rule BiasSoftmaxAll fuse=BiasSoftmaxAll priority=50\n  a = Add($x, $b)\n  y = Softmax(a)\nend\n"
+                                  "rule ScaledMean fuse=ScaledMean priority=50\n  m = Mul($x, $s)\n  z = ReduceMean(m)\nend\n",
+                                  "user.rules"))
+    f.AddFusionRule(r);
+  Model fused = f.FuseSafe(NoSpeedGate());
+  const SafeFusionReport& r = f.GetSafeFusionReport();
+  ASSERT_EQ(r.kernels.size(), 2u) << r.ToText();
+  for (const SafeKernelResult& k : r.kernels) {
+    EXPECT_TRUE(k.fused) << k.rule << ": " << k.reason;
+    EXPECT_NE(k.kernel.find("generated"), std::string::npos) << k.kernel;
+    EXPECT_GE(k.cosine, 0.9999) << k.rule;
+    EXPECT_LE(k.max_abs_error, 1e-5) << k.rule;
+  }
+  PrecisionReport p = VerifyPrecision(fused, m);
+  EXPECT_TRUE(p.Passes(0.9999, 1e-5)) << p.min_cosine << " " << p.max_abs_error;
+}
+
 // float16 / bfloat16 models: fused groups get kernels (values widened by the runtime, outputs
 // narrowed back), and the fused model with its kernels matches the original.
 TEST(SafeFusion, HalfPrecisionGroupsGetKernels) {
