@@ -1004,8 +1004,10 @@ std::vector<Tensor> RunRowKernel(RowKernelFn fn, const GeneratedRowKernel& k, co
   out_ptrs.clear();
   for (size_t o = 0; o < k.signature.output_per_row.size(); ++o) {
     const bool squeezed = o < k.signature.output_squeezed.size() && k.signature.output_squeezed[o];
-    outs.emplace_back(DataType::kFloat, squeezed ? L->squeezed_shape
-                                        : k.signature.output_per_row[o] ? L->per_row_shape : L->out_shape);
+    // Generated kernels write every element of every output: no zero fill.
+    outs.push_back(Tensor::Uninitialized(DataType::kFloat, squeezed ? L->squeezed_shape
+                                                           : k.signature.output_per_row[o] ? L->per_row_shape
+                                                                                          : L->out_shape));
     out_ptrs.push_back(outs.back().data<float>());
   }
   RowKernelArgs args{L->rows, L->cols, in.data(), in_off.data(), out_ptrs.data()};

@@ -193,6 +193,24 @@ BufferPool& Pool() {
 
 }  // namespace
 
+Tensor Tensor::Uninitialized(DataType dt, Shape shape) {
+  GAF_CHECK(dt != DataType::kString, "uninitialized string tensors are not supported");
+  Tensor t;
+  t.dtype_ = dt;
+  t.shape_ = std::move(shape);
+  for (int64_t d : t.shape_) GAF_CHECK(d >= 0, "negative dimension in shape {}", ShapeToString(t.shape_));
+  t.numel_ = NumElements(t.shape_);
+  const size_t bytes = t.nbytes();
+  GAF_CHECK(t.numel_ < (int64_t{1} << 36) && bytes < (size_t{1} << 36), "tensor of shape {} ({}) is too large to allocate",
+            ShapeToString(t.shape_), DataTypeName(dt));
+  const size_t alloc = BufferPool::SizeClass(bytes);
+  void* p = Pool().Get(alloc);
+  if (p == nullptr) throw Error(fmt::format("out of memory allocating {} bytes", alloc));
+  t.storage_ = std::shared_ptr<void>(p, [alloc](void* q) { Pool().Put(q, alloc); });
+  t.data_ = p;
+  return t;
+}
+
 Tensor::Tensor(DataType dt, Shape shape) : dtype_(dt), shape_(std::move(shape)) {
   for (int64_t d : shape_) GAF_CHECK(d >= 0, "negative dimension in shape {}", ShapeToString(shape_));
   numel_ = NumElements(shape_);

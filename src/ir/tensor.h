@@ -83,6 +83,8 @@ class Tensor {
   Tensor() = default;
   // Allocates zero-initialized storage for NumElements(shape) elements of dt.
   Tensor(DataType dt, Shape shape);
+  // The same without the zero fill, for kernels that write every element (not for strings).
+  static Tensor Uninitialized(DataType dt, Shape shape);
 
   // Wraps external memory without copying; `keep_alive` owns it (may be null if the caller
   // guarantees lifetime).
