@@ -4,7 +4,6 @@
 #include <functional>
 #include <set>
 #include <cstdio>
-#include <cstdlib>
 
 namespace gaf {
 
@@ -121,8 +120,9 @@ std::function<std::optional<KernelInfo>(const Node&, const Function&)> FusedKern
           for (size_t o = 0; o < ctx.outputs.size() && o < outs.size(); ++o) ctx.outputs[o] = std::move(outs[o]);
           return;
         } catch (const Error& ex) {
-          if (std::getenv("GAF_DEBUG_FALLBACK")) fprintf(stderr, "fallback %s: %s\n", e->function.c_str(), ex.what());
-          // Inputs broadcast differently than at generation: run the body below.
+          // Inputs broadcast differently than at generation: run the body below (and say why).
+          std::lock_guard<std::mutex> lock(e->last_fallback->mu);
+          e->last_fallback->reason = ex.what();
         }
       }
       e->fallbacks->fetch_add(1, std::memory_order_relaxed);

@@ -9,6 +9,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,11 @@ class FusedKernelSet {
     std::string status;        // "compiled", "cached", or why there is no kernel
     Graph body;                // fallback
     std::shared_ptr<std::atomic<int64_t>> calls, fallbacks;
+    struct LastFallback {
+      std::mutex mu;
+      std::string reason;  // why the kernel did not fit the last call that ran the body
+    };
+    std::shared_ptr<LastFallback> last_fallback = std::make_shared<LastFallback>();
   };
 
   // Generates a kernel per call site of a fused function from the shapes of its inputs (`shapes`: value

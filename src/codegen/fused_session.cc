@@ -33,7 +33,7 @@ std::string DescribeFusedKernels(const FusedKernelSet& set) {
   // One line per function: its call sites summed; the status and stages of its first call site
   // (call sites that differ are listed separately).
   struct Row {
-    std::string function, state, status;
+    std::string function, state, status, last_fallback;
     int sites = 0;
     int64_t calls = 0, fallbacks = 0;
   };
@@ -51,11 +51,16 @@ std::string DescribeFusedKernels(const FusedKernelSet& set) {
     it->sites++;
     it->calls += e.calls->load();
     it->fallbacks += e.fallbacks->load();
+    std::lock_guard<std::mutex> lock(e.last_fallback->mu);
+    if (!e.last_fallback->reason.empty()) it->last_fallback = e.last_fallback->reason;
   }
   std::string s;
   for (const Row& r : rows)
+  {
     s += fmt::format("  {:<28} {:<6} sites {:>3}  calls {:>6}  fallbacks {:>4}  {}\n", r.function, r.state, r.sites, r.calls,
                      r.fallbacks, r.status);
+    if (!r.last_fallback.empty()) s += fmt::format("      last fallback: {}\n", r.last_fallback.substr(0, 300));
+  }
   return s;
 }
 
