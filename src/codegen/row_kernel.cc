@@ -166,7 +166,7 @@ struct Prim {
   enum Kind { kInput, kConst, kUnary, kBinary, kReduce, kSlice, kConcat } kind;
   explicit Prim(Kind k) : kind(k) {}
   std::string op;   // unary: Relu, Neg, ...; binary: Add, ...; reduce: Sum, Max, Min, Mean
-  int a = -1, b = -1;
+  int a = -1, b = -1, c = -1;  // c: Where's condition (op "Where": c ? a : b)
   int input = -1;   // kInput: function input index
   double value = 0; // kConst
   float alpha = 0, beta = 0;  // unary parameters (LeakyRelu alpha, HardSigmoid alpha/beta)
@@ -184,6 +184,7 @@ struct Lowering {
   // row before lowering); keepdims=0 results, which may only be outputs of the group.
   int64_t rank = 0, trailing = 1;
   std::set<int> squeezed;
+  std::set<int> bools;  // prims that are bool inputs (only Where's condition may read them)
 
   int Add(Prim p) {
     prims.push_back(std::move(p));
@@ -220,6 +221,15 @@ struct Lowering {
     p.a = a;
     p.b = b;
     p.shape = Broadcast(prims[a].shape, prims[b].shape);
+    return Add(p);
+  }
+  int Select(int cond, int x, int y) {
+    Prim p(Prim::kBinary);
+    p.op = "Where";
+    p.a = x;
+    p.b = y;
+    p.c = cond;
+    p.shape = Broadcast(Broadcast(prims[x].shape, prims[y].shape), prims[cond].shape);
     return Add(p);
   }
   int Reduce(const std::string& op, int a) {
@@ -291,6 +301,11 @@ bool LowerNode(const Node& n, Lowering& lw, const std::map<std::string, const Te
     int x = in(0);
     int e = lw.Unary("Erf", lw.Binary("Mul", x, lw.Const(M_SQRT1_2)));
     out = lw.Binary("Mul", lw.Binary("Mul", x, lw.Const(0.5)), lw.Binary("Add", e, lw.Const(1.0)));
+  } else if (op == "Where") {
+    const int cond = in(0), x = in(1), y = in(2);
+    if (cond < 0 || x < 0 || y < 0) return fail("Where with a constant tensor operand");
+    if (lw.bools.count(x) || lw.bools.count(y)) return fail("Where selecting booleans");
+    out = lw.Select(cond, x, y);
   } else if (op == "Sum" || ((op == "Max" || op == "Min") && n.inputs.size() > 2)) {
     out = in(0);
     for (size_t i = 1; i < n.inputs.size(); ++i) out = lw.Binary(op == "Sum" ? "Add" : op, out, in(i));
@@ -444,6 +459,8 @@ std::string FloatLiteral(double v) {
 static bool ComputedAsFloat(DataType t) {
   return t == DataType::kFloat || t == DataType::kFloat16 || t == DataType::kBFloat16;
 }
+// Inputs generated code can read: float values, and bool masks (Where's condition).
+static bool Readable(DataType t) { return ComputedAsFloat(t) || t == DataType::kBool; }
 
 GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::string& symbol) {
   GeneratedRowKernel g;
@@ -455,6 +472,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
     g.reason = "input count mismatch";
     return g;
   }
+  g.signature.input_bool.assign(nin, false);
   // Per-channel parameters ([C]) of BatchNormalization broadcast along axis 1, not the last: they
   // are viewed as [C,1,...,1] (same data), which the row model then reads as one value per row.
   std::vector<Shape> shapes = req.input_shapes;
@@ -482,7 +500,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
   // broadcast over them.
   int64_t domain_rank = 0;
   for (size_t i = 0; i < nin; ++i)
-    if (ComputedAsFloat(req.input_types[i])) domain_rank = std::max<int64_t>(domain_rank, shapes[i].size());
+    if (Readable(req.input_types[i])) domain_rank = std::max<int64_t>(domain_rank, shapes[i].size());
   {
     std::map<std::string, const Tensor*> cmap;
     for (size_t i = 0; i < nin; ++i)
@@ -516,7 +534,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
         std::vector<size_t> idx;
         std::vector<Shape> dom;
         for (size_t i = 0; i < nin; ++i) {
-          if (!ComputedAsFloat(req.input_types[i])) continue;
+          if (!Readable(req.input_types[i])) continue;
           // Lower-rank inputs align to the right (numpy broadcasting), as MergeLastAxes pads them.
           idx.push_back(i);
           dom.push_back(shapes[i]);
@@ -542,7 +560,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
     std::vector<Shape> dom;
     for (size_t i = 0; i < nin; ++i) {
       const Tensor* c = req.constants.size() > i ? req.constants[i] : nullptr;
-      if ((c != nullptr && c->numel() == 1) || !ComputedAsFloat(req.input_types[i])) continue;
+      if ((c != nullptr && c->numel() == 1) || !Readable(req.input_types[i])) continue;
       idx.push_back(i);
       dom.push_back(shapes[i]);
     }
@@ -562,7 +580,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
   for (size_t i = 0; i < nin; ++i) {
     const Tensor* c = req.constants.size() > i ? req.constants[i] : nullptr;
     bool scalar_const = c != nullptr && c->numel() == 1;
-    bool int_const = c != nullptr && !ComputedAsFloat(req.input_types[i]);
+    bool int_const = c != nullptr && !Readable(req.input_types[i]);
     if (scalar_const || int_const) continue;
     varying.push_back(shapes[i]);
     g.domain_inputs[i] = true;
@@ -581,16 +599,20 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
       lw.id[f.inputs[i]] = lw.Const(c->ScalarAsDouble());
       continue;
     }
-    if (!ComputedAsFloat(req.input_types[i])) {
+    if (!Readable(req.input_types[i])) {
       if (c != nullptr) continue;  // integer constant tensors (axes) are read at lowering time
-      g.reason = fmt::format("input {} ('{}') is {}; generated kernels take float32", i, f.inputs[i],
-                             DataTypeName(req.input_types[i]));
+      g.reason = fmt::format("input {} ('{}') is {}; generated kernels take float32 (and bool conditions)", i,
+                             f.inputs[i], DataTypeName(req.input_types[i]));
       return g;
     }
     Prim p(Prim::kInput);
     p.input = static_cast<int>(i);
     p.shape = shapes[i];
     lw.id[f.inputs[i]] = input_prim[i] = lw.Add(p);
+    if (req.input_types[i] == DataType::kBool) {
+      lw.bools.insert(input_prim[i]);
+      g.signature.input_bool[i] = true;
+    }
   }
   lw.rank = domain_rank;
   lw.trailing = g.reduce_trailing;
@@ -600,9 +622,16 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
       return g;
     }
 
-  // A keepdims=0 reduction changes how its result broadcasts: it may only be an output.
+  // Bool inputs may only be Where's condition.
   for (const Prim& p : lw.prims)
     for (int operand : {p.a, p.b})
+      if (operand >= 0 && lw.bools.count(operand)) {
+        g.reason = "a bool input used other than as Where's condition";
+        return g;
+      }
+  // A keepdims=0 reduction changes how its result broadcasts: it may only be an output.
+  for (const Prim& p : lw.prims)
+    for (int operand : {p.a, p.b, p.c})
       if (operand >= 0 && lw.squeezed.count(operand)) {
         g.reason = "a keepdims=0 reduction is read inside the group";
         return g;
@@ -625,8 +654,9 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
       case Prim::kConst: p.vkind = VKind::kScal; p.level = 0; break;
       case Prim::kUnary: p.vkind = P[p.a].vkind; p.level = P[p.a].level; break;
       case Prim::kBinary:
-        p.vkind = (P[p.a].vkind == VKind::kRow || P[p.b].vkind == VKind::kRow) ? VKind::kRow : VKind::kScal;
-        p.level = std::max(P[p.a].level, P[p.b].level);
+        p.vkind = (P[p.a].vkind == VKind::kRow || P[p.b].vkind == VKind::kRow || (p.c >= 0 && P[p.c].vkind == VKind::kRow))
+                      ? VKind::kRow : VKind::kScal;
+        p.level = std::max({P[p.a].level, P[p.b].level, p.c >= 0 ? P[p.c].level : 0});
         break;
       case Prim::kSlice:
       case Prim::kConcat:
@@ -679,7 +709,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
       return g;
     }
     bool consumer_ok = p.kind == Prim::kSlice || p.kind == Prim::kConcat || narrow(static_cast<int>(v));
-    for (int operand : {p.a, p.b})
+    for (int operand : {p.a, p.b, p.c})
       if (operand >= 0 && narrow(operand) && !consumer_ok) {
         g.reason = "part of a row (a Slice) is used other than through Concat back to the full row";
         return g;
@@ -696,13 +726,14 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
     live[v] = true;
     if (P[v].a >= 0) stack.push_back(P[v].a);
     if (P[v].b >= 0) stack.push_back(P[v].b);
+    if (P[v].c >= 0) stack.push_back(P[v].c);
   }
   std::vector<bool> buffered(P.size(), false);
   for (size_t v = 0; v < P.size(); ++v) {
     if (!live[v]) continue;
     max_level = std::max(max_level, P[v].level);
     int loop_level = P[v].kind == Prim::kReduce ? P[P[v].a].level : P[v].level;
-    for (int operand : {P[v].a, P[v].b})
+    for (int operand : {P[v].a, P[v].b, P[v].c})
       if (operand >= 0 && P[operand].vkind == VKind::kRow && P[operand].kind != Prim::kInput &&
           P[operand].level < loop_level)
         buffered[operand] = true;
@@ -722,8 +753,9 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
     }
     return p.level < cur_level ? fmt::format("buf{}[j]", v) : fmt::format("t{}", v);
   };
-  auto expr_of = [&](const Prim& p, const std::string& a, const std::string& b) -> std::string {
+  auto expr_of = [&](const Prim& p, const std::string& a, const std::string& b, const std::string& c) -> std::string {
     if (p.kind == Prim::kBinary) {
+      if (p.op == "Where") return fmt::format("({} ? {} : {})", c, a, b);
       if (p.op == "Add") return a + " + " + b;
       if (p.op == "Sub") return a + " - " + b;
       if (p.op == "Mul") return a + " * " + b;
@@ -776,11 +808,11 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
       emit_error = "a Slice/Concat of a value computed before a reduction";
       return "0.f";
     }
-    return expr_of(p, inl(p.a, idx), p.b >= 0 ? inl(p.b, idx) : "");
+    return expr_of(p, inl(p.a, idx), p.b >= 0 ? inl(p.b, idx) : "", p.c >= 0 ? inl(p.c, idx) : "");
   };
   auto expr = [&](const Prim& p) -> std::string {
     if (p.kind == Prim::kSlice || p.kind == Prim::kConcat) return inl(static_cast<int>(&p - P.data()), "j");
-    return expr_of(p, p.a >= 0 ? ref(p.a) : "", p.b >= 0 ? ref(p.b) : "");
+    return expr_of(p, p.a >= 0 ? ref(p.a) : "", p.b >= 0 ? ref(p.b) : "", p.c >= 0 ? ref(p.c) : "");
   };
 
   std::ostringstream os;
@@ -810,7 +842,10 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
   os << "  const int64_t N = a->cols;\n  (void)N;\n";
   for (size_t i = 0; i < nin; ++i) {
     if (input_prim[i] < 0 || !live[input_prim[i]]) continue;
-    os << fmt::format("  const float* __restrict in{0} = a->in[{0}];\n", i);
+    if (g.signature.input_bool[i])
+      os << fmt::format("  const bool* __restrict in{0} = reinterpret_cast<const bool*>(a->in[{0}]);\n", i);
+    else
+      os << fmt::format("  const float* __restrict in{0} = a->in[{0}];\n", i);
     RowInputClass c = g.signature.inputs[i];
     if (c == RowInputClass::kGeneral || c == RowInputClass::kGeneralPerRow)
       os << fmt::format("  const int64_t* off{0} = a->in_row_offset[{0}];\n", i);
@@ -828,8 +863,8 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
     if (input_prim[i] < 0 || !live[input_prim[i]]) continue;
     int v = input_prim[i];
     switch (g.signature.inputs[i]) {
-      case RowInputClass::kFull: os << fmt::format("      const float* p{0} = in{0} + r * N;\n", i); break;
-      case RowInputClass::kGeneral: os << fmt::format("      const float* p{0} = in{0} + off{0}[r];\n", i); break;
+      case RowInputClass::kFull: os << fmt::format("      const auto* p{0} = in{0} + r * N;\n", i); break;
+      case RowInputClass::kGeneral: os << fmt::format("      const auto* p{0} = in{0} + off{0}[r];\n", i); break;
       case RowInputClass::kRowVec: break;
       case RowInputClass::kPerRow: os << fmt::format("      const float s{} = in{}[r];\n", v, i); break;
       case RowInputClass::kScalar: os << fmt::format("      const float s{} = in{}[0];\n", v, i); break;
@@ -919,8 +954,9 @@ static std::shared_ptr<const RowLaunch> PlanLaunch(const GeneratedRowKernel& k, 
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!k.domain_inputs[i]) continue;
     GAF_CHECK(inputs[i] != nullptr, "{}: input {} is absent", k.symbol, i);
-    GAF_CHECK(inputs[i]->dtype() == DataType::kFloat, "{}: input {} is {}, the kernel takes float", k.symbol, i,
-              DataTypeName(inputs[i]->dtype()));
+    const DataType want_type = k.signature.input_bool[i] ? DataType::kBool : DataType::kFloat;
+    GAF_CHECK(inputs[i]->dtype() == want_type, "{}: input {} is {}, the kernel takes {}", k.symbol, i,
+              DataTypeName(inputs[i]->dtype()), DataTypeName(want_type));
     L->shapes[i] = inputs[i]->shape();
     shapes.push_back(viewed[i] = ViewOf(k, i, *inputs[i]));
   }
@@ -983,7 +1019,9 @@ std::vector<Tensor> RunRowKernel(RowKernelFn fn, const GeneratedRowKernel& k, co
   bool hit = L != nullptr;
   for (size_t i = 0; hit && i < inputs.size(); ++i)
     if (k.domain_inputs[i])
-      hit = inputs[i] != nullptr && inputs[i]->dtype() == DataType::kFloat && inputs[i]->shape() == L->shapes[i];
+      hit = inputs[i] != nullptr &&
+            inputs[i]->dtype() == (k.signature.input_bool[i] ? DataType::kBool : DataType::kFloat) &&
+            inputs[i]->shape() == L->shapes[i];
   if (!hit) {
     L = PlanLaunch(k, inputs);
     std::lock_guard<std::mutex> lock(k.launch_cache->mu);
@@ -996,7 +1034,8 @@ std::vector<Tensor> RunRowKernel(RowKernelFn fn, const GeneratedRowKernel& k, co
   in_off.assign(inputs.size(), nullptr);
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!k.domain_inputs[i]) continue;
-    in[i] = inputs[i]->data<float>();
+    // Bool masks travel through the same pointer array; the generated code reads them as bool.
+    in[i] = k.signature.input_bool[i] ? reinterpret_cast<const float*>(inputs[i]->data<bool>()) : inputs[i]->data<float>();
     in_off[i] = L->offsets[i].empty() ? nullptr : L->offsets[i].data();
   }
   std::vector<Tensor> outs;

@@ -39,6 +39,7 @@ enum class RowInputClass { kFull, kRowVec, kPerRow, kScalar, kGeneral, kGeneralP
 
 struct RowKernelSignature {
   std::vector<RowInputClass> inputs;
+  std::vector<bool> input_bool;      // a bool input (Where's condition), read as bool
   std::vector<bool> output_per_row;  // true: output is [.., 1] (one value per row)
   std::vector<bool> output_squeezed; // per-row output of a keepdims=0 reduction: the reduced axes dropped
 };

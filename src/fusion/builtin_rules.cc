@@ -36,6 +36,20 @@ rule AttentionFusion(no-mask) fuse=FusedAttention priority=58 preset=transformer
   y  = MatMul(p, $v)
 end
 
+// GPT-2 style exports mask with Where(causal_mask, scores, min) instead of adding a mask.
+rule AttentionFusion(where-mask) fuse=FusedAttention priority=59 preset=transformer formula="softmax(where(mask, q@k * scale, fill)) @ v"
+  qk = MatMul($q, $k)
+  s  = Div(qk, $scale) | Mul(qk, $scale)
+  m  = Where($mask, s, $fill) | Where($mask, $fill, s)
+  p  = Softmax(m) axis=-1
+  y  = MatMul(p, $v)
+end
+
+rule MaskedSoftmaxFusion(where) fuse=FusedMaskedSoftmax priority=49 preset=transformer formula="softmax(where(mask, x, fill))"
+  m = Where($mask, $x, $fill) | Where($mask, $fill, $x)
+  y = Softmax(m) axis=-1
+end
+
 rule ScaledMaskedSoftmaxFusion fuse=FusedScaledMaskedSoftmax priority=50 preset=transformer formula="softmax(x * scale + mask)"
   s = Div($x, #scale) | Mul($x, #scale)
   m = Add(s, $mask)

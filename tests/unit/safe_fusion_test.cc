@@ -184,6 +184,8 @@ TEST(SafeFusion, ParitySuiteGeneratedKernelsMatchReference) {
     }
   }
   std::printf("parity: %d kernels checked across %zu rules\n", checked, per_rule.size());
+  // GPT-2's Where-masked attention (a bool mask read by the generated code) has a kernel.
+  EXPECT_TRUE(per_rule.count("AttentionFusion(where-mask)"));
   EXPECT_GT(checked, 15);
   EXPECT_GE(per_rule.size(), 8u);
 }
