@@ -11,6 +11,7 @@
 
 #include "cli/commands.h"
 #include "codegen/fused_session.h"
+#include "codegen/verify.h"
 #include "codegen/half_weights.h"
 #include "models/generate.h"
 #include "onnx_io/onnx_io.h"
@@ -34,12 +35,6 @@ struct GenerateArgs {
   int64_t eos = -1;
   bool json = false;
 };
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 std::vector<int64_t> ParseIds(const std::string& s) {
   std::vector<int64_t> ids;

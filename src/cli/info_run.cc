@@ -220,12 +220,7 @@ void RunRun(const RunArgs& a) {
     GAF_CHECK(eq != std::string::npos, "--input '{}': expected NAME=FILE.npy|FILE.pb|random", s);
     specs[s.substr(0, eq)] = s.substr(eq + 1);
   }
-  std::map<std::string, int64_t> dim_values;
-  for (const std::string& s : a.dims) {
-    auto eq = s.find('=');
-    GAF_CHECK(eq != std::string::npos, "--dim '{}': expected NAME=VALUE", s);
-    dim_values[s.substr(0, eq)] = std::stoll(s.substr(eq + 1));
-  }
+  const std::map<std::string, int64_t> dim_values = ParseDimBindings(a.dims);
   for (const auto& [name, spec] : specs) {
     bool known = false;
     for (const ValueInfo& v : session.inputs()) known |= v.name == name;

@@ -193,7 +193,7 @@ void RunBench(const BenchArgs& a) {
 
   if (a.half_weights)
     add("+ fp16 weights", stages.back()->model, true,
-        "float16 storage of constant MatMul weights (numerics change: see verify --half-weights)", true);
+        "float16 storage of constant MatMul weights (numerics change: verify --half-weights --dim sequence_length=1)", true);
   bool decoder = true;
   DecoderSignature sig;
   try {
@@ -276,7 +276,9 @@ void AddKernelCommands(CLI::App& app) {
     cmd->add_option("--min-cosine", a->min_cosine, "gate: minimum cosine similarity (default 0.999)");
     cmd->add_option("--max-abs-error", a->max_abs_error, "gate: maximum absolute error (default 1e-3)");
     cmd->add_option("--repeat", a->repeat, "also time unfused vs fused, medians of N interleaved runs");
-    cmd->add_flag("--half-weights", a->half_weights, "run with float16 storage of constant MatMul weights");
+    cmd->add_flag("--half-weights", a->half_weights,
+                  "run with float16 storage of constant MatMul weights (used for products of up to 4 rows: "
+                  "give decode-shaped inputs, e.g. --dim sequence_length=1)");
     cmd->add_flag("--json", a->json, "machine-readable output");
     cmd->callback([a] { RunVerify(*a); });
   }

@@ -15,69 +15,65 @@ namespace gaf {
 
 // Merges the last n axes of every shape (aligned to the right, padded to the largest rank) into
 // one; false when a shape is neither whole nor all ones over them.
-static bool MergeLastAxes(std::vector<Shape>& shapes, size_t n) {
+// Shapes aligned to the right and padded with ones to the largest rank, and their broadcast.
+static void PadToRank(const std::vector<Shape>& shapes, std::vector<Shape>* pad, Shape* full) {
   size_t r = 0;
   for (const Shape& s : shapes) r = std::max(r, s.size());
-  if (n < 2 || r < n) return n < 2;
-  Shape full(r, 1);
-  std::vector<Shape> pad;
+  full->assign(r, 1);
+  pad->clear();
   for (const Shape& s : shapes) {
     Shape p(r, 1);
     for (size_t i = 0; i < s.size(); ++i) p[r - s.size() + i] = s[i];
-    for (size_t i = 0; i < r; ++i) full[i] = p[i] == 1 ? full[i] : p[i];
-    pad.push_back(p);
+    for (size_t i = 0; i < r; ++i) (*full)[i] = p[i] == 1 ? (*full)[i] : p[i];
+    pad->push_back(std::move(p));
   }
-  for (size_t k = 0; k < pad.size(); ++k) {
-    bool whole = true, ones = true;
+}
+
+// Whether padded shape p is the whole extent, or all ones, over axes [k, r).
+static bool WholeOrOnes(const Shape& p, const Shape& full, size_t k) {
+  bool whole = true, ones = true;
+  for (size_t i = k; i < p.size(); ++i) {
+    whole &= p[i] == full[i];
+    ones &= p[i] == 1;
+  }
+  return whole || ones;
+}
+
+// Merges the last n axes of every shape (aligned to the right, padded to the largest rank) into
+// one; false when a shape is neither whole nor all ones over them.
+static bool MergeLastAxes(std::vector<Shape>& shapes, size_t n) {
+  std::vector<Shape> pad;
+  Shape full;
+  PadToRank(shapes, &pad, &full);
+  const size_t r = full.size();
+  if (n < 2 || r < n) return n < 2;
+  for (Shape& p : pad) {
+    if (!WholeOrOnes(p, full, r - n)) return false;
     int64_t prod = 1;
-    for (size_t i = r - n; i < r; ++i) {
-      whole &= pad[k][i] == full[i];
-      ones &= pad[k][i] == 1;
-      prod *= pad[k][i];
-    }
-    if (!whole && !ones) return false;
-    pad[k].resize(r - n);
-    pad[k].push_back(prod);
+    for (size_t i = r - n; i < r; ++i) prod *= p[i];
+    p.resize(r - n);
+    p.push_back(prod);
   }
   shapes = std::move(pad);
   return true;
 }
 
 std::vector<Shape> CollapseTrailing(const std::vector<Shape>& shapes) {
-  size_t r = 0;
-  for (const Shape& s : shapes) r = std::max(r, s.size());
-  if (r < 2) return shapes;
   std::vector<Shape> pad;
-  Shape full(r, 1);
-  for (const Shape& s : shapes) {
-    Shape p(r, 1);
-    for (size_t i = 0; i < s.size(); ++i) p[r - s.size() + i] = s[i];
-    for (size_t i = 0; i < r; ++i) full[i] = p[i] == 1 ? full[i] : p[i];
-    pad.push_back(p);
-  }
-  size_t k = r - 1;  // trailing group [k, r)
+  Shape full;
+  PadToRank(shapes, &pad, &full);
+  const size_t r = full.size();
+  if (r < 2) return shapes;
+  // Grow the trailing group [k, r) while every shape stays whole or all ones over it.
+  size_t k = r - 1;
   while (k > 0) {
     bool ok = true;
-    for (const Shape& p : pad) {
-      bool all_full = true, all_one = true;
-      for (size_t i = k; i < r; ++i) {
-        all_full &= p[i] == full[i];
-        all_one &= p[i] == 1;
-      }
-      if (!((all_full && p[k - 1] == full[k - 1]) || (all_one && p[k - 1] == 1))) ok = false;
-    }
+    for (const Shape& p : pad) ok &= WholeOrOnes(p, full, k - 1);
     if (!ok) break;
     --k;
   }
-  if (k == r - 1) return shapes;
-  std::vector<Shape> out;
-  for (const Shape& p : pad) {
-    Shape c(p.begin(), p.begin() + static_cast<std::ptrdiff_t>(k));
-    int64_t n = 1;
-    for (size_t i = k; i < r; ++i) n *= p[i];
-    c.push_back(n);
-    out.push_back(c);
-  }
+  std::vector<Shape> out = shapes;
+  if (k == r - 1 || !MergeLastAxes(out, r - k)) return shapes;
   return out;
 }
 

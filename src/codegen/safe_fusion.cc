@@ -3,8 +3,6 @@
 #include <fmt/format.h>
 
 #include <chrono>
-#include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -13,7 +11,6 @@
 #include "codegen/verify.h"
 #include "cost/cost_model.h"
 #include "fusion/auto_fusion.h"
-#include "onnx_io/onnx_io.h"
 #include "runtime/session.h"
 
 namespace gaf {

@@ -25,30 +25,19 @@ bool IsContraction(const Node& n) {
 // of the call's shapes (constants with their real values).
 std::map<std::string, std::pair<DataType, Shape>> BodyShapes(const RowKernelRequest& req, std::string* error) {
   const Function& f = *req.function;
-  Graph g;
+  Graph g = FunctionBodyGraph(f);
   std::map<std::string, Tensor> feeds;
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> u(-1.f, 1.f);
   for (size_t i = 0; i < f.inputs.size(); ++i) {
-    const Tensor* c = req.constants[i];
-    if (c != nullptr) {
-      g.initializers.emplace_back(f.inputs[i], *c);
+    if (req.constants[i] != nullptr) {
+      g.initializers.emplace_back(f.inputs[i], *req.constants[i]);  // an initializer: not fed
       continue;
     }
-    ValueInfo v;
-    v.name = f.inputs[i];
-    v.dtype = req.input_types[i];
-    g.inputs.push_back(v);
     Tensor t(req.input_types[i], req.input_shapes[i]);
     if (t.dtype() == DataType::kFloat)
       for (int64_t k = 0; k < t.numel(); ++k) t.data<float>()[k] = u(rng);
     feeds[f.inputs[i]] = std::move(t);
-  }
-  g.nodes = f.nodes;
-  for (const auto& o : f.outputs) {
-    ValueInfo v;
-    v.name = o;
-    g.outputs.push_back(v);
   }
   Model m;
   m.opset_imports.push_back({"", req.opset});
