@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "ops/conv.h"
 #include "ops/gemv.h"
 #include "ops/kernel.h"
 #include "ops/kernel_util.h"
@@ -1051,7 +1052,7 @@ void Im2Col(const T* x, int64_t C, const Geom& g, T* col) {
 
 template <class T>
 void DepthwiseConv(const T* x, const T* w, const T* bias, T* y, int64_t N, int64_t C,
-                   int64_t M, const Geom& g) {
+                   int64_t M, const Geom& g, const ConvEpilogue* epilogue = nullptr) {
   const int64_t mult = M / C, isz = g.in_size(), osz = g.out_size(), kvol = g.k_size();
   const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2], IH = g.in[1], IW = g.in[2];
   ParallelFor(N * M, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, osz * kvol)),
@@ -1088,6 +1089,71 @@ void DepthwiseConv(const T* x, const T* w, const T* bias, T* y, int64_t N, int64
               }
             }
           }
+      // The plane is still in L1: the fused epilogue reads it there.
+      if (epilogue != nullptr && *epilogue) (*epilogue)(p, p + 1, 0, osz);
+    }
+  });
+}
+
+// Depthwise 2-D (or 1-D) float convolution, one channel plane at a time: the plane is copied
+// into a zero-bordered scratch plane (no bounds tests in the inner loops), then each output row
+// accumulates its kernel taps while it is in L1. (The generic loop above sweeps the whole output
+// plane once per kernel tap, with a bounds computation per tap and row.)
+void DepthwiseConv2DF32(const float* x, const float* w, const float* bias, float* y, int64_t N,
+                        int64_t C, int64_t M, const Geom& g, const ConvEpilogue* epilogue) {
+  const int64_t mult = M / C, isz = g.in_size(), osz = g.out_size();
+  const int64_t KH = g.k[1], KW = g.k[2], SH = g.s[1], SW = g.s[2], DH = g.d[1], DW = g.d[2];
+  const int64_t IH = g.in[1], IW = g.in[2], OH = g.out[1], OW = g.out[2];
+  // The scratch plane covers every input position a window reads, padding included.
+  const int64_t PH = std::max<int64_t>(IH + g.pb[1], (OH - 1) * SH + (KH - 1) * DH + 1);
+  const int64_t PW = std::max<int64_t>(IW + g.pb[2], (OW - 1) * SW + (KW - 1) * DW + 1);
+  ParallelFor(N * M, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, osz * KH * KW)),
+              [&](int64_t p0, int64_t p1) {
+    // Slack after the last row: the stride-1 pass reads up to (KW - 1) * DW past a row's end.
+    std::vector<float> pad(static_cast<size_t>(PH * PW + PW + KW * DW)), acc(static_cast<size_t>(OH * PW));
+    int64_t loaded = -1;
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t n = p / M, m = p % M, c = m / mult;
+      if (n * C + c != loaded) {
+        std::fill(pad.begin(), pad.end(), 0.f);
+        const float* xc = x + (n * C + c) * isz;
+        for (int64_t ih = 0; ih < IH; ++ih)
+          std::memcpy(pad.data() + (ih + g.pb[1]) * PW + g.pb[2], xc + ih * IW, sizeof(float) * IW);
+        loaded = n * C + c;
+      }
+      const float* wm = w + m * KH * KW;
+      const float b = bias ? bias[m] : 0.f;
+      float* yp = y + p * osz;
+      if (SH == 1 && SW == 1) {
+        // Stride 1: every tap is one contiguous pass over the output laid out with the scratch
+        // plane's row pitch (the PW - OW extra columns per row are computed and dropped), so
+        // small planes (7x7, 14x14) cost a few long vector loops instead of many short ones.
+        const int64_t Q = OH * PW;
+        std::fill(acc.begin(), acc.begin() + Q, b);
+        for (int64_t kh = 0; kh < KH; ++kh)
+          for (int64_t kw = 0; kw < KW; ++kw) {
+            const float wv = wm[kh * KW + kw];
+            const float* src = pad.data() + kh * DH * PW + kw * DW;
+            float* a = acc.data();
+#pragma omp simd
+            for (int64_t q = 0; q < Q; ++q) a[q] += wv * src[q];
+          }
+        for (int64_t oh = 0; oh < OH; ++oh) std::memcpy(yp + oh * OW, acc.data() + oh * PW, sizeof(float) * OW);
+      } else {
+        for (int64_t oh = 0; oh < OH; ++oh) {
+          const float* base = pad.data() + oh * SH * PW;
+          float* dst = yp + oh * OW;
+          std::fill(dst, dst + OW, b);
+          for (int64_t kh = 0; kh < KH; ++kh)
+            for (int64_t kw = 0; kw < KW; ++kw) {
+              const float wv = wm[kh * KW + kw];
+              const float* src = base + kh * DH * PW + kw * DW;
+              for (int64_t ow = 0; ow < OW; ++ow) dst[ow] += wv * src[ow * SW];
+            }
+        }
+      }
+      // The plane is still in L1: the fused epilogue reads it there.
+      if (epilogue != nullptr && *epilogue) (*epilogue)(p, p + 1, 0, osz);
     }
   });
 }
@@ -1150,6 +1216,120 @@ void ConvCore(const Geom& g, int64_t group, int64_t N, int64_t C, int64_t M, con
   }
 }
 
+// Im2Col restricted to output rows [h0, h1) of the flattened (depth, height) output rows:
+// col[C*kvol, (h1-h0)*OW].
+void Im2ColRows(const float* x, int64_t C, const Geom& g, float* col, int64_t h0, int64_t h1) {
+  const int64_t kvol = g.k_size(), isz = g.in_size();
+  const int64_t OH = g.out[1], OW = g.out[2], IH = g.in[1], IW = g.in[2];
+  const int64_t tc = (h1 - h0) * OW;
+  for (int64_t r = 0; r < C * kvol; ++r) {
+    int64_t c = r / kvol, kk = r % kvol;
+    int64_t kd = kk / (g.k[1] * g.k[2]), kh = (kk / g.k[2]) % g.k[1], kw = kk % g.k[2];
+    const float* xc = x + c * isz;
+    float* dst = col + r * tc;
+    int64_t offw = kw * g.d[2] - g.pb[2];
+    int64_t lo, hi;
+    KernelRange(offw, g.s[2], OW, IW, &lo, &hi);
+    for (int64_t h = h0; h < h1; ++h, dst += OW) {
+      int64_t od = h / OH, oh = h % OH;
+      int64_t id = od * g.s[0] - g.pb[0] + kd * g.d[0];
+      int64_t ih = oh * g.s[1] - g.pb[1] + kh * g.d[1];
+      if (id < 0 || id >= g.in[0] || ih < 0 || ih >= IH) {
+        std::fill(dst, dst + OW, 0.f);
+        continue;
+      }
+      const float* src = xc + (id * IH + ih) * IW + offw;
+      std::fill(dst, dst + lo, 0.f);
+      if (g.s[2] == 1) {
+        std::memcpy(dst + lo, src + lo, sizeof(float) * (hi - lo));
+      } else {
+        const int64_t sw = g.s[2];
+        for (int64_t ow = lo; ow < hi; ++ow) dst[ow] = src[ow * sw];
+      }
+      std::fill(dst + hi, dst + OW, 0.f);
+    }
+  }
+}
+
+// Tiled float32 convolution (see ops/conv.h). Per image and group the output rows are cut into
+// tiles whose im2col columns take about kTileBytes; each tile is one GEMM from a per-thread
+// column buffer that stays in L2, then bias and the epilogue run on the tile while it is hot.
+// With enough tiles they run in parallel (one single-threaded GEMM each); with few (deep layers
+// on small images) they run in turn and each GEMM uses the threads.
+void ConvTiledF32(const Geom& g, int64_t group, int64_t N, int64_t C, int64_t M, const float* x,
+                  const float* w, const float* bias, float* y, const ConvEpilogue* epilogue) {
+  // Column buffer per tile, and the fewest columns per GEMM (each GEMM packs the weights again).
+  constexpr int64_t kTileBytes = 160 * 1024, kMinCols = 128;
+  const int64_t isz = g.in_size(), osz = g.out_size(), kvol = g.k_size();
+  const int64_t Cg = C / group, Mg = M / group, K = Cg * kvol;
+  const int64_t OW = g.out[2], rows = g.out[0] * g.out[1];
+  const bool pointwise = kvol == 1 && g.s == std::array<int64_t, 3>{1, 1, 1} &&
+                         g.pb == std::array<int64_t, 3>{0, 0, 0} && g.pe == g.pb;
+  int64_t per = std::max<int64_t>(1, kTileBytes / (4 * std::max<int64_t>(1, K * OW)));
+  per = std::max(per, (kMinCols + OW - 1) / OW);
+  per = std::min(per, rows);
+  const int64_t tiles = (rows + per - 1) / per;
+  const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const bool parallel_tiles = nt > 1 && N * group * tiles >= 2 * nt;
+  auto add_bias_and_epilogue = [&](int64_t n, int64_t gi, int64_t m0, int64_t m1, int64_t c0, int64_t c1) {
+    float* yt = y + (n * M + gi * Mg) * osz;
+    if (bias != nullptr)
+      for (int64_t m = m0; m < m1; ++m) {
+        const float b = bias[gi * Mg + m];
+        float* p = yt + m * osz;
+#pragma omp simd
+        for (int64_t i = c0; i < c1; ++i) p[i] += b;
+      }
+    if (epilogue != nullptr && *epilogue) {
+      const int64_t r0 = n * M + gi * Mg;
+      (*epilogue)(r0 + m0, r0 + m1, c0, c1);
+    }
+  };
+  if (nt == 1 || parallel_tiles) {
+    auto run_tile = [&](int64_t n, int64_t gi, int64_t t) {
+      const int64_t h0 = t * per, h1 = std::min(rows, h0 + per);
+      const int64_t c0 = h0 * OW, c1 = h1 * OW, tc = c1 - c0;
+      const float* xg = x + (n * C + gi * Cg) * isz;
+      const float* src = xg + c0;
+      int64_t ldb = osz;
+      thread_local std::vector<float> col;
+      if (!pointwise) {
+        if (col.size() < static_cast<size_t>(K * tc)) col.resize(static_cast<size_t>(K * tc));
+        Im2ColRows(xg, Cg, g, col.data(), h0, h1);
+        src = col.data();
+        ldb = tc;
+      }
+      Sgemm(false, false, Mg, tc, K, 1.f, w + gi * Mg * K, K, src, ldb, 0.f,
+            y + (n * M + gi * Mg) * osz + c0, osz);
+      add_bias_and_epilogue(n, gi, 0, Mg, c0, c1);
+    };
+    const int64_t jobs = N * group * tiles;
+    if (parallel_tiles) {
+#pragma omp parallel for schedule(dynamic, 1)
+      for (int64_t j = 0; j < jobs; ++j) run_tile(j / (group * tiles), (j / tiles) % group, j % tiles);
+    } else {
+      for (int64_t j = 0; j < jobs; ++j) run_tile(j / (group * tiles), (j / tiles) % group, j % tiles);
+    }
+    return;
+  }
+  // Few tiles for the threads: the whole image's columns, one GEMM that uses the threads, then
+  // bias and epilogue split over the threads by output channel.
+  std::vector<float> col;
+  if (!pointwise) col.resize(static_cast<size_t>(K * osz));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t gi = 0; gi < group; ++gi) {
+      const float* xg = x + (n * C + gi * Cg) * isz;
+      const float* src = xg;
+      if (!pointwise) {
+        Im2Col<float>(xg, Cg, g, col.data());
+        src = col.data();
+      }
+      Sgemm(false, false, Mg, osz, K, 1.f, w + gi * Mg * K, K, src, osz, 0.f, y + (n * M + gi * Mg) * osz, osz);
+      ParallelFor(Mg, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, osz)),
+                  [&](int64_t m0, int64_t m1) { add_bias_and_epilogue(n, gi, m0, m1, 0, osz); });
+    }
+}
+
 template <class T>
 void RunConv(KernelContext& ctx) {
   const Node& node = ctx.node;
@@ -1163,6 +1343,10 @@ void RunConv(KernelContext& ctx) {
   if (B) {
     GAF_CHECK(B->numel() == M && B->dtype() == X.dtype(), "{}: Conv bias must have {} elements",
               node.Describe(), M);
+  }
+  if constexpr (std::is_same_v<T, float>) {
+    ConvF32(node, X, W, B, &ctx.outputs[0], ConvEpilogue());
+    return;
   }
   ctx.outputs[0] = Tensor(X.dtype(), OutShape(N, M, g));
   if (ctx.outputs[0].numel() == 0) return;
@@ -1770,6 +1954,38 @@ void MaxUnpoolKernel(KernelContext& ctx) {
 }
 
 }  // namespace
+
+Shape ConvOutputShape(const Node& node, const Shape& x, const Shape& w) {
+  int64_t group = 1;
+  Geom g = ConvGeom(node, x, w, &group);
+  return OutShape(x[0], w[0], g);
+}
+
+void ConvF32(const Node& node, const Tensor& X, const Tensor& W, const Tensor* B, Tensor* Y,
+             const ConvEpilogue& epilogue) {
+  GAF_CHECK(X.dtype() == DataType::kFloat && W.dtype() == DataType::kFloat,
+            "{}: ConvF32 needs float32 input and weight", node.Describe());
+  int64_t group = 1;
+  Geom g = ConvGeom(node, X.shape(), W.shape(), &group);
+  const int64_t N = X.dim(0), C = X.dim(1), M = W.dim(0);
+  if (B != nullptr)
+    GAF_CHECK(B->numel() == M && B->dtype() == DataType::kFloat, "{}: Conv bias must have {} elements",
+              node.Describe(), M);
+  const Shape out = OutShape(N, M, g);
+  if (Y->dtype() != DataType::kFloat || Y->shape() != out) *Y = Tensor::Uninitialized(DataType::kFloat, out);
+  if (Y->numel() == 0) return;
+  const float* bias = B != nullptr ? B->data<float>() : nullptr;
+  if (group == C && group > 1 && M % C == 0 && W.dim(1) == 1) {
+    if (g.k[0] == 1 && g.in[0] == 1)
+      DepthwiseConv2DF32(X.data<float>(), W.data<float>(), bias, Y->data<float>(), N, C, M, g, &epilogue);
+    else
+      DepthwiseConv<float>(X.data<float>(), W.data<float>(), bias, Y->data<float>(), N, C, M, g,
+                           &epilogue);
+    return;
+  }
+  ConvTiledF32(g, group, N, C, M, X.data<float>(), W.data<float>(), bias, Y->data<float>(),
+               &epilogue);
+}
 
 void GemvF32(const float* x, const float* w, int64_t ldw, float* y, int64_t K, int64_t N,
              bool accumulate) {
