@@ -834,7 +834,9 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
         "float* const* out; };\n";
   // Rows [r0, r1) in one function; the entry point calls it directly for small work (an OpenMP
   // region costs more than a few thousand elements) and splits the rows over threads otherwise.
-  os << "static void rows_" << symbol << "(const RowKernelArgs* a, int64_t r0, int64_t r1) {\n";
+  // Columns [c0, c1) of each row: the whole row, except when a fused convolution hands an
+  // elementwise epilogue one finished tile at a time (entry point <symbol>_tile).
+  os << "static void rows_" << symbol << "(const RowKernelArgs* a, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {\n";
   os << "  const int64_t N = a->cols;\n  (void)N;\n";
   for (size_t i = 0; i < nin; ++i) {
     if (input_prim[i] < 0 || !live[input_prim[i]]) continue;
@@ -892,7 +894,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
       os << fmt::format("      float acc{} = {};\n", v, init);
       clauses += fmt::format(" reduction({}:acc{})", op == "Max" ? "max" : op == "Min" ? "min" : "+", v);
     }
-    os << "#pragma omp simd" << clauses << "\n      for (int64_t j = 0; j < N; ++j) {\n";
+    os << "#pragma omp simd" << clauses << "\n      for (int64_t j = c0; j < c1; ++j) {\n";
     for (int v : row_ops) {
       os << fmt::format("        const float t{} = {};\n", v, expr(P[v]));
       if (buffered[v]) os << fmt::format("        buf{0}[j] = t{0};\n", v);
@@ -915,10 +917,12 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
   os << "  }\n}\n";
   os << "extern \"C\" void " << symbol << "(const RowKernelArgs* a) {\n"
      << "  const int64_t R = a->rows, N = a->cols;\n"
-     << "  if (R == 1 || R * N <= 8192 || omp_in_parallel()) {\n    rows_" << symbol << "(a, 0, R);\n    return;\n  }\n"
+     << "  if (R == 1 || R * N <= 8192 || omp_in_parallel()) {\n    rows_" << symbol << "(a, 0, R, 0, N);\n    return;\n  }\n"
      << "#pragma omp parallel\n  {\n"
      << "    const int64_t t = omp_get_thread_num(), n = omp_get_num_threads();\n"
-     << "    rows_" << symbol << "(a, R * t / n, R * (t + 1) / n);\n  }\n}\n";
+     << "    rows_" << symbol << "(a, R * t / n, R * (t + 1) / n, 0, N);\n  }\n}\n";
+  os << "extern \"C\" void " << symbol << "_tile(const RowKernelArgs* a, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {\n"
+     << "  rows_" << symbol << "(a, r0, r1, c0, c1);\n}\n";
   if (!emit_error.empty()) {
     g.reason = emit_error;
     return g;
@@ -1004,7 +1008,9 @@ static std::shared_ptr<const RowLaunch> PlanLaunch(const GeneratedRowKernel& k, 
   return L;
 }
 
-std::vector<Tensor> RunRowKernel(RowKernelFn fn, const GeneratedRowKernel& k, const std::vector<const Tensor*>& inputs) {
+// The launch plan of a call: the kernel's last one when every domain input has the same type
+// and shape, else a new one (kept as the last).
+static std::shared_ptr<const RowLaunch> LaunchFor(const GeneratedRowKernel& k, const std::vector<const Tensor*>& inputs) {
   GAF_CHECK(inputs.size() == k.domain_inputs.size(), "{}: expected {} inputs, got {}", k.symbol,
             k.domain_inputs.size(), inputs.size());
   std::shared_ptr<const RowLaunch> L;
@@ -1023,31 +1029,51 @@ std::vector<Tensor> RunRowKernel(RowKernelFn fn, const GeneratedRowKernel& k, co
     std::lock_guard<std::mutex> lock(k.launch_cache->mu);
     k.launch_cache->last = L;
   }
-  thread_local std::vector<const float*> in;
-  thread_local std::vector<const int64_t*> in_off;
-  thread_local std::vector<float*> out_ptrs;
+  return L;
+}
+
+// Fills the argument arrays of a call and allocates its outputs.
+static void FillCall(const GeneratedRowKernel& k, const RowLaunch& L, const std::vector<const Tensor*>& inputs,
+                     std::vector<const float*>& in, std::vector<const int64_t*>& in_off,
+                     std::vector<float*>& out_ptrs, std::vector<Tensor>& outs) {
   in.assign(inputs.size(), nullptr);
   in_off.assign(inputs.size(), nullptr);
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!k.domain_inputs[i]) continue;
     // Bool masks travel through the same pointer array; the generated code reads them as bool.
     in[i] = k.signature.input_bool[i] ? reinterpret_cast<const float*>(inputs[i]->data<bool>()) : inputs[i]->data<float>();
-    in_off[i] = L->offsets[i].empty() ? nullptr : L->offsets[i].data();
+    in_off[i] = L.offsets[i].empty() ? nullptr : L.offsets[i].data();
   }
-  std::vector<Tensor> outs;
+  outs.clear();
   outs.reserve(k.signature.output_per_row.size());
   out_ptrs.clear();
   for (size_t o = 0; o < k.signature.output_per_row.size(); ++o) {
     const bool squeezed = o < k.signature.output_squeezed.size() && k.signature.output_squeezed[o];
     // Generated kernels write every element of every output: no zero fill.
-    outs.push_back(Tensor::Uninitialized(DataType::kFloat, squeezed ? L->squeezed_shape
-                                                           : k.signature.output_per_row[o] ? L->per_row_shape
-                                                                                          : L->out_shape));
+    outs.push_back(Tensor::Uninitialized(DataType::kFloat, squeezed ? L.squeezed_shape
+                                                           : k.signature.output_per_row[o] ? L.per_row_shape
+                                                                                          : L.out_shape));
     out_ptrs.push_back(outs.back().data<float>());
   }
+}
+
+std::vector<Tensor> RunRowKernel(RowKernelFn fn, const GeneratedRowKernel& k, const std::vector<const Tensor*>& inputs) {
+  std::shared_ptr<const RowLaunch> L = LaunchFor(k, inputs);
+  thread_local std::vector<const float*> in;
+  thread_local std::vector<const int64_t*> in_off;
+  thread_local std::vector<float*> out_ptrs;
+  std::vector<Tensor> outs;
+  FillCall(k, *L, inputs, in, in_off, out_ptrs, outs);
   RowKernelArgs args{L->rows, L->cols, in.data(), in_off.data(), out_ptrs.data()};
   fn(&args);
   return outs;
+}
+
+void PrepareRowCall(const GeneratedRowKernel& k, const std::vector<const Tensor*>& inputs, RowCall* call) {
+  call->launch = LaunchFor(k, inputs);
+  FillCall(k, *call->launch, inputs, call->in, call->in_off, call->out_ptrs, call->outputs);
+  call->args = RowKernelArgs{call->launch->rows, call->launch->cols, call->in.data(), call->in_off.data(),
+                             call->out_ptrs.data()};
 }
 
 }  // namespace gaf

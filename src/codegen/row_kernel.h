@@ -112,4 +112,22 @@ using RowKernelFn = void (*)(const RowKernelArgs*);
 std::vector<Tensor> RunRowKernel(RowKernelFn fn, const GeneratedRowKernel& kernel,
                                  const std::vector<const Tensor*>& inputs);
 
+// Entry point <symbol>_tile: rows [r0, r1), columns [c0, c1) of each. Only meaningful for
+// elementwise kernels (`collapse`): a reduction needs whole rows.
+using RowTileFn = void (*)(const RowKernelArgs*, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+
+// A call prepared but not run: launch plan, pointers and allocated outputs, for a caller that
+// runs the kernel in pieces (a convolution handing over finished tiles).
+struct RowCall {
+  std::shared_ptr<const RowLaunch> launch;
+  std::vector<const float*> in;
+  std::vector<const int64_t*> in_off;
+  std::vector<float*> out_ptrs;
+  std::vector<Tensor> outputs;
+  RowKernelArgs args;
+};
+// As RunRowKernel up to the call; input data may be written after this (only pointers and
+// shapes are read).
+void PrepareRowCall(const GeneratedRowKernel& kernel, const std::vector<const Tensor*>& inputs, RowCall* call);
+
 }  // namespace gaf

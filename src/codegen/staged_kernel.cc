@@ -10,6 +10,7 @@
 #include <set>
 
 #include "codegen/half_weights.h"
+#include "ops/conv.h"
 #include "runtime/session.h"
 
 namespace gaf {
@@ -307,6 +308,18 @@ StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string
       k.stages.push_back(std::move(st));
     }
   }
+  // Conv + elementwise epilogue: run the epilogue per finished output tile (RunStagedKernel).
+  for (size_t i = 0; i + 1 < k.stages.size(); ++i) {
+    StagedKernel::Stage& c = k.stages[i];
+    const StagedKernel::Stage& e = k.stages[i + 1];
+    if (!c.library || c.own_kernel || c.node.op_type != "Conv" || e.library || !e.row.collapse || c.outputs.empty())
+      continue;
+    auto x = shapes.find(c.node.inputs[0]);
+    if (x == shapes.end() || x->second.first != DataType::kFloat) continue;
+    if (std::find(e.inputs.begin(), e.inputs.end(), c.outputs[0]) == e.inputs.end()) continue;
+    c.epilogue_stage = static_cast<int>(i + 1);
+    k.notes.push_back("epilogue on conv tiles");
+  }
   for (const auto& o : f.outputs) {
     if (!k.value_ids.count(o)) {
       k.reason = fmt::format("output '{}' is a function input", o);
@@ -382,6 +395,54 @@ bool StagedKernel::Bind(const KernelLibrary& library) {
       return false;
     }
   }
+  for (Stage& st : stages)
+    if (st.epilogue_stage >= 0) {
+      Stage& e = stages[st.epilogue_stage];
+      e.tile = reinterpret_cast<RowTileFn>(library.Find(e.row.symbol + "_tile"));
+      if (e.tile == nullptr) st.epilogue_stage = -1;  // an older cached library: run the stages one after another
+    }
+  return true;
+}
+
+// A Conv stage and its elementwise epilogue stage in one pass: the conv output is allocated, the
+// epilogue call is prepared on it, and the convolution hands over each finished tile (rows of the
+// output viewed as [N*M, out_size]), which the epilogue maps onto its own rows x cols view of the
+// same elements. Returns false, having done nothing, when the call does not fit (other types, an
+// epilogue domain other than the conv output): the caller runs the stages one after another.
+template <class SetOutput>
+static bool RunConvWithEpilogue(const StagedKernel& k, const StagedKernel::Stage& st, const std::vector<const Tensor*>& ins,
+                                std::vector<const Tensor*>& val, SetOutput&& set_output) {
+  const StagedKernel::Stage& e = k.stages[st.epilogue_stage];
+  if (e.tile == nullptr || ins.size() < 2 || ins[0] == nullptr || ins[1] == nullptr ||
+      ins[0]->dtype() != DataType::kFloat || ins[1]->dtype() != DataType::kFloat ||
+      (ins.size() > 2 && ins[2] != nullptr && ins[2]->dtype() != DataType::kFloat))
+    return false;
+  Tensor y = Tensor::Uninitialized(DataType::kFloat, ConvOutputShape(st.node, ins[0]->shape(), ins[1]->shape()));
+  std::vector<const Tensor*> eins;
+  for (int v : e.inputs) eins.push_back(v == st.outputs[0] ? &y : (v < 0 ? nullptr : val[v]));
+  RowCall call;
+  PrepareRowCall(e.row, eins, &call);
+  if (call.launch->out_shape != y.shape()) return false;
+  const int64_t cols = call.launch->cols, osz = y.shape().size() > 2 ? y.numel() / (y.dim(0) * y.dim(1)) : 1;
+  const RowKernelArgs* args = &call.args;
+  RowTileFn tile = e.tile;
+  ConvF32(st.node, *ins[0], *ins[1], ins.size() > 2 ? ins[2] : nullptr, &y,
+          [args, tile, cols, osz](int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+            if (cols == osz) {
+              tile(args, r0, r1, c0, c1);
+              return;
+            }
+            for (int64_t r = r0; r < r1; ++r) {
+              // Elements [r*osz + c0, r*osz + c1) of the output, in the epilogue's rows of `cols`.
+              for (int64_t a = r * osz + c0, b = r * osz + c1; a < b;) {
+                const int64_t row = a / cols, col = a % cols, n = std::min(b - a, cols - col);
+                tile(args, row, row + 1, col, col + n);
+                a += n;
+              }
+            }
+          });
+  set_output(st.outputs[0], std::move(y));
+  for (size_t o = 0; o < e.outputs.size(); ++o) set_output(e.outputs[o], std::move(call.outputs[o]));
   return true;
 }
 
@@ -394,26 +455,28 @@ std::vector<Tensor> RunStagedKernel(const StagedKernel& k, const std::vector<con
   std::vector<char> is_owned(k.value_names.size(), 0);
   for (size_t i = 0; i < inputs.size(); ++i) val[k.function_inputs[i]] = inputs[i];
   std::vector<const Tensor*> ins;
-  for (const auto& st : k.stages) {
+  auto set_output = [&](int v, Tensor&& t) {
+    owned[v] = std::move(t);
+    is_owned[v] = 1;
+    val[v] = &owned[v];
+  };
+  for (size_t si = 0; si < k.stages.size(); ++si) {
+    const StagedKernel::Stage& st = k.stages[si];
     ins.clear();
     for (int v : st.inputs) ins.push_back(v < 0 ? nullptr : val[v]);
+    if (st.epilogue_stage >= 0 && RunConvWithEpilogue(k, st, ins, val, set_output)) {
+      ++si;  // the epilogue stage ran on the conv's tiles
+      continue;
+    }
     if (st.library) {
       KernelContext ctx{st.node, k.opset, ins, {}, nullptr, num_threads};
       ctx.outputs.resize(st.node.outputs.size());
       st.kernel->fn(ctx);
       for (size_t o = 0; o < st.outputs.size(); ++o)
-        if (st.outputs[o] >= 0) {
-          owned[st.outputs[o]] = std::move(ctx.outputs[o]);
-          is_owned[st.outputs[o]] = 1;
-          val[st.outputs[o]] = &owned[st.outputs[o]];
-        }
+        if (st.outputs[o] >= 0) set_output(st.outputs[o], std::move(ctx.outputs[o]));
     } else {
       std::vector<Tensor> outs = RunRowKernel(st.fn, st.row, ins);
-      for (size_t o = 0; o < st.outputs.size(); ++o) {
-        owned[st.outputs[o]] = std::move(outs[o]);
-        is_owned[st.outputs[o]] = 1;
-        val[st.outputs[o]] = &owned[st.outputs[o]];
-      }
+      for (size_t o = 0; o < st.outputs.size(); ++o) set_output(st.outputs[o], std::move(outs[o]));
     }
   }
   std::vector<Tensor> out;

@@ -38,6 +38,10 @@ struct StagedKernel {
     Node node;                       // library stage
     const KernelInfo* kernel = nullptr;
     std::shared_ptr<KernelInfo> own_kernel;  // a kernel made for this stage (float16 weights)
+    // A float32 Conv whose next stage is an elementwise epilogue on its output: the convolution
+    // hands each finished tile to that stage's tile entry point while the tile is in cache.
+    int epilogue_stage = -1;
+    RowTileFn tile = nullptr;        // row stage: <symbol>_tile, bound when it is an epilogue
   };
   bool ok = false;
   std::string reason;                // why there is no kernel
