@@ -345,6 +345,12 @@ bool LowerNode(const Node& n, Lowering& lw, const std::map<std::string, const Te
     out = lw.Reduce(kind, x);
     if (op == "ReduceL2") out = lw.Unary("Sqrt", out);
     if (n.GetInt("keepdims", 1) == 0) lw.squeezed.insert(out);
+  } else if (op == "GlobalAveragePool" || op == "GlobalMaxPool") {
+    // A mean / max over the spatial axes 2.., merged into one row (reduce_trailing).
+    int x = in(0);
+    const int64_t r = lw.trailing > 1 ? lw.rank : static_cast<int64_t>(lw.prims[x].shape.size());
+    if (r < 3 || r - lw.trailing != 2) return fail("pooling whose spatial axes are not the reduced trailing axes");
+    out = lw.Reduce(op == "GlobalAveragePool" ? "Mean" : "Max", x);
   } else if (op == "Softmax" || op == "LogSoftmax") {
     int x = in(0);
     // Before opset 13, Softmax(axis=k) normalizes over all of the axes k.. (flattened).
@@ -520,6 +526,7 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
         seen.insert(req.opset >= 13 ? std::vector<int64_t>{a < 0 ? a + domain_rank : a} : from_axis(a));
       }
       if (n.op_type == "LayerNormalization") seen.insert(from_axis(n.GetInt("axis", -1)));
+      if (n.op_type == "GlobalAveragePool" || n.op_type == "GlobalMaxPool") seen.insert(from_axis(2));
     }
     if (seen.size() == 1 && !last_axis_ops) {
       const std::vector<int64_t>& axes = *seen.begin();
@@ -549,7 +556,8 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
   // rows of H*W), so rows are long and per-row work is rare.
   {
     static const std::set<std::string> kRowwise = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceSumSquare",
-                                                   "ReduceL2", "Softmax", "LogSoftmax", "LayerNormalization", "Slice", "Concat"};
+                                                   "ReduceL2", "Softmax", "LogSoftmax", "LayerNormalization", "Slice", "Concat",
+                                                   "GlobalAveragePool", "GlobalMaxPool"};
     bool elementwise = true;
     for (const Node& n : f.nodes) elementwise &= !kRowwise.count(n.op_type);
     std::vector<size_t> idx;

@@ -45,6 +45,14 @@ rule AttentionFusion(where-mask) fuse=FusedAttention priority=59 preset=transfor
   y  = MatMul(p, $v)
 end
 
+rule AttentionFusion(prescaled-where-mask) fuse=FusedAttention priority=57 preset=transformer formula="softmax(where(mask, (q * scale) @ k, fill)) @ v"
+  qs = Div($q, $scale) | Mul($q, $scale)
+  qk = MatMul(qs, $k)
+  m  = Where($mask, qk, $fill) | Where($mask, $fill, qk)
+  p  = Softmax(m) axis=-1
+  y  = MatMul(p, $v)
+end
+
 rule MaskedSoftmaxFusion(where) fuse=FusedMaskedSoftmax priority=49 preset=transformer formula="softmax(where(mask, x, fill))"
   m = Where($mask, $x, $fill) | Where($mask, $fill, $x)
   y = Softmax(m) axis=-1

@@ -221,9 +221,32 @@ AttrValue FromAttribute(const Attribute& a) {
   return v;
 }
 
+int RankOf(const Graph& g, const GraphIndex& index, const std::string& value, int depth = 0);
+
+// Number of elements of a 1-D shape value (Expand's and Reshape's shape input): a constant, a
+// Shape of a value of known rank, or a Concat of such pieces; -1 when unknown.
+int ShapeLength(const Graph& g, const GraphIndex& index, const std::string& value, int depth) {
+  if (std::optional<Tensor> t = ConstantTensor(g, index, value)) return static_cast<int>(t->numel());
+  int p = index.Producer(value);
+  if (p < 0 || depth > 32) return -1;
+  const Node& n = g.nodes[p];
+  if (n.op_type == "Shape" && n.HasInput(0) && !n.HasAttr("start") && !n.HasAttr("end"))
+    return RankOf(g, index, n.inputs[0], depth + 1);
+  if (n.op_type == "Concat") {
+    int total = 0;
+    for (const std::string& in : n.inputs) {
+      int k = in.empty() ? -1 : ShapeLength(g, index, in, depth + 1);
+      if (k < 0) return -1;
+      total += k;
+    }
+    return total;
+  }
+  return -1;
+}
+
 // Rank of a value: from initializers and value_info, else derived through its producer for ops
 // whose output rank follows from their inputs (models whose shape inference stopped early).
-int RankOf(const Graph& g, const GraphIndex& index, const std::string& value, int depth = 0) {
+int RankOf(const Graph& g, const GraphIndex& index, const std::string& value, int depth) {
   if (const Tensor* t = g.FindInitializer(value)) return static_cast<int>(t->rank());
   const ValueInfo* vi = g.FindValueInfo(value);
   if (vi && vi->has_shape) return static_cast<int>(vi->dims.size());
@@ -239,6 +262,10 @@ int RankOf(const Graph& g, const GraphIndex& index, const std::string& value, in
                                                    "Where", "And", "Or", "Equal", "MatMul"};
   if (kSameRank.count(n.op_type)) return RankOf(g, index, n.inputs[0], depth + 1);
   if (n.op_type == "Transpose" && n.HasAttr("perm")) return static_cast<int>(n.GetInts("perm").size());
+  if (n.op_type == "Expand" && n.HasInput(1)) {  // broadcast of the input against the shape
+    const int a = RankOf(g, index, n.inputs[0], depth + 1), b = ShapeLength(g, index, n.inputs[1], depth + 1);
+    return a < 0 || b < 0 ? -1 : std::max(a, b);
+  }
   if (n.op_type == "Reshape" && n.HasInput(1)) {
     std::optional<Tensor> shape = ConstantTensor(g, index, n.inputs[1]);
     return shape ? static_cast<int>(shape->numel()) : -1;

@@ -214,7 +214,7 @@ TEST(Verify, PrecisionAndPerformanceOfAFusedModel) {
 // Softmax before opset 13 normalizes over all axes from `axis` on (flattened), and a mean over
 // H,W with keepdims=0 drops them: both become one generated row per (n, c) and match the
 // reference kernels.
-TEST(SafeFusion, FlattenedSoftmaxAndGlobalMeanKernels) {
+TEST(SafeFusion, FlattenedSoftmaxGlobalMeanAndGlobalPoolKernels) {
   Graph g;
   g.inputs.push_back(testing::FloatValue("x", {2, 3, 4, 5}));
   g.inputs.push_back(testing::FloatValue("b", {3, 4, 5}));  // whole over the normalized axes 1..3
@@ -227,20 +227,31 @@ TEST(SafeFusion, FlattenedSoftmaxAndGlobalMeanKernels) {
   axes.type = Attribute::Type::kInts;
   axes.ints = {2, 3};
   g.nodes.push_back(MakeNode("ReduceMean", {"m"}, {"z"}, "mean", {axes, testing::IntAttr("keepdims", 0)}));
+  // CNN heads: residual Add + Relu + GlobalAveragePool, and a shifted GlobalMaxPool.
+  g.nodes.push_back(MakeNode("Add", {"x", "s"}, {"h"}, "add2"));
+  g.nodes.push_back(MakeNode("Relu", {"h"}, {"hr"}, "relu"));
+  g.nodes.push_back(MakeNode("GlobalAveragePool", {"hr"}, {"gap"}, "gap"));
+  g.nodes.push_back(MakeNode("Sub", {"x", "s"}, {"m2"}, "sub"));
+  g.nodes.push_back(MakeNode("GlobalMaxPool", {"m2"}, {"gmp"}, "gmp"));
   g.outputs.push_back(testing::FloatValue("y", {2, 3, 4, 5}));
   g.outputs.push_back(testing::FloatValue("z", {2, 3}));
+  g.outputs.push_back(testing::FloatValue("gap", {2, 3, 1, 1}));
+  g.outputs.push_back(testing::FloatValue("gmp", {2, 3, 1, 1}));
   Model m = MakeModel(g, 11);
   FusionOptions o = Preset("none");
   o.auto_fuse = false;
   o.benefit_threshold = 0;
   GraphAutoFusion f(m, o);
   for (FusionRule& r : ParseRules("rule BiasSoftmaxAll fuse=BiasSoftmaxAll priority=50\n  a = Add($x, $b)\n  y = Softmax(a)\nend\n"
-                                  "rule ScaledMean fuse=ScaledMean priority=50\n  m = Mul($x, $s)\n  z = ReduceMean(m)\nend\n",
+                                  "rule ScaledMean fuse=ScaledMean priority=50\n  m = Mul($x, $s)\n  z = ReduceMean(m)\nend\n"
+                                  "rule AddReluGap fuse=AddReluGap priority=50\n  h = Add($x, $s)\n  hr = Relu(h)\n"
+                                  "  gap = GlobalAveragePool(hr)\nend\n"
+                                  "rule ShiftedMaxPool fuse=ShiftedMaxPool priority=50\n  m2 = Sub($x, $s)\n  gmp = GlobalMaxPool(m2)\nend\n",
                                   "user.rules"))
     f.AddFusionRule(r);
   Model fused = f.FuseSafe(NoSpeedGate());
   const SafeFusionReport& r = f.GetSafeFusionReport();
-  ASSERT_EQ(r.kernels.size(), 2u) << r.ToText();
+  ASSERT_EQ(r.kernels.size(), 4u) << r.ToText();
   for (const SafeKernelResult& k : r.kernels) {
     EXPECT_TRUE(k.fused) << k.rule << ": " << k.reason;
     EXPECT_NE(k.kernel.find("generated"), std::string::npos) << k.kernel;
@@ -249,6 +260,39 @@ TEST(SafeFusion, FlattenedSoftmaxAndGlobalMeanKernels) {
   }
   PrecisionReport p = VerifyPrecision(fused, m);
   EXPECT_TRUE(p.Passes(0.9999, 1e-5)) << p.min_cosine << " " << p.max_abs_error;
+}
+
+// DistilBERT-style attention: q is scaled before Q*K^T and the mask fills with Where(mask, -inf,
+// scores), Softmax with a positive axis: one FusedAttention kernel, equal to the original.
+TEST(SafeFusion, PrescaledWhereMaskAttention) {
+  Graph g;
+  g.inputs.push_back(testing::FloatValue("q", {1, 2, 5, 8}));
+  g.inputs.push_back(testing::FloatValue("kt", {1, 2, 8, 5}));
+  g.inputs.push_back(testing::FloatValue("v", {1, 2, 5, 8}));
+  ValueInfo mask;
+  mask.name = "mask";
+  mask.dtype = DataType::kBool;
+  mask.has_shape = true;
+  for (int64_t d : {1, 1, 1, 5}) mask.dims.push_back(Dim::Known(d));
+  g.inputs.push_back(mask);
+  g.initializers.emplace_back("scale", Tensor::FromVector<float>({2.828427f}, {}));
+  g.initializers.emplace_back("fill", Tensor::FromVector<float>({-INFINITY}, {}));
+  g.nodes.push_back(MakeNode("Div", {"q", "scale"}, {"qs"}, "div"));
+  g.nodes.push_back(MakeNode("MatMul", {"qs", "kt"}, {"qk"}, "qk"));
+  g.nodes.push_back(MakeNode("Where", {"mask", "fill", "qk"}, {"m"}, "where"));
+  g.nodes.push_back(MakeNode("Softmax", {"m"}, {"p"}, "softmax", {testing::IntAttr("axis", 3)}));
+  g.nodes.push_back(MakeNode("MatMul", {"p", "v"}, {"y"}, "pv"));
+  g.outputs.push_back(testing::FloatValue("y", {1, 2, 5, 8}));
+  Model m = MakeModel(g, 13);
+  GraphAutoFusion f(m, Preset("transformer"));
+  Model fused = f.FuseSafe(NoSpeedGate());
+  const SafeFusionReport& r = f.GetSafeFusionReport();
+  ASSERT_EQ(r.kernels.size(), 1u) << r.ToText();
+  EXPECT_EQ(r.kernels[0].rule, "AttentionFusion(prescaled-where-mask)") << r.ToText();
+  EXPECT_TRUE(r.kernels[0].fused) << r.kernels[0].reason;
+  EXPECT_NE(r.kernels[0].kernel.find("library MatMul"), std::string::npos) << r.kernels[0].kernel;
+  // Random masks may mask a whole row (NaN in both); the gate compares on the recorded inputs.
+  EXPECT_GE(r.kernels[0].cosine, 0.9999);
 }
 
 // float16 / bfloat16 models: fused groups get kernels (values widened by the runtime, outputs
