@@ -17,6 +17,45 @@ bool HasSubgraph(const Node& n) {
 
 bool IsAnchor(OpKind k) { return k == OpKind::kReduction || k == OpKind::kContraction; }
 
+bool IsIntegerOrBool(DataType t) {
+  return t == DataType::kInt64 || t == DataType::kInt32 || t == DataType::kInt16 || t == DataType::kInt8 ||
+         t == DataType::kUint8 || t == DataType::kUint16 || t == DataType::kUint32 || t == DataType::kUint64 ||
+         t == DataType::kBool;
+}
+
+// Shape arithmetic (Shape -> Gather -> Unsqueeze -> Concat -> Reshape's shape input, index
+// math on int64): a few elements computed once per run, never worth a kernel, and no kernel
+// could be generated for it. A node is shape math when it is Shape/Size, when an output is
+// declared integer or bool, or when every non-constant input comes from shape math.
+std::vector<bool> ShapeMathNodes(const Graph& g, const GraphIndex& index) {
+  const int n = static_cast<int>(g.nodes.size());
+  std::vector<bool> math(n, false);
+  for (int i = 0; i < n; ++i) {  // nodes are in topological order
+    const Node& node = g.nodes[i];
+    if (node.op_type == "Shape" || node.op_type == "Size") {
+      math[i] = true;
+      continue;
+    }
+    for (const std::string& o : node.outputs)
+      if (const ValueInfo* vi = o.empty() ? nullptr : g.FindValueInfo(o); vi && IsIntegerOrBool(vi->dtype)) math[i] = true;
+    if (math[i]) continue;
+    bool any = false, all = true;
+    for (const std::string& in : node.inputs) {
+      if (in.empty() || g.FindInitializer(in) != nullptr) continue;
+      const int p = index.Producer(in);
+      if (p < 0) {  // a graph input
+        all = false;
+        break;
+      }
+      if (g.nodes[p].op_type == "Constant") continue;
+      any = true;
+      all &= math[p];
+    }
+    math[i] = any && all;
+  }
+  return math;
+}
+
 struct GroupState {
   std::vector<int> members;
   int anchor = -1;             // node index of the reduction/contraction, -1 when none
@@ -36,7 +75,8 @@ std::vector<AutoFusionGroup> FindAutoFusionGroups(const Graph& g, const GraphInd
                                                   const std::vector<bool>& excluded) {
   const int n = static_cast<int>(g.nodes.size());
   std::vector<OpKind> kind(n);
-  for (int i = 0; i < n; ++i) kind[i] = FusionKindOf(g.nodes[i]);
+  const std::vector<bool> shape_math = ShapeMathNodes(g, index);
+  for (int i = 0; i < n; ++i) kind[i] = shape_math[i] ? OpKind::kOpaque : FusionKindOf(g.nodes[i]);
   auto is_excluded = [&](int i) { return i < static_cast<int>(excluded.size()) && excluded[i]; };
 
   std::vector<int> group_of(n, -1);

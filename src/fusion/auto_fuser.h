@@ -14,7 +14,9 @@
 //         * injective p joins only groups without a reduction/contraction anchor;
 //         * a reduction or contraction p becomes the group's anchor when G has none and G holds
 //           only elementwise/broadcast ops (its epilogue);
-//         * opaque ops never fuse.
+//         * opaque ops never fuse; neither does shape arithmetic (Shape/Size and what is
+//           computed from them only, or values declared integer/bool), which is a few int64
+//           elements per run that no generated kernel takes.
 //   Groups of one node are dropped. The fused op is named after what the group holds:
 //   "FusedElementwise" (elementwise/broadcast only), "FusedInjective" (with data movement),
 //   "FusedReduction" (a reduction with elementwise prologue/epilogue),

@@ -263,6 +263,27 @@ TEST(AutoFuser, ReductionWithElementwisePrologueAndEpilogue) {
   EXPECT_EQ(groups[0].fused_op, "FusedReduction");
 }
 
+TEST(AutoFuser, LeavesShapeArithmeticAlone) {
+  // y = Relu(Reshape(x * 2, Concat(Gather(Shape(x), 0), [-1]))): the Shape -> Gather -> Unsqueeze
+  // -> Concat chain computes a few int64 elements; only the float work may be grouped.
+  Graph g;
+  g.inputs.push_back(FloatValue("x", {2, 3, 4}));
+  g.outputs.push_back(FloatValue("y", {2, 12}));
+  g.initializers.emplace_back("two", Tensor::FromVector<float>({2.f}, {}));
+  g.initializers.emplace_back("zero", Tensor::FromInt64s({0}));
+  g.initializers.emplace_back("minus1", Tensor::FromInt64s({-1}));
+  g.nodes.push_back(MakeNode("Shape", {"x"}, {"shp"}, "shape"));
+  g.nodes.push_back(MakeNode("Gather", {"shp", "zero"}, {"n"}, "gather"));
+  g.nodes.push_back(MakeNode("Concat", {"n", "minus1"}, {"newshape"}, "concat", {testing::IntAttr("axis", 0)}));
+  g.nodes.push_back(MakeNode("Mul", {"x", "two"}, {"m"}, "mul"));
+  g.nodes.push_back(MakeNode("Reshape", {"m", "newshape"}, {"r"}, "reshape"));
+  g.nodes.push_back(MakeNode("Relu", {"r"}, {"y"}, "relu"));
+  GraphIndex index(g);
+  auto groups = FindAutoFusionGroups(g, index, {});
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_EQ(groups[0].nodes, (std::vector<int>{3, 4, 5}));  // Mul, Reshape, Relu; no shape math
+}
+
 // ---------------- rewrite ----------------
 
 struct Agreement {
