@@ -315,7 +315,10 @@ StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string
     if (!c.library || c.own_kernel || c.node.op_type != "Conv" || e.library || !e.row.collapse || c.outputs.empty())
       continue;
     auto x = shapes.find(c.node.inputs[0]);
-    if (x == shapes.end() || x->second.first != DataType::kFloat) continue;
+    // float16/bfloat16 groups run on widened float32 values (the runtime converts at the boundary).
+    if (x == shapes.end() || (x->second.first != DataType::kFloat && x->second.first != DataType::kFloat16 &&
+                              x->second.first != DataType::kBFloat16))
+      continue;
     if (std::find(e.inputs.begin(), e.inputs.end(), c.outputs[0]) == e.inputs.end()) continue;
     c.epilogue_stage = static_cast<int>(i + 1);
     k.notes.push_back("epilogue on conv tiles");
@@ -360,7 +363,6 @@ StagedKernel ReferenceStagedKernel(const Function& f, int64_t opset) {
 
 std::string StagedKernel::Describe() const {
   std::string s;
-  for (const std::string& n : notes) s += n + "; ";
   for (const Stage& st : stages) {
     if (!s.empty()) s += " + ";
     if (st.library) {
@@ -371,6 +373,7 @@ std::string StagedKernel::Describe() const {
       s += "]";
     }
   }
+  for (size_t i = 0; i < notes.size(); ++i) s += (i == 0 ? " (" : "; ") + notes[i] + (i + 1 == notes.size() ? ")" : "");
   return s;
 }
 
