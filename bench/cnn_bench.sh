@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Real CNN architectures (ResNet-18, MobileNetV2 at 224x224, exported by torch.onnx.export with
+# random weights): our stage table (baseline unfused, + fusion, + safe fusion; medians of
+# interleaved runs in one process) and ONNX Runtime with all optimizations on the same input.
+#
+#   bench/cnn_bench.sh [MODEL...]        models: resnet18 mobilenetv2 (default: both)
+#
+# Environment: BUILD (build dir, default build), MODELS (default /tmp/gaf-cnn-models), SIZE (224),
+# THREADS (1,2), REPEAT (11), SKIP_BUILD=1 (use $BUILD/autofusion as it is).
+# Needs: /usr/bin/python3 with torch (Debian's python3-torch) to export the models once, and
+# `npm ci` in bench/ for ONNX Runtime (done here when missing).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+MODELS=${MODELS:-/tmp/gaf-cnn-models}
+SIZE=${SIZE:-224}
+THREADS=${THREADS:-1,2}
+REPEAT=${REPEAT:-11}
+models=("$@")
+[ ${#models[@]} -gt 0 ] || models=(resnet18 mobilenetv2)
+
+if [ -z "${SKIP_BUILD:-}" ]; then
+  log=$(mktemp)
+  ninja -C "$BUILD" -j1 autofusion >"$log" 2>&1 || { cat "$log"; rm -f "$log"; exit 1; }
+  rm -f "$log"
+fi
+if [ ! -d bench/node_modules/onnxruntime-node ]; then
+  (cd bench && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund >/dev/null)
+fi
+for m in "${models[@]}"; do
+  if [ ! -f "$MODELS/$m/model.onnx" ]; then
+    /usr/bin/python3 bench/make_cnn_models.py "$MODELS" "$SIZE" 2>&1 | grep -v -i warn || true
+    break
+  fi
+done
+
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores), $(date -u +%Y-%m-%dT%H:%MZ)"
+echo "load:    $(cut -d' ' -f1-3 /proc/loadavg)"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+for m in "${models[@]}"; do
+  model="$MODELS/$m/model.onnx"
+  [ -f "$model" ] || { echo "cnn_bench.sh: $model is missing (export failed?)" >&2; exit 1; }
+  echo
+  echo "=== $m ($model)"
+  for t in ${THREADS//,/ }; do
+    "$BUILD/autofusion" bench "$model" --preset cnn --threads "$t" --repeat "$REPEAT" --safe | sed -n '1,5p'
+    node bench/ort_run.js "$model" -i "image=$MODELS/$m/input.npy" -o "$out" --opt all --threads "$t" \
+      --repeat "$REPEAT" | sed -n "s/^ort median ms: /  ONNX Runtime (all optimizations), $t thread(s): ms /p"
+  done
+  # Our output on the exported input against PyTorch's.
+  "$BUILD/autofusion" run "$model" -i "image=$MODELS/$m/input.npy" -o "$out/ours" >/dev/null
+  /usr/bin/python3 -c "
+import numpy as np, sys
+a = np.load('$out/ours/logits.npy'); b = np.load('$MODELS/$m/expected_output.npy')
+print('  unfused output vs PyTorch: max abs error %.2e' % float(np.abs(a - b).max()))
+"
+done
