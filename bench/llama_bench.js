@@ -62,10 +62,17 @@ const maxAbsDiff = (a, b) => { let m = 0; for (let i = 0; i < a.length; i++) m =
 // its generated kernels.
 const fusedModel = path.join(tmp, 'fused.onnx');
 run(autofusion, ['fuse', args.model, '--preset', 'transformer', '-o', fusedModel, '--safe', '--threads', String(Math.max(...args.threads))]);
+// `safe+fp16w`: fused by `fuse --safe --half-weights`, which also gates float16 weight storage end to
+// end and, when it passes, records it in the model; `generate` then decodes with float16 weights.
+const fusedHalfModel = path.join(tmp, 'fused_fp16w.onnx');
+const halfOut = run(autofusion, ['fuse', args.model, '--preset', 'transformer', '-o', fusedHalfModel, '--safe', '--half-weights',
+  '--threads', String(Math.max(...args.threads))]);
+const halfLine = String(halfOut || '').split('\n').find((l) => l.startsWith('float16 weight storage')) || 'float16 weight storage: (no gate line)';
+process.stderr.write(`${halfLine}\n`);
 const configs = [];
 for (const t of args.threads) configs.push({ engine: 'ours', opt: '-', threads: t, runs: [] });
 for (const t of args.threads) configs.push({ engine: 'ours fused', opt: 'safe', threads: t, runs: [] });
-// float16 weight storage (opt-in, changes numerics): the same fused model with --half-weights.
+// float16 weight storage (opt-in, changes numerics, gated by fuse --safe --half-weights).
 for (const t of args.threads) configs.push({ engine: 'ours fused', opt: 'safe+fp16w', threads: t, runs: [] });
 for (const opt of args.ortOpt) for (const t of args.threads) configs.push({ engine: 'ort', opt, threads: t, runs: [] });
 
@@ -76,8 +83,9 @@ function runConfig(c, withLogitsIn) {
   if (c.engine === 'ours fused') {
     // Logits of fused kernels are checked by `autofusion verify` (and the safe-fusion gates); here
     // the greedy tokens are compared.
-    g = runJson(autofusion, ['generate', fusedModel, '--prompt-ids', promptStr, '--max-new-tokens', String(args.maxNew),
-      '--threads', String(c.threads), '--repeat', String(args.repeat), '--json', ...(c.opt.includes('fp16w') ? ['--half-weights'] : [])]);
+    const half = c.opt.includes('fp16w');
+    g = runJson(autofusion, ['generate', half ? fusedHalfModel : fusedModel, '--prompt-ids', promptStr, '--max-new-tokens', String(args.maxNew),
+      '--threads', String(c.threads), '--repeat', String(args.repeat), '--json', ...(half ? [] : ['--float32-weights'])]);
     withLogits = false;
   } else if (c.engine === 'ours') {
     g = runJson(autofusion, ['generate', args.model, '--prompt-ids', promptStr, '--max-new-tokens', String(args.maxNew),

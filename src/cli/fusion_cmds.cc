@@ -30,7 +30,7 @@ struct FusionArgs {
   bool json = false;
   // fuse
   std::string output;
-  bool safe = false, no_speed_gate = false;
+  bool safe = false, no_speed_gate = false, half_weights = false;
   double min_cosine = 0.999, max_abs_error = 1e-3;
   int repeats = 15, threads = 0;
   std::string report;
@@ -210,6 +210,7 @@ void RunEstimate(const FusionArgs& a) {
 
 void RunFuse(const FusionArgs& a) {
   GAF_CHECK(!a.output.empty(), "fuse needs an output file (-o OUT.onnx)");
+  GAF_CHECK(!a.half_weights || a.safe, "--half-weights needs --safe (float16 weight storage is kept only when its precision gate passes)");
   auto f = MakeFuser(a);
   if (a.safe) {
     SafeFusionOptions so;
@@ -218,6 +219,7 @@ void RunFuse(const FusionArgs& a) {
     so.check_speed = !a.no_speed_gate;
     so.repeats = a.repeats;
     so.threads = a.threads;
+    so.half_weights = a.half_weights;
     f->FuseSafe(so);
     if (!a.report.empty()) WriteFileAtomic(a.report, f->GetSafeFusionReport().ToJson() + "\n");
   }
@@ -313,6 +315,9 @@ void AddFusionCommands(CLI::App& app) {
     cmd->add_option("--repeats", a->repeats, "safe: timed runs per side of the speed gate (median; default 15)");
     cmd->add_option("--threads", a->threads, "safe: threads for the gates (default: all cores)");
     cmd->add_option("--report", a->report, "safe: also write the safe-fusion report as JSON to this file");
+    cmd->add_flag("--half-weights", a->half_weights,
+                  "safe: also gate float16 storage of constant MatMul weights end to end; when it passes, the model "
+                  "records it (metadata) and generate runs decode with float16 weights");
     cmd->callback([a] { RunFuse(*a); });
   }
   {

@@ -29,7 +29,7 @@ struct GenerateArgs {
   int max_new_tokens = 50;
   int threads = 0;
   bool reference_kernels = false;
-  bool half_weights = false;
+  bool half_weights = false, float32_weights = false;
   int repeat = 1;
   uint32_t seed = 0;
   int64_t eos = -1;
@@ -70,14 +70,21 @@ void RunGenerate(const GenerateArgs& a) {
   // Fused operators run with generated kernels unless --reference-kernels; models without fused
   // operators are unaffected.
   std::shared_ptr<FusedKernelSet> kernels;
+  // float16 weight storage: asked for, or recorded by `fuse --safe --half-weights` after its gate.
+  GAF_CHECK(!(a.half_weights && a.float32_weights), "--half-weights and --float32-weights exclude each other");
+  const bool from_metadata = !a.half_weights && !a.float32_weights && ModelRequestsHalfWeights(m) && !a.reference_kernels;
+  const HalfWeights half = a.half_weights || from_metadata ? HalfWeights::kDecode : HalfWeights::kOff;
+  if (from_metadata && !a.json)
+    fmt::print("float16 weight storage: on (the model's {} metadata, set by fuse --safe --half-weights after its precision gate)\n",
+               kHalfWeightsMetadataKey);
   bool has_fused = false;
   for (const Function& f : m.functions) has_fused |= f.domain == "ai.graph_autofusion";
   if (has_fused && !a.reference_kernels) {
     KernelCompiler compiler;
-    kernels = CompileFusedKernels(m, compiler, {}, "ai.graph_autofusion", a.half_weights);
+    kernels = CompileFusedKernels(m, compiler, {}, "ai.graph_autofusion", half);
     so.function_kernels = kernels->Provider();
   }
-  if (a.half_weights) so.node_kernels = HalfWeightProvider();
+  if (half != HalfWeights::kOff) so.node_kernels = HalfWeightProvider(half);
   Session session(m, so);
   DecoderSignature sig = DecoderSignature::Discover(session.inputs(), session.outputs());
   const int64_t vocab = VocabSize(session, sig);
@@ -168,6 +175,8 @@ void AddGenerateCommand(CLI::App& app) {
   cmd->add_flag("--json", a->json, "machine-readable output");
   cmd->add_flag("--half-weights", a->half_weights,
                 "float16 storage of constant MatMul weights (half the bytes; changes numerics slightly)");
+  cmd->add_flag("--float32-weights", a->float32_weights,
+                "keep float32 weights even when the model records float16 storage (fuse --safe --half-weights)");
   cmd->add_flag("--reference-kernels", a->reference_kernels,
                 "run fused operators through their function bodies instead of generated kernels");
   cmd->callback([a] { RunGenerate(*a); });

@@ -88,7 +88,7 @@ void RunVerify(const VerifyArgs& a) {
   vo.seed = a.seed;
   vo.threads = a.threads;
   vo.repeats = a.repeat;
-  vo.half_weights = a.half_weights;
+  vo.half_weights = a.half_weights ? HalfWeights::kDecode : HalfWeights::kOff;
   // Without --original the reference is the fused model's own bodies: the original operators.
   Model original = a.original.empty() ? fused : LoadModel(a.original);
   PrecisionReport p = VerifyPrecision(fused, original, vo);
@@ -167,7 +167,7 @@ void RunBench(const BenchArgs& a) {
     SessionOptions s = so;
     if (kernels) {
       KernelCompiler compiler;
-      st->kernels = CompileFusedKernels(st->model, compiler, o.dims, kFusedDomain, half);
+      st->kernels = CompileFusedKernels(st->model, compiler, o.dims, kFusedDomain, half ? HalfWeights::kDecode : HalfWeights::kOff);
       s.function_kernels = st->kernels->Provider();
     }
     if (half) s.node_kernels = HalfWeightProvider();
@@ -179,21 +179,28 @@ void RunBench(const BenchArgs& a) {
   Model fused = f.Fuse();
   add("+ fusion", fused, true,
       fmt::format("{} groups ({} functions), generated kernels", f.fuse_summary().groups, f.fuse_summary().functions));
-  std::string safe_summary;
+  std::string safe_summary, half_note =
+      "float16 storage of constant MatMul weights (numerics change: verify --half-weights --dim sequence_length=1)";
   if (a.safe) {
     GraphAutoFusion g(original, o);
     SafeFusionOptions sopt;
     sopt.threads = a.threads;
+    sopt.half_weights = a.half_weights;
     Model safe = g.FuseSafe(sopt);
     const SafeFusionReport& r = g.GetSafeFusionReport();
     int rolled = 0;
     for (const auto& k : r.kernels) rolled += !k.fused;
     add("+ safe fusion (gated)", safe, true, fmt::format("{} groups kept, {} rolled back", r.fused, rolled));
+    if (r.half_weights_tried)
+      half_note = r.half_weights_kept
+                      ? fmt::format("float16 weight storage, gate passed (every product on float16 weights: min cosine "
+                                    "{:.7f}, max abs error {:.3g})",
+                                    r.half_weights_cosine, r.half_weights_max_abs_error)
+                      : "float16 weight storage, gate FAILED: " + r.half_weights_reason;
   }
 
   if (a.half_weights)
-    add("+ fp16 weights", stages.back()->model, true,
-        "float16 storage of constant MatMul weights (numerics change: verify --half-weights --dim sequence_length=1)", true);
+    add("+ fp16 weights", stages.back()->model, true, half_note, true);
   bool decoder = true;
   DecoderSignature sig;
   try {

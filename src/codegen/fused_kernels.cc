@@ -19,7 +19,7 @@ std::string Sanitize(const std::string& s) {
 
 std::shared_ptr<FusedKernelSet> FusedKernelSet::Build(const Model& model, const std::map<std::string, ValueType>& shapes,
                                                       KernelCompiler& compiler, const std::string& domain,
-                                                      bool half_weights) {
+                                                      HalfWeights half_weights) {
   // One kernel per call site: calls of one function differ in their constants (weights folded
   // into a kernel, scalars baked into its code) and shapes. Generated stage sources are named by
   // a hash of their text, so call sites with identical code share one compiled function.

@@ -47,7 +47,7 @@ class FusedKernelSet {
   // name -> type and shape, e.g. recorded by one run), compiles all of them in one batch.
   static std::shared_ptr<FusedKernelSet> Build(const Model& model, const std::map<std::string, ValueType>& shapes,
                                                KernelCompiler& compiler, const std::string& domain,
-                                               bool half_weights = false);
+                                               HalfWeights half_weights = HalfWeights::kOff);
 
   // For SessionOptions::function_kernels (the set must outlive the session).
   std::function<std::optional<KernelInfo>(const Node&, const Function&)> Provider();

@@ -11,7 +11,7 @@ namespace gaf {
 
 std::shared_ptr<FusedKernelSet> CompileFusedKernels(const Model& model, KernelCompiler& compiler,
                                                     const std::map<std::string, int64_t>& dims,
-                                                    const std::string& domain, bool half_weights) {
+                                                    const std::string& domain, HalfWeights half_weights) {
   std::map<std::string, ValueType> shapes;
   for (const auto& [name, vs] : RecordShapes(model, dims))
     if (vs.known) shapes[name] = ValueType{vs.dtype, vs.shape};
@@ -20,11 +20,11 @@ std::shared_ptr<FusedKernelSet> CompileFusedKernels(const Model& model, KernelCo
 
 FusedRuntime MakeFusedRuntime(const Model& model, SessionOptions options, KernelCompiler& compiler,
                               const std::map<std::string, int64_t>& dims, const std::string& domain,
-                              bool half_weights) {
+                              HalfWeights half_weights) {
   FusedRuntime rt;
   rt.kernels = CompileFusedKernels(model, compiler, dims, domain, half_weights);
   options.function_kernels = rt.kernels->Provider();
-  if (half_weights) options.node_kernels = HalfWeightProvider();
+  if (half_weights != HalfWeights::kOff) options.node_kernels = HalfWeightProvider(half_weights);
   rt.session = std::make_unique<Session>(model, options);
   return rt;
 }

@@ -23,13 +23,13 @@ struct FusedRuntime {
 std::shared_ptr<FusedKernelSet> CompileFusedKernels(const Model& model, KernelCompiler& compiler,
                                                     const std::map<std::string, int64_t>& dims = {},
                                                     const std::string& domain = "ai.graph_autofusion",
-                                                    bool half_weights = false);
+                                                    HalfWeights half_weights = HalfWeights::kOff);
 
 // The same plus a session running them. half_weights: float16 weight storage for every MatMul
 // with a constant [K,N] weight, inside fused kernels and elsewhere (codegen/half_weights.h).
 FusedRuntime MakeFusedRuntime(const Model& model, SessionOptions options, KernelCompiler& compiler,
                               const std::map<std::string, int64_t>& dims = {},
-                              const std::string& domain = "ai.graph_autofusion", bool half_weights = false);
+                              const std::string& domain = "ai.graph_autofusion", HalfWeights half_weights = HalfWeights::kOff);
 
 // One line per fused function: name, status (compiled / cached / why not), calls and fallbacks.
 std::string DescribeFusedKernels(const FusedKernelSet& set);

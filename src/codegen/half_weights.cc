@@ -1,5 +1,6 @@
 #include "codegen/half_weights.h"
 
+#include <limits>
 #include <map>
 #include <mutex>
 #include <vector>
@@ -8,7 +9,13 @@
 
 namespace gaf {
 
-KernelInfo HalfWeightMatMulKernel(const Tensor& weight) {
+bool ModelRequestsHalfWeights(const Model& model) {
+  for (const auto& [k, v] : model.metadata_props)
+    if (k == kHalfWeightsMetadataKey) return true;
+  return false;
+}
+
+KernelInfo HalfWeightMatMulKernel(const Tensor& weight, HalfWeights mode) {
   GAF_CHECK(weight.dtype() == DataType::kFloat && weight.shape().size() == 2, "float16 weight storage needs a float32 [K,N] weight");
   const int64_t K = weight.shape()[0], N = weight.shape()[1];
   auto half = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(K * N));
@@ -19,7 +26,8 @@ KernelInfo HalfWeightMatMulKernel(const Tensor& weight) {
   info.op_type = "MatMul";
   info.kind = OpKind::kContraction;
   info.upcast_half = true;
-  info.fn = [half, K, N, reference](KernelContext& ctx) {
+  const int64_t max_rows = mode == HalfWeights::kAll ? std::numeric_limits<int64_t>::max() : 4;
+  info.fn = [half, K, N, reference, max_rows](KernelContext& ctx) {
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
     if (a.dtype() != DataType::kFloat || a.shape().empty() || a.shape().back() != K || b.shape() != Shape{K, N}) {
@@ -27,7 +35,7 @@ KernelInfo HalfWeightMatMulKernel(const Tensor& weight) {
       return;
     }
     const int64_t M = a.numel() / K;
-    if (M > 4) {
+    if (M > max_rows) {
       // Several rows (prefill) are compute-bound, not bandwidth-bound: the float32 weight and
       // oneDNN's sgemm are faster there than widening float16 tiles.
       reference->fn(ctx);
@@ -42,16 +50,16 @@ KernelInfo HalfWeightMatMulKernel(const Tensor& weight) {
   return info;
 }
 
-std::function<std::optional<KernelInfo>(const Node&, const Model&)> HalfWeightProvider() {
+std::function<std::optional<KernelInfo>(const Node&, const Model&)> HalfWeightProvider(HalfWeights mode) {
   auto cache = std::make_shared<std::map<std::string, KernelInfo>>();
   auto mu = std::make_shared<std::mutex>();
-  return [cache, mu](const Node& n, const Model& m) -> std::optional<KernelInfo> {
+  return [cache, mu, mode](const Node& n, const Model& m) -> std::optional<KernelInfo> {
     if (n.op_type != "MatMul" || !n.domain.empty() || n.inputs.size() != 2) return std::nullopt;
     const Tensor* w = m.graph.FindInitializer(n.inputs[1]);
     if (w == nullptr || w->dtype() != DataType::kFloat || w->shape().size() != 2) return std::nullopt;
     std::lock_guard<std::mutex> lock(*mu);
     auto it = cache->find(n.inputs[1]);
-    if (it == cache->end()) it = cache->emplace(n.inputs[1], HalfWeightMatMulKernel(*w)).first;
+    if (it == cache->end()) it = cache->emplace(n.inputs[1], HalfWeightMatMulKernel(*w, mode)).first;
     return it->second;
   };
 }

@@ -1,9 +1,10 @@
 // float16 weight storage for products with a constant weight: MatMul(A, W) where W is a float32
 // initializer [K, N] runs with a float16 copy of W made once (half the bytes to stream, which is
 // what bounds batch-1 decode), widened to float32 while streaming, float32 accumulation
-// (ops/gemv.h). Opt-in (`generate/bench/verify --half-weights`): it changes numerics, so its
-// precision is measured (verify, safe fusion) rather than assumed. The original model is not
-// changed; the fp32 weights stay in memory next to the copies.
+// (ops/gemv.h). Opt-in (`generate/bench/verify --half-weights`, `fuse --safe --half-weights`): it
+// changes numerics, so its precision is measured (verify, safe fusion's gate) rather than
+// assumed. The model file is not changed (its weights stay float32, portable and exact for other
+// runtimes); the fp32 weights stay in memory next to the copies.
 #pragma once
 
 #include <functional>
@@ -15,13 +16,24 @@
 
 namespace gaf {
 
-// The kernel of MatMul(A, W) with W's float16 copy; A float32 [..., K] with at most 4 rows (decode).
-// Other calls (more rows: prefill is compute-bound; another weight shape; non-float A) run the
-// reference MatMul on the original float32 inputs.
-KernelInfo HalfWeightMatMulKernel(const Tensor& weight);
+// Which products use the float16 copy: none; decode-shaped ones (A with at most 4 rows: what
+// --half-weights runs; prefill is compute-bound and keeps float32); or every product (the
+// precision gate of `fuse --safe --half-weights`: a bound on the error of any call).
+enum class HalfWeights { kOff = 0, kDecode = 1, kAll = 2 };
+
+// Metadata key `fuse --safe --half-weights` writes into a fused model whose float16 weight
+// storage passed the precision gate; generate runs such a model with HalfWeights::kDecode.
+inline constexpr const char* kHalfWeightsMetadataKey = "graph_autofusion.half_weights";
+bool ModelRequestsHalfWeights(const Model& model);
+
+// The kernel of MatMul(A, W) with W's float16 copy; A float32 [..., K] with at most 4 rows
+// (kDecode) or any number of rows (kAll). Other calls (more rows; another weight shape;
+// non-float A) run the reference MatMul on the original float32 inputs.
+KernelInfo HalfWeightMatMulKernel(const Tensor& weight, HalfWeights mode = HalfWeights::kDecode);
 
 // For SessionOptions::node_kernels: every MatMul of the main graph whose weight is a float32 2-D
 // initializer (copies shared by initializer name).
-std::function<std::optional<KernelInfo>(const Node&, const Model&)> HalfWeightProvider();
+std::function<std::optional<KernelInfo>(const Node&, const Model&)> HalfWeightProvider(
+    HalfWeights mode = HalfWeights::kDecode);
 
 }  // namespace gaf

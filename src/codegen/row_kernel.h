@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/half_weights.h"
 #include "ir/graph.h"
 
 namespace gaf {
@@ -84,7 +85,7 @@ struct RowKernelRequest {
   // precision gate decides whether the result is kept.
   bool approx_math = false;
   // Contractions with a constant [K,N] weight use a float16 copy of it (half_weights.h).
-  bool half_weights = false;
+  HalfWeights half_weights = HalfWeights::kOff;
   int64_t opset = 17;  // the model's ai.onnx opset (Softmax's default axis, Clip's inputs, ...)
 };
 

@@ -2,6 +2,7 @@
 // need the code generator, so they live in this library).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -212,6 +213,33 @@ Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
   rep.time_original_ms = perf.baseline_ms;
   rep.time_fused_ms = perf.fused_ms;
   rep.measured_speedup = perf.speedup;
+
+  // float16 weight storage, gated end to end on the same inputs. Every product with a constant
+  // weight runs on the float16 copy here (HalfWeights::kAll), although at run time only products
+  // of at most 4 rows do: the figure bounds the error of any call, decode or prefill. Its speed
+  // is a decode-time effect, measured by `bench --half-weights` and `generate`.
+  auto& meta = fused.metadata_props;
+  meta.erase(std::remove_if(meta.begin(), meta.end(), [](const auto& kv) { return kv.first == kHalfWeightsMetadataKey; }),
+             meta.end());
+  if (safe.half_weights) {
+    VerifyOptions hv = vo;
+    hv.half_weights = HalfWeights::kAll;
+    PrecisionReport hp = VerifyPrecision(fused, model_, hv);
+    rep.half_weights_tried = true;
+    rep.half_weights_cosine = hp.min_cosine;
+    rep.half_weights_max_abs_error = hp.max_abs_error;
+    if (hp.Passes(safe.min_cosine, safe.max_abs_error)) {
+      rep.half_weights_kept = true;
+      meta.emplace_back(kHalfWeightsMetadataKey,
+                        fmt::format("matmul weights stored as float16 at run time; gate passed with every product on "
+                                    "float16 weights: min cosine {:.7f}, max abs error {:.3g}",
+                                    hp.min_cosine, hp.max_abs_error));
+    } else {
+      rep.half_weights_reason = fmt::format("precision: min cosine {:.7f} (gate >= {}), max abs error {:.3g} (gate <= {})",
+                                            hp.min_cosine, safe.min_cosine, hp.max_abs_error, safe.max_abs_error);
+    }
+  }
+  fused_.metadata_props = fused.metadata_props;  // what Save() writes
   return fused;
 }
 
@@ -242,6 +270,12 @@ std::string SafeFusionReport::ToText() const {
   s += fmt::format("  time: original {:.3f} ms, fused {:.3f} ms -> measured {:.2f}x (predicted {:.2f}x)\n",
                    time_original_ms, time_fused_ms, measured_speedup, predicted_speedup);
   if (!kernel_library.empty()) s += "  kernels: " + kernel_library + "\n";
+  if (half_weights_tried)
+    s += half_weights_kept
+             ? fmt::format("float16 weight storage: kept (every product on float16 weights: min cosine {:.7f}, max abs "
+                           "error {:.3g}); recorded in the model's metadata, `generate` uses it for decode\n",
+                           half_weights_cosine, half_weights_max_abs_error)
+             : fmt::format("float16 weight storage: ROLLBACK ({})\n", half_weights_reason);
   return s;
 }
 
@@ -282,6 +316,12 @@ std::string SafeFusionReport::ToJson() const {
                      {"time_source", "measured: medians of interleaved runs"},
                      {"predicted_source", "cost model (docs/cost_model.md)"}};
   j["kernel_library"] = kernel_library;
+  if (half_weights_tried)
+    j["half_weights"] = {{"kept", half_weights_kept},
+                         {"min_cosine", half_weights_cosine},
+                         {"max_abs_error", std::isfinite(half_weights_max_abs_error) ? half_weights_max_abs_error : -1.0},
+                         {"reason", half_weights_reason},
+                         {"source", "measured: original vs fused with every constant-weight product on float16 weights"}};
   return j.dump(2);
 }
 

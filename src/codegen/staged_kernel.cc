@@ -225,11 +225,11 @@ StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string
       st.library = true;
       st.node = f.nodes[i];
       st.kernel = OpRegistry::Global().Find("", st.node.op_type);
-      if (req.half_weights && st.node.op_type == "MatMul" && st.node.inputs.size() == 2 &&
+      if (req.half_weights != HalfWeights::kOff && st.node.op_type == "MatMul" && st.node.inputs.size() == 2 &&
           constant_of.count(st.node.inputs[1])) {
         const Tensor* w = constant_of[st.node.inputs[1]];
         if (w->dtype() == DataType::kFloat && w->shape().size() == 2) {
-          st.own_kernel = std::make_shared<KernelInfo>(HalfWeightMatMulKernel(*w));
+          st.own_kernel = std::make_shared<KernelInfo>(HalfWeightMatMulKernel(*w, req.half_weights));
           st.kernel = st.own_kernel.get();
           k.notes.push_back("float16 weights");
         }

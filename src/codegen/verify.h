@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "codegen/compiler.h"
+#include "codegen/half_weights.h"
 #include "ir/graph.h"
 
 namespace gaf {
@@ -23,7 +24,7 @@ struct VerifyOptions {
   int threads = 0;
   int repeats = 10;
   bool use_kernels = true;               // run the fused model with its generated kernels
-  bool half_weights = false;             // ... and float16 weight storage (half_weights.h)
+  HalfWeights half_weights = HalfWeights::kOff;  // ... and float16 weight storage (half_weights.h)
   std::string kernel_cache;              // "" = default cache
 };
 

@@ -79,6 +79,10 @@ struct SafeFusionOptions {
   int threads = 0;               // 0 = all cores
   std::string kernel_cache;      // "" = $GAF_KERNEL_CACHE or ~/.cache/graph-autofusion/kernels
   uint32_t seed = 0;             // random graph inputs
+  // Also gate float16 storage of constant MatMul weights (codegen/half_weights.h): end to end,
+  // with every such product on float16 weights, against the same thresholds. When it passes, the
+  // fused model gets the graph_autofusion.half_weights metadata and `generate` runs it so.
+  bool half_weights = false;
 };
 
 struct SafeKernelResult {
@@ -105,6 +109,10 @@ struct SafeFusionReport {
   double time_original_ms = 0, time_fused_ms = 0, measured_speedup = 0;  // medians of `repeats`
   double predicted_speedup = 1;                                           // cost model
   std::string kernel_library;                                              // where the compiled kernels are
+  // float16 weight storage gate (SafeFusionOptions::half_weights).
+  bool half_weights_tried = false, half_weights_kept = false;
+  double half_weights_cosine = 0, half_weights_max_abs_error = 0;  // measured, every product on float16 weights
+  std::string half_weights_reason;                                 // why it was not kept
   std::string ToText() const;
   std::string ToJson() const;
 };

@@ -343,5 +343,36 @@ TEST(HalfWeights, MatMulMatchesFloat32Reference) {
   }
 }
 
+// fuse --safe --half-weights: float16 weight storage is gated end to end with every product on
+// float16 weights; kept -> recorded in the model's metadata (and survives a save/load); a gate
+// the storage cannot meet -> not kept, reason "precision", no metadata.
+TEST(HalfWeights, SafeFusionGatesFloat16Storage) {
+  Model m = BuildLlamaModel(LlamaPreset("tiny"));
+  SafeFusionOptions o = NoSpeedGate();
+  o.half_weights = true;
+  GraphAutoFusion f(m, Preset("transformer"));
+  Model fused = f.FuseSafe(o);
+  const SafeFusionReport& r = f.GetSafeFusionReport();
+  ASSERT_TRUE(r.half_weights_tried);
+  EXPECT_TRUE(r.half_weights_kept) << r.ToText();
+  EXPECT_GE(r.half_weights_cosine, 0.999);
+  EXPECT_GT(r.half_weights_max_abs_error, 0.0) << "float16 weights should change the outputs somewhere";
+  EXPECT_TRUE(ModelRequestsHalfWeights(fused));
+  const fs::path path = fs::temp_directory_path() / "gaf_half_weights_test.onnx";
+  f.Save(path.string());
+  EXPECT_TRUE(ModelRequestsHalfWeights(LoadModel(path.string())));
+  fs::remove(path);
+
+  SafeFusionOptions strict = o;
+  strict.max_abs_error = 1e-12;  // below float16's rounding of the weights
+  GraphAutoFusion g(m, Preset("transformer"));
+  Model rolled = g.FuseSafe(strict);
+  const SafeFusionReport& rs = g.GetSafeFusionReport();
+  ASSERT_TRUE(rs.half_weights_tried);
+  EXPECT_FALSE(rs.half_weights_kept);
+  EXPECT_EQ(rs.half_weights_reason.rfind("precision", 0), 0u) << rs.half_weights_reason;
+  EXPECT_FALSE(ModelRequestsHalfWeights(rolled));
+}
+
 }  // namespace
 }  // namespace gaf
