@@ -1656,6 +1656,41 @@ DimRanges MakeRanges(const Geom& g, int i) {
   return r;
 }
 
+// MaxPool values (no indices) of a float 2-D/1-D pooling whose windows each hold at least one
+// input element: each channel plane is copied into a -inf-bordered scratch plane, then every
+// output row takes the max over the kernel taps in vector passes with no bounds tests. (The
+// generic loop below computes one output element at a time with per-element window bounds.)
+void MaxPool2DF32(const float* x, float* y, int64_t planes, const Geom& g) {
+  const int64_t KH = g.k[1], KW = g.k[2], SH = g.s[1], SW = g.s[2], DH = g.d[1], DW = g.d[2];
+  const int64_t IH = g.in[1], IW = g.in[2], OH = g.out[1], OW = g.out[2], isz = g.in_size(), osz = g.out_size();
+  const int64_t PH = std::max<int64_t>(IH + g.pb[1], (OH - 1) * SH + (KH - 1) * DH + 1);
+  const int64_t PW = std::max<int64_t>(IW + g.pb[2], (OW - 1) * SW + (KW - 1) * DW + 1);
+  ParallelFor(planes, std::max<int64_t>(1, 16384 / std::max<int64_t>(1, osz * KH * KW)), [&](int64_t p0, int64_t p1) {
+    std::vector<float> pad(static_cast<size_t>(PH * PW));
+    for (int64_t p = p0; p < p1; ++p) {
+      std::fill(pad.begin(), pad.end(), -std::numeric_limits<float>::infinity());
+      const float* xp = x + p * isz;
+      for (int64_t ih = 0; ih < IH; ++ih)
+        std::memcpy(pad.data() + (ih + g.pb[1]) * PW + g.pb[2], xp + ih * IW, sizeof(float) * IW);
+      float* yp = y + p * osz;
+      for (int64_t oh = 0; oh < OH; ++oh) {
+        float* dst = yp + oh * OW;
+        std::fill(dst, dst + OW, -std::numeric_limits<float>::infinity());
+        for (int64_t kh = 0; kh < KH; ++kh)
+          for (int64_t kw = 0; kw < KW; ++kw) {
+            const float* src = pad.data() + (oh * SH + kh * DH) * PW + kw * DW;
+            if (SW == 1) {
+#pragma omp simd
+              for (int64_t ow = 0; ow < OW; ++ow) dst[ow] = std::max(dst[ow], src[ow]);
+            } else {
+              for (int64_t ow = 0; ow < OW; ++ow) dst[ow] = std::max(dst[ow], src[ow * SW]);
+            }
+          }
+      }
+    }
+  });
+}
+
 template <class T>
 void RunMaxPool(KernelContext& ctx) {
   const Node& node = ctx.node;
@@ -1665,8 +1700,21 @@ void RunMaxPool(KernelContext& ctx) {
   int64_t storage_order = node.GetInt("storage_order", 0);
   Geom g = MakeGeom(node, X.shape(), kernel, ceil_mode);
   int64_t N = X.dim(0), C = X.dim(1);
-  ctx.outputs[0] = Tensor(X.dtype(), OutShape(N, C, g));
   bool want_idx = ctx.num_outputs() > 1 && ctx.has_output(1);
+  if constexpr (std::is_same_v<T, float>) {
+    // Every window holds an input element when the pads are smaller than the dilated kernel
+    // (then no window lies entirely in padding, whose ONNX value would be 0 rather than -inf).
+    bool inside = g.in[0] == 1 && g.k[0] == 1 && !want_idx;
+    for (int i = 1; i < 3 && inside; ++i) inside = g.pb[i] < (g.k[i] - 1) * g.d[i] + 1 && g.pe[i] < (g.k[i] - 1) * g.d[i] + 1;
+    // ceil_mode may add an output whose window starts in the end padding: MakeGeom keeps the last
+    // window starting inside the input, so its taps include input elements.
+    if (inside) {
+      ctx.outputs[0] = Tensor::Uninitialized(DataType::kFloat, OutShape(N, C, g));
+      if (ctx.outputs[0].numel() > 0) MaxPool2DF32(X.data<float>(), ctx.outputs[0].data<float>(), N * C, g);
+      return;
+    }
+  }
+  ctx.outputs[0] = Tensor(X.dtype(), OutShape(N, C, g));
   if (want_idx) ctx.outputs[1] = Tensor(DataType::kInt64, OutShape(N, C, g));
   const T* x = X.data<T>();
   T* y = ctx.outputs[0].data<T>();

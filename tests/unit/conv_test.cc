@@ -161,5 +161,63 @@ TEST_P(ConvF32Test, MatchesDirectConvolutionAndSeesEveryElementOnce) {
 
 INSTANTIATE_TEST_SUITE_P(Threads, ConvF32Test, ::testing::Values(1, 2));
 
+// MaxPool (float, values only) against a direct max over each window: strides, dilations,
+// asymmetric pads, ceil_mode, 1-D; NaN-free random inputs including negative values (the
+// padding must never win).
+TEST(MaxPoolF32, MatchesDirectMax) {
+  struct PoolCase {
+    std::vector<int64_t> in, k, s, d, pads;
+    int64_t ceil;
+  };
+  std::vector<PoolCase> cases = {
+      {{17, 19}, {3, 3}, {2, 2}, {1, 1}, {1, 1, 1, 1}, 0},   // ResNet stem
+      {{10, 9}, {2, 3}, {1, 2}, {1, 1}, {0, 1, 1, 0}, 0},
+      {{11, 11}, {3, 3}, {2, 2}, {2, 1}, {2, 1, 0, 1}, 1},  // dilation, ceil_mode
+      {{8, 8}, {2, 2}, {2, 2}, {1, 1}, {0, 0, 0, 0}, 1},
+      {{30}, {5}, {3}, {1}, {2, 2}, 0},                     // 1-D
+  };
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-3.f, -1.f);  // all negative: a zero or -inf leak shows
+  for (size_t ci = 0; ci < cases.size(); ++ci) {
+    const PoolCase& c = cases[ci];
+    SCOPED_TRACE("case " + std::to_string(ci));
+    const int64_t N = 2, C = 3;
+    Shape xs{N, C};
+    for (int64_t v : c.in) xs.push_back(v);
+    Tensor x(DataType::kFloat, xs);
+    for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = u(rng);
+    Node node = testing::MakeNode("MaxPool", {"x"}, {"y"}, "pool",
+                                  {IntsAttr("kernel_shape", c.k), IntsAttr("strides", c.s), IntsAttr("dilations", c.d),
+                                   IntsAttr("pads", c.pads), testing::IntAttr("ceil_mode", c.ceil)});
+    KernelContext ctx{node, 12, {&x}, {}, nullptr, 2};
+    ctx.outputs.resize(1);
+    OpRegistry::Global().Find("", "MaxPool")->fn(ctx);
+    const Tensor& y = ctx.outputs[0];
+    const size_t nsp = c.in.size();
+    std::vector<int64_t> out(nsp);
+    for (size_t i = 0; i < nsp; ++i) {
+      const int64_t ek = (c.k[i] - 1) * c.d[i] + 1, span = c.in[i] + c.pads[i] + c.pads[i + nsp] - ek;
+      out[i] = c.ceil ? (span + c.s[i] - 1) / c.s[i] + 1 : span / c.s[i] + 1;
+      if (c.ceil && (out[i] - 1) * c.s[i] >= c.in[i] + c.pads[i]) --out[i];
+      ASSERT_EQ(y.shape()[2 + i], out[i]);
+    }
+    const int64_t H = nsp == 2 ? c.in[0] : 1, W = c.in[nsp - 1];
+    const int64_t OH = nsp == 2 ? out[0] : 1, OW = out[nsp - 1];
+    auto at = [&](size_t i, int64_t o, int64_t k) { return o * c.s[i] - c.pads[i] + k * c.d[i]; };
+    for (int64_t p = 0; p < N * C; ++p)
+      for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow) {
+          float best = -INFINITY;
+          for (int64_t kh = 0; kh < (nsp == 2 ? c.k[0] : 1); ++kh)
+            for (int64_t kw = 0; kw < c.k[nsp - 1]; ++kw) {
+              const int64_t ih = nsp == 2 ? at(0, oh, kh) : 0, iw = at(nsp - 1, ow, kw);
+              if (ih < 0 || ih >= H || iw < 0 || iw >= W) continue;
+              best = std::max(best, x.data<float>()[(p * H + ih) * W + iw]);
+            }
+          ASSERT_EQ(y.data<float>()[(p * OH + oh) * OW + ow], best) << "plane " << p << " at " << oh << "," << ow;
+        }
+  }
+}
+
 }  // namespace
 }  // namespace gaf
