@@ -109,15 +109,29 @@ std::function<std::optional<KernelInfo>(const Node&, const Function&)> FusedKern
     info.domain = call.domain;
     info.op_type = call.op_type;
     info.kind = OpKind::kOpaque;
-    info.upcast_half = true;
+    // Conversions are done here, per value: half inputs widened, each output narrowed to its own
+    // declared type (a group may mix float32 and half values).
+    info.upcast_half = false;
     info.fn = [e](KernelContext& ctx) {
       e->calls->fetch_add(1, std::memory_order_relaxed);
       bool usable = true;
       for (const Tensor* t : ctx.inputs) usable &= t != nullptr;
       if (usable) {
         try {
-          std::vector<Tensor> outs = RunStagedKernel(e->kernel, ctx.inputs, ctx.num_threads);
-          for (size_t o = 0; o < ctx.outputs.size() && o < outs.size(); ++o) ctx.outputs[o] = std::move(outs[o]);
+          std::vector<Tensor> widened;
+          std::vector<const Tensor*> ins = ctx.inputs;
+          widened.reserve(ins.size());
+          for (const Tensor*& t : ins)
+            if (t->dtype() == DataType::kFloat16 || t->dtype() == DataType::kBFloat16) {
+              widened.push_back(t->CastTo(DataType::kFloat));
+              t = &widened.back();
+            }
+          std::vector<Tensor> outs = RunStagedKernel(e->kernel, ins, ctx.num_threads);
+          for (size_t o = 0; o < ctx.outputs.size() && o < outs.size(); ++o) {
+            const DataType want = o < e->kernel.output_types.size() ? e->kernel.output_types[o] : DataType::kFloat;
+            ctx.outputs[o] = want != DataType::kFloat && outs[o].dtype() == DataType::kFloat ? outs[o].CastTo(want)
+                                                                                             : std::move(outs[o]);
+          }
           return;
         } catch (const Error& ex) {
           // Inputs broadcast differently than at generation: run the body below (and say why).

@@ -282,8 +282,13 @@ bool LowerNode(const Node& n, Lowering& lw, const std::map<std::string, const Te
   if (op == "Identity" || op == "Dropout") {
     out = in(0);
   } else if (op == "Cast") {
-    if (n.GetInt("to", 1) != static_cast<int64_t>(DataType::kFloat)) return fail("Cast to a type other than float");
-    out = in(0);
+    // Values are computed in float32: a Cast to float16/bfloat16 inside a body rounds the value to
+    // that type's precision (and range), as the unfused Cast would; a Cast to float is exact.
+    const int64_t to = n.GetInt("to", 1);
+    if (to == static_cast<int64_t>(DataType::kFloat)) out = in(0);
+    else if (to == static_cast<int64_t>(DataType::kFloat16)) out = lw.Unary("RoundHalf", in(0));
+    else if (to == static_cast<int64_t>(DataType::kBFloat16)) out = lw.Unary("RoundBFloat16", in(0));
+    else return fail("Cast to a type other than float, float16 or bfloat16");
   } else if (kUnary.count(op)) {
     out = lw.Unary(op, in(0));
   } else if (op == "LeakyRelu") {
@@ -786,6 +791,8 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
     if (p.op == "LeakyRelu") return fmt::format("({0} >= 0.f ? {0} : {0} * {1})", a, FloatLiteral(p.alpha));
     if (p.op == "HardSigmoid")
       return fmt::format("gaf_clamp01({} * {} + {})", a, FloatLiteral(p.alpha), FloatLiteral(p.beta));
+    if (p.op == "RoundHalf") return fmt::format("gaf_round_half({})", a);
+    if (p.op == "RoundBFloat16") return fmt::format("gaf_round_bf16({})", a);
     return "/*unknown*/0.f";
   };
   // Values under a Slice or Concat of the last axis are emitted inline at a shifted column index
@@ -838,6 +845,18 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
           "inline float FastErf(float x) { return FastTanh(1.1283792f * x); }\n"
           "}  // namespace gaf_approx\n";
   os << "static inline float gaf_clamp01(float x) { return x < 0.f ? 0.f : (x > 1.f ? 1.f : x); }\n";
+  // Rounding to float16 / bfloat16 and back (Cast inside a body), round to nearest even.
+  os << "#include <cstring>\n"
+        "#if defined(__F16C__)\n#include <immintrin.h>\n"
+        "static inline float gaf_round_half(float x) { return _cvtsh_ss(_cvtss_sh(x, 0)); }\n"
+        "#else\n"
+        "static inline float gaf_round_half(float x) { return static_cast<float>(static_cast<_Float16>(x)); }\n"
+        "#endif\n"
+        "static inline float gaf_round_bf16(float x) {\n"
+        "  uint32_t u; std::memcpy(&u, &x, 4);\n"
+        "  if ((u & 0x7fffffffu) > 0x7f800000u) return x;  // NaN stays NaN\n"
+        "  u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;\n"
+        "  std::memcpy(&x, &u, 4); return x;\n}\n";
   os << "struct RowKernelArgs { int64_t rows, cols; const float* const* in; const int64_t* const* in_row_offset; "
         "float* const* out; };\n";
   // Rows [r0, r1) in one function; the entry point calls it directly for small work (an OpenMP

@@ -172,20 +172,18 @@ StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string
     k.reason = err;
     return k;
   }
-  // float16/bfloat16 groups run on widened values (the runtime widens inputs and narrows float
-  // outputs to the inputs' half type), which is only right when every output has that type.
-  DataType half = DataType::kUndefined;
-  for (DataType t : req.input_types)
-    if (t == DataType::kFloat16 || t == DataType::kBFloat16) half = t;
+  // float16/bfloat16 values are computed in float32: the caller widens half inputs and narrows
+  // each output to its own type (k.output_types), so groups that mix float32 and half values (a
+  // LayerNorm computed in float32 between Casts) are fine; a Cast to a half type inside the body
+  // rounds as the unfused Cast does. Outputs must be floating-point.
   for (const auto& o : f.outputs) {
     auto it = shapes.find(o);
     const DataType t = it == shapes.end() ? DataType::kUndefined : it->second.first;
-    const bool ok = half == DataType::kUndefined ? (t != DataType::kFloat16 && t != DataType::kBFloat16) : t == half;
-    if (!ok) {
-      k.reason = fmt::format("output '{}' is {} while the inputs are {}: mixed-precision groups are not generated", o,
-                             DataTypeName(t), half == DataType::kUndefined ? "float32" : DataTypeName(half));
+    if (t != DataType::kFloat && t != DataType::kFloat16 && t != DataType::kBFloat16) {
+      k.reason = fmt::format("output '{}' is {}; generated kernels write float32, float16 or bfloat16", o, DataTypeName(t));
       return k;
     }
+    k.output_types.push_back(t);
   }
   auto value = [&](const std::string& name) { return k.ValueId(name); };
   std::map<std::string, const Tensor*> constant_of;
@@ -474,7 +472,23 @@ std::vector<Tensor> RunStagedKernel(const StagedKernel& k, const std::vector<con
     if (st.library) {
       KernelContext ctx{st.node, k.opset, ins, {}, nullptr, num_threads};
       ctx.outputs.resize(st.node.outputs.size());
+      // As the session does for kernels "computed in float32": half inputs widened, float outputs
+      // narrowed back (reference stages of float16 bodies, e.g. after a Cast to float16).
+      std::vector<Tensor> widened;
+      DataType half = DataType::kUndefined;
+      if (st.kernel->upcast_half) {
+        widened.reserve(ctx.inputs.size());
+        for (const Tensor*& t : ctx.inputs)
+          if (t != nullptr && (t->dtype() == DataType::kFloat16 || t->dtype() == DataType::kBFloat16)) {
+            half = t->dtype();
+            widened.push_back(t->CastTo(DataType::kFloat));
+            t = &widened.back();
+          }
+      }
       st.kernel->fn(ctx);
+      if (half != DataType::kUndefined)
+        for (Tensor& t : ctx.outputs)
+          if (t.defined() && t.dtype() == DataType::kFloat) t = t.CastTo(half);
       for (size_t o = 0; o < st.outputs.size(); ++o)
         if (st.outputs[o] >= 0) set_output(st.outputs[o], std::move(ctx.outputs[o]));
     } else {

@@ -48,6 +48,7 @@ struct StagedKernel {
   std::vector<Stage> stages;
   std::vector<std::string> value_names;
   std::vector<int> function_inputs, function_outputs;  // value ids
+  std::vector<DataType> output_types;  // declared type of each function output (float32 or a half type)
   int64_t opset = 17;
   // Constants the kernel made (BatchNormalization folded into a Conv's weights and bias).
   std::vector<std::pair<std::string, std::shared_ptr<Tensor>>> owned_constants;

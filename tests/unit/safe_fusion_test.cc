@@ -316,6 +316,30 @@ TEST(SafeFusion, HalfPrecisionGroupsGetKernels) {
   if (checked == 0) GTEST_SKIP() << "no half-precision test graphs in " << dir;
 }
 
+// Groups that mix float32 and float16 values (exporters' Cast-wrapped normalizations): the kernel
+// widens the half inputs, rounds at a Cast to float16 inside the body, and writes each output in
+// its own type. The fused model matches the original within float16's resolution.
+TEST(SafeFusion, MixedPrecisionGroupsGetKernels) {
+  const fs::path file = fs::path(GAF_SHARED_DIR) / "testdata" / "ort-fusion" / "skip_layer_norm_format1_with_cast.onnx";
+  if (!fs::exists(file)) GTEST_SKIP() << file << " is missing";
+  Model m = LoadModel(file.string());
+  GraphAutoFusion f(m, Preset("all"));
+  Model fused = f.FuseSafe(NoSpeedGate());
+  const SafeFusionReport& r = f.GetSafeFusionReport();
+  bool mixed = false;
+  for (const SafeKernelResult& k : r.kernels)
+    if (k.fused && k.kernel.find("Cast") != std::string::npos) mixed = true;
+  EXPECT_TRUE(mixed) << "no kept kernel with a Cast inside\n" << r.ToText();
+  PrecisionReport p = VerifyPrecision(fused, m);
+  for (const OutputPrecision& o : p.outputs) {
+    EXPECT_GE(o.cosine, 0.99999) << o.name;
+    // float16 outputs: the fused kernels skip the per-operator rounding of intermediate values, so
+    // outputs may differ by one float16 step (2^-10 relative).
+    EXPECT_LE(o.max_abs_error, std::max(1e-3, o.max_abs_reference / 512)) << o.name;
+  }
+  EXPECT_NE(p.kernels.find("kernel"), std::string::npos) << p.kernels;
+}
+
 // float16 weight storage: products against the float32 reference within float16's precision, for
 // decode (one row) and prefill (several rows), odd sizes; a non-matching call falls back.
 TEST(HalfWeights, MatMulMatchesFloat32Reference) {
