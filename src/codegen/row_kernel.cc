@@ -622,14 +622,42 @@ GeneratedRowKernel GenerateRowKernel(const RowKernelRequest& req, const std::str
       lw.bools.insert(input_prim[i]);
       g.signature.input_bool[i] = true;
     }
+    // A half-typed input arrives widened; rounding it again changes nothing for a value that came
+    // from a float16 tensor and rounds one that a library stage (a Conv, a MatMul) of the same
+    // kernel computed in float32, as the unfused operator's float16 output would be.
+    if (req.input_types[i] == DataType::kFloat16 || req.input_types[i] == DataType::kBFloat16)
+      lw.id[f.inputs[i]] = lw.Unary(req.input_types[i] == DataType::kFloat16 ? "RoundHalf" : "RoundBFloat16", input_prim[i]);
   }
   lw.rank = domain_rank;
   lw.trailing = g.reduce_trailing;
-  for (const Node& n : f.nodes)
+  // Values typed float16/bfloat16 in the body are rounded to that type where their operator ends,
+  // as the unfused operators' outputs are (each is computed in float32 and stored narrowed): the
+  // kernel then follows the graph's own precision, not a more precise one that differs from it.
+  std::map<std::string, DataType> vtype;
+  for (size_t i = 0; i < nin; ++i) vtype[f.inputs[i]] = req.input_types[i];
+  auto is_half = [](DataType t) { return t == DataType::kFloat16 || t == DataType::kBFloat16; };
+  for (const Node& n : f.nodes) {
     if (!LowerNode(n, lw, consts, req.opset)) {
       g.reason = lw.error;
       return g;
     }
+    DataType t = DataType::kFloat;
+    if (n.op_type == "Cast") {
+      t = static_cast<DataType>(n.GetInt("to", 1));
+    } else {
+      for (size_t i = n.op_type == "Where" ? 1 : 0; i < n.inputs.size(); ++i) {
+        auto it = vtype.find(n.inputs[i]);
+        if (it != vtype.end() && (it->second == DataType::kFloat || is_half(it->second))) {
+          t = it->second;
+          break;
+        }
+      }
+      if (is_half(t) && !n.outputs.empty() && lw.id.count(n.outputs[0]))
+        lw.id[n.outputs[0]] = lw.Unary(t == DataType::kFloat16 ? "RoundHalf" : "RoundBFloat16", lw.id[n.outputs[0]]);
+    }
+    for (const std::string& o : n.outputs)
+      if (!o.empty()) vtype[o] = t;
+  }
 
   // Bool inputs may only be Where's condition.
   for (const Prim& p : lw.prims)

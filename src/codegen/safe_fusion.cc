@@ -99,7 +99,10 @@ Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
       key += "|" + (t ? ShapeToString(t->shape()) : std::string("-"));
       if (constant && (e == nullptr || !e->kernel.owned_constants.empty())) key += "=" + in;
     }
-    // Half-precision values are widened as the runtime does before it calls a fused kernel.
+    // Half-precision values are widened as the fused kernel's entry does; the reference stages get
+    // the values as they are (each operator widens and narrows like the session, so the reference
+    // keeps the graph's float16 roundings).
+    const std::vector<const Tensor*> as_given = ins;
     std::vector<Tensor> widened;
     widened.reserve(ins.size());
     for (const Tensor*& t : ins)
@@ -127,7 +130,7 @@ Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
         r.kernel = e->kernel.Describe();
         StagedKernel reference = ReferenceStagedKernel(*f, opset);
         try {
-          std::vector<Tensor> want = RunStagedKernel(reference, ins, threads);
+          std::vector<Tensor> want = RunStagedKernel(reference, as_given, threads);
           std::vector<Tensor> got = RunStagedKernel(e->kernel, ins, threads);
           r.cosine = 1;
           for (size_t o = 0; o < want.size(); ++o) {
@@ -145,7 +148,7 @@ Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
             std::vector<double> tu, tf;
             for (int i = 0; i < safe.repeats + 1; ++i) {  // first pair is a warm-up
               auto t0 = std::chrono::steady_clock::now();
-              RunStagedKernel(reference, ins, threads);
+              RunStagedKernel(reference, as_given, threads);
               double u = Micros(t0);
               t0 = std::chrono::steady_clock::now();
               RunStagedKernel(e->kernel, ins, threads);
