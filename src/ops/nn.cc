@@ -1008,43 +1008,48 @@ Shape OutShape(int64_t n, int64_t c, const Geom& g) {
   return s;
 }
 
-// col[C*kvol, out_size] from x[C, in...] (zero where the window hits padding).
+// Rows [r0, r1) of the im2col matrix restricted to output rows [h0, h1) of the flattened
+// (depth, height) output rows: col[r, (h - h0) * OW + ow] for r = c * kvol + kernel offset (zero
+// where the window hits padding).
+template <class T>
+void Im2ColRows(const T* x, const Geom& g, T* col, int64_t h0, int64_t h1, int64_t r0, int64_t r1) {
+  const int64_t kvol = g.k_size(), isz = g.in_size();
+  const int64_t OH = g.out[1], OW = g.out[2], IH = g.in[1], IW = g.in[2];
+  const int64_t tc = (h1 - h0) * OW;
+  for (int64_t r = r0; r < r1; ++r) {
+    int64_t c = r / kvol, kk = r % kvol;
+    int64_t kd = kk / (g.k[1] * g.k[2]), kh = (kk / g.k[2]) % g.k[1], kw = kk % g.k[2];
+    const T* xc = x + c * isz;
+    T* dst = col + r * tc;
+    int64_t offw = kw * g.d[2] - g.pb[2];
+    int64_t lo, hi;
+    KernelRange(offw, g.s[2], OW, IW, &lo, &hi);
+    for (int64_t h = h0; h < h1; ++h, dst += OW) {
+      int64_t od = h / OH, oh = h % OH;
+      int64_t id = od * g.s[0] - g.pb[0] + kd * g.d[0];
+      int64_t ih = oh * g.s[1] - g.pb[1] + kh * g.d[1];
+      if (id < 0 || id >= g.in[0] || ih < 0 || ih >= IH) {
+        std::fill(dst, dst + OW, T{});
+        continue;
+      }
+      const T* src = xc + (id * IH + ih) * IW + offw;
+      std::fill(dst, dst + lo, T{});
+      if (g.s[2] == 1) {
+        std::memcpy(dst + lo, src + lo, sizeof(T) * (hi - lo));
+      } else {
+        const int64_t sw = g.s[2];
+        for (int64_t ow = lo; ow < hi; ++ow) dst[ow] = src[ow * sw];
+      }
+      std::fill(dst + hi, dst + OW, T{});
+    }
+  }
+}
+
+// col[C*kvol, out_size] from x[C, in...], rows split over the threads.
 template <class T>
 void Im2Col(const T* x, int64_t C, const Geom& g, T* col) {
-  const int64_t kvol = g.k_size(), osz = g.out_size(), isz = g.in_size();
-  const int64_t OD = g.out[0], OH = g.out[1], OW = g.out[2];
-  const int64_t IH = g.in[1], IW = g.in[2];
-  ParallelFor(C * kvol, std::max<int64_t>(1, 32768 / std::max<int64_t>(osz, 1)),
-              [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      int64_t c = r / kvol, kk = r % kvol;
-      int64_t kd = kk / (g.k[1] * g.k[2]), kh = (kk / g.k[2]) % g.k[1], kw = kk % g.k[2];
-      const T* xc = x + c * isz;
-      T* dst = col + r * osz;
-      int64_t offw = kw * g.d[2] - g.pb[2];
-      int64_t lo, hi;
-      KernelRange(offw, g.s[2], OW, IW, &lo, &hi);
-      for (int64_t od = 0; od < OD; ++od) {
-        int64_t id = od * g.s[0] - g.pb[0] + kd * g.d[0];
-        for (int64_t oh = 0; oh < OH; ++oh, dst += OW) {
-          int64_t ih = oh * g.s[1] - g.pb[1] + kh * g.d[1];
-          if (id < 0 || id >= g.in[0] || ih < 0 || ih >= IH) {
-            std::fill(dst, dst + OW, T{});
-            continue;
-          }
-          const T* src = xc + (id * IH + ih) * IW + offw;
-          std::fill(dst, dst + lo, T{});
-          if (g.s[2] == 1) {
-            std::memcpy(dst + lo, src + lo, sizeof(T) * (hi - lo));
-          } else {
-            const int64_t sw = g.s[2];
-            for (int64_t ow = lo; ow < hi; ++ow) dst[ow] = src[ow * sw];
-          }
-          std::fill(dst + hi, dst + OW, T{});
-        }
-      }
-    }
-  });
+  ParallelFor(C * g.k_size(), std::max<int64_t>(1, 32768 / std::max<int64_t>(g.out_size(), 1)),
+              [&](int64_t r0, int64_t r1) { Im2ColRows<T>(x, g, col, 0, g.out[0] * g.out[1], r0, r1); });
 }
 
 // ------------------------------------------------------------------------------------------
@@ -1216,41 +1221,6 @@ void ConvCore(const Geom& g, int64_t group, int64_t N, int64_t C, int64_t M, con
   }
 }
 
-// Im2Col restricted to output rows [h0, h1) of the flattened (depth, height) output rows:
-// col[C*kvol, (h1-h0)*OW].
-void Im2ColRows(const float* x, int64_t C, const Geom& g, float* col, int64_t h0, int64_t h1) {
-  const int64_t kvol = g.k_size(), isz = g.in_size();
-  const int64_t OH = g.out[1], OW = g.out[2], IH = g.in[1], IW = g.in[2];
-  const int64_t tc = (h1 - h0) * OW;
-  for (int64_t r = 0; r < C * kvol; ++r) {
-    int64_t c = r / kvol, kk = r % kvol;
-    int64_t kd = kk / (g.k[1] * g.k[2]), kh = (kk / g.k[2]) % g.k[1], kw = kk % g.k[2];
-    const float* xc = x + c * isz;
-    float* dst = col + r * tc;
-    int64_t offw = kw * g.d[2] - g.pb[2];
-    int64_t lo, hi;
-    KernelRange(offw, g.s[2], OW, IW, &lo, &hi);
-    for (int64_t h = h0; h < h1; ++h, dst += OW) {
-      int64_t od = h / OH, oh = h % OH;
-      int64_t id = od * g.s[0] - g.pb[0] + kd * g.d[0];
-      int64_t ih = oh * g.s[1] - g.pb[1] + kh * g.d[1];
-      if (id < 0 || id >= g.in[0] || ih < 0 || ih >= IH) {
-        std::fill(dst, dst + OW, 0.f);
-        continue;
-      }
-      const float* src = xc + (id * IH + ih) * IW + offw;
-      std::fill(dst, dst + lo, 0.f);
-      if (g.s[2] == 1) {
-        std::memcpy(dst + lo, src + lo, sizeof(float) * (hi - lo));
-      } else {
-        const int64_t sw = g.s[2];
-        for (int64_t ow = lo; ow < hi; ++ow) dst[ow] = src[ow * sw];
-      }
-      std::fill(dst + hi, dst + OW, 0.f);
-    }
-  }
-}
-
 // Tiled float32 convolution (see ops/conv.h). Per image and group the output rows are cut into
 // tiles whose im2col columns take about kTileBytes; each tile is one GEMM from a per-thread
 // column buffer that stays in L2, then bias and the epilogue run on the tile while it is hot.
@@ -1295,7 +1265,7 @@ void ConvTiledF32(const Geom& g, int64_t group, int64_t N, int64_t C, int64_t M,
       thread_local std::vector<float> col;
       if (!pointwise) {
         if (col.size() < static_cast<size_t>(K * tc)) col.resize(static_cast<size_t>(K * tc));
-        Im2ColRows(xg, Cg, g, col.data(), h0, h1);
+        Im2ColRows<float>(xg, g, col.data(), h0, h1, 0, K);
         src = col.data();
         ldb = tc;
       }

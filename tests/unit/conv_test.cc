@@ -18,13 +18,7 @@
 namespace gaf {
 namespace {
 
-Attribute IntsAttr(const std::string& name, std::vector<int64_t> v) {
-  Attribute a;
-  a.name = name;
-  a.type = Attribute::Type::kInts;
-  a.ints = std::move(v);
-  return a;
-}
+using testing::IntsAttr;
 
 struct ConvCase {
   int64_t N, C, M, group;

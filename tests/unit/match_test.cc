@@ -18,13 +18,7 @@ using testing::IntAttr;
 using testing::MakeModel;
 using testing::MakeNode;
 
-Attribute IntsAttr(const std::string& name, std::vector<int64_t> v) {
-  Attribute a;
-  a.name = name;
-  a.type = Attribute::Type::kInts;
-  a.ints = std::move(v);
-  return a;
-}
+using testing::IntsAttr;
 
 Attribute TensorAttr(const std::string& name, Tensor t) {
   Attribute a;

@@ -16,6 +16,14 @@ inline Attribute IntAttr(const std::string& name, int64_t v) {
   return a;
 }
 
+inline Attribute IntsAttr(const std::string& name, std::vector<int64_t> v) {
+  Attribute a;
+  a.name = name;
+  a.type = Attribute::Type::kInts;
+  a.ints = std::move(v);
+  return a;
+}
+
 inline Node MakeNode(const std::string& op, std::vector<std::string> ins, std::vector<std::string> outs,
                      std::string name = "", std::vector<Attribute> attrs = {}) {
   Node n;
