@@ -205,7 +205,7 @@ struct RunArgs {
   int repeat = 1;
   unsigned seed = 0;
   bool json = false;
-  bool profile = false;
+  bool profile = false, no_prepared = false;
 };
 
 void RunRun(const RunArgs& a) {
@@ -213,6 +213,7 @@ void RunRun(const RunArgs& a) {
   SessionOptions so;
   so.num_threads = a.threads;
   so.profile = a.profile;
+  so.prepared_kernels = !a.no_prepared;
   Session session(m, so);
   std::map<std::string, std::string> specs;
   for (const std::string& s : a.inputs) {
@@ -304,6 +305,8 @@ void AddRunCommand(CLI::App& app) {
   cmd->add_option("--repeat", a->repeat, "run N times and report the median time");
   cmd->add_option("--seed", a->seed, "seed of random inputs");
   cmd->add_flag("--profile", a->profile, "time per op type");
+  cmd->add_flag("--no-prepared-kernels", a->no_prepared,
+                "run every Conv through the registry's kernel (no convolution prepared for its constant weight)");
   cmd->add_flag("--json", a->json, "machine-readable output");
   cmd->callback([a] { RunRun(*a); });
 }

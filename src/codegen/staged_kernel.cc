@@ -232,6 +232,20 @@ StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string
           k.notes.push_back("float16 weights");
         }
       }
+      // A Conv with a constant weight: oneDNN's blocked-layout convolution prepared once for this
+      // call site, where it is faster than our tiled path (PreparedConv::Create decides).
+      if (st.node.op_type == "Conv" && st.node.inputs.size() >= 2 && constant_of.count(st.node.inputs[1]) &&
+          (!st.node.HasInput(2) || constant_of.count(st.node.inputs[2]))) {
+        auto x = shapes.find(st.node.inputs[0]);
+        if (x != shapes.end() && x->second.first == DataType::kFloat) {
+          const Tensor* b = st.node.HasInput(2) ? constant_of[st.node.inputs[2]] : nullptr;
+          if (auto conv = PreparedConv::Create(st.node, *constant_of[st.node.inputs[1]], b)) {
+            st.own_kernel = std::make_shared<KernelInfo>(PreparedConvKernel(std::move(conv)));
+            st.kernel = st.own_kernel.get();
+            k.notes.push_back("oneDNN convolution");
+          }
+        }
+      }
       if (st.kernel == nullptr) {
         k.reason = fmt::format("{}: no library kernel", st.node.Describe());
         return k;
@@ -419,6 +433,7 @@ static bool RunConvWithEpilogue(const StagedKernel& k, const StagedKernel::Stage
       (ins.size() > 2 && ins[2] != nullptr && ins[2]->dtype() != DataType::kFloat))
     return false;
   Tensor y = Tensor::Uninitialized(DataType::kFloat, ConvOutputShape(st.node, ins[0]->shape(), ins[1]->shape()));
+  if (y.numel() == 0) return false;  // nothing to tile
   std::vector<const Tensor*> eins;
   for (int v : e.inputs) eins.push_back(v == st.outputs[0] ? &y : (v < 0 ? nullptr : val[v]));
   RowCall call;

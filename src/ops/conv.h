@@ -3,11 +3,14 @@
 // it is still in cache, instead of in a second pass over the whole tensor.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 #include "ir/graph.h"
 #include "ir/tensor.h"
+#include "ops/kernel.h"
 
 namespace gaf {
 
@@ -18,6 +21,34 @@ using ConvEpilogue = std::function<void(int64_t r0, int64_t r1, int64_t c0, int6
 // Output shape of `node` (Conv) for input and weight shapes; gaf::Error naming the node when
 // they do not fit its attributes.
 Shape ConvOutputShape(const Node& node, const Shape& x, const Shape& w);
+
+// The geometry of a Conv call, spatial dims right-aligned in 3 slots (unused ones are 1 / 0).
+struct ConvGeometry {
+  int nsp = 0;
+  int64_t group = 1;
+  std::array<int64_t, 3> in{1, 1, 1}, out{1, 1, 1}, k{1, 1, 1}, s{1, 1, 1}, d{1, 1, 1}, pb{0, 0, 0}, pe{0, 0, 0};
+};
+ConvGeometry ConvGeometryOf(const Node& node, const Shape& x, const Shape& w);
+
+// A float32 Conv prepared once for a constant weight: oneDNN's convolution on its own blocked
+// layouts (brgconv / jit kernels), the weight reordered once, inputs and outputs kept NCHW
+// (reordered around each call). Create() returns null where our tiled path is expected to be as
+// fast or faster (1x1 and depthwise convolutions, groups, few channels, small outputs, 1-D/3-D),
+// or oneDNN has no implementation. Run() handles any input shape (one plan per shape, the last
+// kept), and is safe to call from several threads.
+class PreparedConv {
+ public:
+  static std::shared_ptr<PreparedConv> Create(const Node& node, const Tensor& weight, const Tensor* bias);
+  void Run(const Tensor& x, Tensor* y);
+  ~PreparedConv();
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// A KernelInfo for a Conv node running `conv` (the registry's Conv for calls it does not fit).
+KernelInfo PreparedConvKernel(std::shared_ptr<PreparedConv> conv);
 
 // Y = Conv(X, W, B) for `node`'s attributes (float32). Y is allocated here (not zero-filled)
 // unless it already is a float32 tensor of the output shape.

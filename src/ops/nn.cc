@@ -1973,6 +1973,20 @@ void MaxUnpoolKernel(KernelContext& ctx) {
 
 }  // namespace
 
+ConvGeometry ConvGeometryOf(const Node& node, const Shape& x, const Shape& w) {
+  ConvGeometry c;
+  Geom g = ConvGeom(node, x, w, &c.group);
+  c.nsp = g.nsp;
+  c.in = g.in;
+  c.out = g.out;
+  c.k = g.k;
+  c.s = g.s;
+  c.d = g.d;
+  c.pb = g.pb;
+  c.pe = g.pe;
+  return c;
+}
+
 Shape ConvOutputShape(const Node& node, const Shape& x, const Shape& w) {
   int64_t group = 1;
   Geom g = ConvGeom(node, x, w, &group);

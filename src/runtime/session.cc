@@ -1,5 +1,7 @@
 #include "runtime/session.h"
 
+#include "ops/conv.h"
+
 #include <omp.h>
 
 #include <algorithm>
@@ -254,6 +256,18 @@ Session::Session(const Model& model, SessionOptions options) : model_(model), op
       std::optional<KernelInfo> k = options_.node_kernels(n, model_);
       if (!k) continue;
       call_kernels_.push_back(std::move(*k));
+      call_kernel_of_[&n] = &call_kernels_.back();
+    }
+  }
+  if (options_.prepared_kernels) {
+    for (const Node& n : model_.graph.nodes) {
+      if (call_kernel_of_.count(&n) || n.op_type != "Conv" || !n.domain.empty() || n.inputs.size() < 2) continue;
+      const Tensor* w = model_.graph.FindInitializer(n.inputs[1]);
+      const Tensor* b = n.HasInput(2) ? model_.graph.FindInitializer(n.inputs[2]) : nullptr;
+      if (w == nullptr || (n.HasInput(2) && b == nullptr)) continue;
+      std::shared_ptr<PreparedConv> conv = PreparedConv::Create(n, *w, b);
+      if (!conv) continue;
+      call_kernels_.push_back(PreparedConvKernel(std::move(conv)));
       call_kernel_of_[&n] = &call_kernels_.back();
     }
   }

@@ -32,6 +32,10 @@ struct SessionOptions {
   // Kernels for other nodes of the main graph (after inlining): when it returns a kernel, the node
   // runs it instead of the registry's (e.g. float16 weight storage for MatMul).
   std::function<std::optional<KernelInfo>(const Node& node, const Model& model)> node_kernels;
+  // Conv nodes of the main graph with a float32 initializer weight run a convolution prepared once
+  // for that weight where it is faster (ops/conv.h, PreparedConv: oneDNN's blocked layouts);
+  // false keeps the registry's Conv for every node.
+  bool prepared_kernels = true;
 };
 
 struct OpProfile {

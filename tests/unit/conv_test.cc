@@ -96,6 +96,10 @@ std::vector<ConvCase> Cases() {
       {1, 3, 6, 3, {40}, {3}, {1}, {1}, {1, 1}, false},                          // 1-D depthwise
       {1, 2, 3, 1, {5, 6, 7}, {3, 2, 3}, {1, 2, 1}, {1, 1, 2}, {1, 0, 1, 1, 1, 2}, true},  // 3-D
       {1, 4, 4, 4, {4, 5, 6}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1, 1, 1, 1}, true},  // 3-D depthwise
+      // Shapes PreparedConv takes (3x3 and larger, >= 32 output channels, depth >= 64).
+      {1, 16, 32, 1, {14, 13}, {3, 3}, {1, 1}, {1, 1}, {1, 1, 1, 1}, true},
+      {2, 8, 40, 1, {11, 12}, {3, 3}, {2, 1}, {1, 2}, {0, 1, 2, 0}, false},
+      {1, 3, 32, 1, {23, 23}, {7, 7}, {2, 2}, {1, 1}, {3, 3, 3, 3}, true},  // a stem
   };
 }
 
@@ -106,7 +110,7 @@ TEST_P(ConvF32Test, MatchesDirectConvolutionAndSeesEveryElementOnce) {
   const int saved = omp_get_max_threads();
   omp_set_num_threads(threads);
   std::mt19937 rng(7);
-  int index = 0;
+  int index = 0, prepared = 0;
   for (const ConvCase& c : Cases()) {
     SCOPED_TRACE("case " + std::to_string(index++) + ", threads " + std::to_string(threads));
     Shape xs{c.N, c.C}, ws{c.M, c.C / c.group};
@@ -149,7 +153,19 @@ TEST_P(ConvF32Test, MatchesDirectConvolutionAndSeesEveryElementOnce) {
       ASSERT_EQ(at_epilogue[i], y.data<float>()[i]) << "element " << i << " changed after its epilogue";
       ASSERT_NEAR(y.data<float>()[i], expect[i], 1e-4) << "element " << i;
     }
+
+    // The prepared (oneDNN) convolution, where it applies; twice, to use its kept plan.
+    if (std::shared_ptr<PreparedConv> pc = PreparedConv::Create(node, w, c.bias ? &b : nullptr)) {
+      ++prepared;
+      for (int run = 0; run < 2; ++run) {
+        Tensor z;
+        pc->Run(x, &z);
+        ASSERT_EQ(z.shape(), expect_shape);
+        for (size_t i = 0; i < expect.size(); ++i) ASSERT_NEAR(z.data<float>()[i], expect[i], 1e-4) << "element " << i;
+      }
+    }
   }
+  EXPECT_EQ(prepared, 3) << "the cases meant for PreparedConv";
   omp_set_num_threads(saved);
 }
 
