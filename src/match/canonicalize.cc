@@ -330,6 +330,50 @@ class Canonicalizer {
       }
       return "";
     }
+    if (n.op_type == "Expand" && n.HasInput(1) && !IsGraphOutput(n.outputs[0])) {
+      // Expand(c, Shape(v)) read only by broadcasting elementwise operators that also read v:
+      // they broadcast c against v themselves, to the same shape (broadcast(broadcast(c, v), v,
+      // ...) = broadcast(c, v, ...)), so the Expand is a no-op for them. Exporters write it for
+      // attention masks (masked_fill), and its Shape(v) would read a value inside the attention.
+      // The target is Shape(v), or a constant equal to v's known shape (Shape folded).
+      static const std::set<std::string> kBroadcasting = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Where",
+                                                           "Equal", "Less", "Greater", "And", "Or", "Xor"};
+      std::string v;
+      auto sp = producer_.find(n.inputs[1]);
+      if (sp != producer_.end()) {
+        const Node& shape = g_.nodes[sp->second];
+        if (shape.op_type == "Shape" && DefaultDomain(shape) && shape.HasInput(0) && !shape.HasAttr("start") &&
+            !shape.HasAttr("end"))
+          v = shape.inputs[0];
+      }
+      std::optional<std::vector<int64_t>> target = v.empty() && IsConstant(n.inputs[1]) ? ConstInts(n.inputs[1])
+                                                                                       : std::nullopt;
+      auto reads_v = [&](const Node& r) {
+        for (const std::string& in : r.inputs) {
+          if (in.empty() || in == n.outputs[0]) continue;
+          if (!v.empty() && in == v) return true;
+          if (target) {
+            std::optional<Shape> s = ShapeOf(in);
+            if (s && *s == Shape(target->begin(), target->end())) return true;
+          }
+        }
+        return false;
+      };
+      if (!v.empty() || target) {
+        bool all = true, any = false;
+        for (const Node& r : g_.nodes)
+          for (const std::string& in : r.inputs)
+            if (in == n.outputs[0]) {
+              any = true;
+              all &= DefaultDomain(r) && kBroadcasting.count(r.op_type) > 0 && reads_v(r);
+            }
+        if (any && all) {
+          *what = v.empty() ? "an Expand to the shape of another input of its readers, which broadcast against it anyway"
+                            : fmt::format("an Expand to the shape of '{}', which its readers broadcast against anyway", v);
+          return x;
+        }
+      }
+    }
     if (n.op_type == "Expand" && n.HasInput(1)) {
       std::optional<std::vector<int64_t>> target = ConstInts(n.inputs[1]);
       std::optional<Shape> s = ShapeOf(x);

@@ -232,6 +232,12 @@ int ShapeLength(const Graph& g, const GraphIndex& index, const std::string& valu
   const Node& n = g.nodes[p];
   if (n.op_type == "Shape" && n.HasInput(0) && !n.HasAttr("start") && !n.HasAttr("end"))
     return RankOf(g, index, n.inputs[0], depth + 1);
+  // Unsqueeze of a scalar (a dim picked out of a Shape by Gather) is one element.
+  if (n.op_type == "Unsqueeze" && n.HasInput(0) && RankOf(g, index, n.inputs[0], depth + 1) == 0) {
+    const std::vector<int64_t> axes = n.GetInts("axes");
+    std::optional<Tensor> t = n.HasInput(1) ? ConstantTensor(g, index, n.inputs[1]) : std::nullopt;
+    if (axes.size() == 1 || (t && t->numel() == 1)) return 1;
+  }
   if (n.op_type == "Concat") {
     int total = 0;
     for (const std::string& in : n.inputs) {
@@ -262,13 +268,26 @@ int RankOf(const Graph& g, const GraphIndex& index, const std::string& value, in
                                                    "Where", "And", "Or", "Equal", "MatMul"};
   if (kSameRank.count(n.op_type)) return RankOf(g, index, n.inputs[0], depth + 1);
   if (n.op_type == "Transpose" && n.HasAttr("perm")) return static_cast<int>(n.GetInts("perm").size());
+  if (n.op_type == "Shape") return 1;
+  if (n.op_type == "Size") return 0;
+  if (n.op_type == "Gather" && n.HasInput(1)) {  // rank(data) - 1 + rank(indices)
+    const int d = RankOf(g, index, n.inputs[0], depth + 1), i = RankOf(g, index, n.inputs[1], depth + 1);
+    return d < 1 || i < 0 ? -1 : d - 1 + i;
+  }
+  if (n.op_type == "Unsqueeze") {
+    const int r = RankOf(g, index, n.inputs[0], depth + 1);
+    std::vector<int64_t> axes = n.GetInts("axes");
+    if (axes.empty() && n.HasInput(1))
+      if (std::optional<Tensor> t = ConstantTensor(g, index, n.inputs[1])) axes = t->ToInt64s();
+    return r < 0 || axes.empty() ? -1 : r + static_cast<int>(axes.size());
+  }
+  if (n.op_type == "Reshape" && n.HasInput(1)) {  // the shape input's length, also when computed
+    const int len = ShapeLength(g, index, n.inputs[1], depth + 1);
+    if (len >= 0) return len;
+  }
   if (n.op_type == "Expand" && n.HasInput(1)) {  // broadcast of the input against the shape
     const int a = RankOf(g, index, n.inputs[0], depth + 1), b = ShapeLength(g, index, n.inputs[1], depth + 1);
     return a < 0 || b < 0 ? -1 : std::max(a, b);
-  }
-  if (n.op_type == "Reshape" && n.HasInput(1)) {
-    std::optional<Tensor> shape = ConstantTensor(g, index, n.inputs[1]);
-    return shape ? static_cast<int>(shape->numel()) : -1;
   }
   if (kBroadcast.count(n.op_type)) {
     int r = -1;

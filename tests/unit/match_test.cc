@@ -415,6 +415,38 @@ TEST(Canonicalize, SqueezeUnsqueezePairAndExpandAndCse) {
   EXPECT_EQ(RunOne(m, {{"x", x}}), RunOne(before, {{"x", x}}));
 }
 
+// masked_fill as exporters write it: Where(Expand(mask, Shape(scores)), fill, scores). Where
+// broadcasts the mask against scores itself, so the Expand (and its Shape, which would read a value
+// inside an attention group) go; an Expand read by an operator that does not read scores stays.
+TEST(Canonicalize, ExpandToTheShapeOfABroadcastingReadersInputGoes) {
+  Graph g;
+  g.inputs = {FloatValue("scores", {-1, 3, 4})};  // a symbolic batch: Shape(scores) does not fold
+  ValueInfo mask;
+  mask.name = "mask";
+  mask.dtype = DataType::kBool;
+  mask.has_shape = true;
+  mask.dims = {Dim::Known(1), Dim::Known(1), Dim::Known(4)};
+  g.inputs.push_back(mask);
+  g.outputs = {FloatValue("y", {2, 3, 4}), FloatValue("kept", {2, 3, 4})};
+  g.SetInitializer("fill", Tensor::FromVector<float>({-1e4f}, {}));
+  g.nodes.push_back(MakeNode("Shape", {"scores"}, {"shp"}, "shape"));
+  g.nodes.push_back(MakeNode("Expand", {"mask", "shp"}, {"em"}, "expand"));
+  g.nodes.push_back(MakeNode("Where", {"em", "fill", "scores"}, {"y"}, "where"));
+  g.nodes.push_back(MakeNode("Cast", {"mask"}, {"mf"}, "cast", {IntAttr("to", 1)}));
+  g.nodes.push_back(MakeNode("Expand", {"mf", "shp"}, {"kept"}, "expand_kept"));  // a graph output: stays
+  Model m = MakeModel(g);
+  Model before = m;
+  std::vector<std::string> log = Canonicalize(m);
+  std::string all = fmt::format("{}", fmt::join(log, "\n"));
+  EXPECT_TRUE(LogMentions(log, "removed node 'expand' (Expand), an Expand to the shape of 'scores'")) << all;
+  EXPECT_GE(FindNode(m.graph, "kept"), 0) << all;
+  EXPECT_EQ(m.graph.nodes[FindNode(m.graph, "y")].inputs[0], "mask");
+  Tensor s = Tensor::FromVector<float>(std::vector<float>(24, 0.5f), {2, 3, 4});
+  Tensor mk(DataType::kBool, {1, 1, 4});
+  for (int i = 0; i < 4; ++i) mk.data<bool>()[i] = i % 2 == 0;
+  EXPECT_EQ(RunOne(m, {{"scores", s}, {"mask", mk}}), RunOne(before, {{"scores", s}, {"mask", mk}}));
+}
+
 TEST(Canonicalize, OverridableInitializerIsNotFolded) {
   Graph g;
   g.inputs = {FloatValue("x", {2}), FloatValue("k", {})};

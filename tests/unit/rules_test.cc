@@ -263,6 +263,7 @@ TEST(Rules, OrtFusionGraphs) {
   expect("bias_softmax_fusion_simple", "BiasSoftmaxFusion", 1);
   expect("attention_mask_no_cast", "AttentionFusion", 1);  // rank derived through the graph
   expect("attention_symbolic_batch", "AttentionFusion", 1);
+  expect("attention_distilbert", "AttentionFusion(prescaled-where-mask)", 1);  // Expand(mask, Shape(scores)) removed
   expect("conv_relu", "ConvActivationFusion", 1);
   expect("conv_clip11", "ConvActivationFusion", 3);
   expect("conv_sigmoid", "ConvActivationFusion", 1);
