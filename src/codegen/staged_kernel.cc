@@ -52,7 +52,18 @@ std::map<std::string, std::pair<DataType, Shape>> BodyShapes(const RowKernelRequ
     Session s(m, o);
     s.Run(feeds);
   } catch (const std::exception& e) {
-    *error = fmt::format("the body does not run on the recorded shapes: {}", e.what());
+    // Integer inputs that are not constants were fed zeros: only their shapes are recorded, and
+    // a body that computes shapes from their values (a Reshape's target) cannot run on zeros.
+    std::string ints;
+    for (size_t i = 0; i < f.inputs.size(); ++i)
+      if (req.constants[i] == nullptr && req.input_types[i] != DataType::kFloat &&
+          req.input_types[i] != DataType::kFloat16 && req.input_types[i] != DataType::kBFloat16 &&
+          req.input_types[i] != DataType::kBool && req.input_types[i] != DataType::kDouble)
+        ints += (ints.empty() ? "'" : ", '") + f.inputs[i] + "'";
+    *error = ints.empty() ? fmt::format("the body does not run on the recorded shapes: {}", e.what())
+                          : fmt::format("the body computes with the values of integer input(s) {} (shape data: "
+                                        "only their shapes are recorded, so it was run on zeros): {}",
+                                        ints, e.what());
   }
   return shapes;
 }
