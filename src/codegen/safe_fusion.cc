@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -25,6 +26,9 @@ double Micros(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
+  GAF_CHECK(!safe.check_speed || SignTestWins(safe.repeats, 0.01) <= safe.repeats,
+            "safe fusion: {} repeats are too few for the speed gate (a sign test at 1% needs at least 7 pairs); "
+            "use more repeats or turn the speed gate off", safe.repeats);
   safe_report_ = SafeFusionReport();
   SafeFusionReport& rep = safe_report_;
   Model fused = Fuse();
@@ -160,18 +164,25 @@ Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
             }
             r.measured_unfused_us = Median(tu);
             r.measured_fused_us = Median(tf);
-            // The noise band: the larger relative inter-quartile range of the two sides.
+            // The spread of each side (reported): the larger relative inter-quartile range.
             r.noise = std::min(0.5, std::max(RelativeIqr(tu), RelativeIqr(tf)));
+            // The decision is paired: each repeat runs both sides back to back, so load from other
+            // processes hits both alike; the kernel must win in enough pairs that chance (a fair
+            // coin per pair) would give that many wins with probability <= 1% (one-sided sign test).
+            r.pairs = static_cast<int>(tu.size());
+            r.pairs_won = 0;
+            for (size_t i = 0; i < tu.size(); ++i) r.pairs_won += tf[i] < tu[i];
+            r.pairs_needed = SignTestWins(r.pairs, 0.01);
           }
           if (!(r.cosine >= safe.min_cosine) || !(r.max_abs_error <= safe.max_abs_error)) {
             r.reason_kind = "precision";
             r.reason = fmt::format("precision: cosine {:.6f} (gate >= {}), max abs error {:.3g} (gate <= {:.3g})", r.cosine,
                                    safe.min_cosine, r.max_abs_error, safe.max_abs_error);
-          } else if (safe.check_speed &&
-                     !(r.measured_unfused_us - r.measured_fused_us > r.noise * r.measured_unfused_us)) {
+          } else if (safe.check_speed && r.pairs_won < r.pairs_needed) {
             r.reason_kind = "speed";
-            r.reason = fmt::format("speed: fused kernel {:.2f} us, unfused operators {:.2f} us: not faster beyond the noise (medians of {}, noise {:.0f}%)",
-                                   r.measured_fused_us, r.measured_unfused_us, safe.repeats, 100 * r.noise);
+            r.reason = fmt::format("speed: fused kernel faster in {} of {} interleaved pairs, {} needed (sign test, "
+                                   "p <= 1%); medians {:.2f} us fused, {:.2f} us unfused",
+                                   r.pairs_won, r.pairs, r.pairs_needed, r.measured_fused_us, r.measured_unfused_us);
           }
         } catch (const Error& ex) {
           r.reason_kind = "compile";
@@ -305,6 +316,9 @@ std::string SafeFusionReport::ToJson() const {
                             {"measured_unfused_us", k.measured_unfused_us},
                             {"measured_fused_us", k.measured_fused_us},
                             {"noise", k.noise},
+                            {"pairs", k.pairs},
+                            {"pairs_won", k.pairs_won},
+                            {"pairs_needed", k.pairs_needed},
                             {"same_as", k.same_as}});
   nlohmann::json e = nlohmann::json::array();
   for (size_t i = 0; i < outputs.size(); ++i)

@@ -10,6 +10,22 @@
 
 namespace gaf {
 
+// The fewest wins out of n fair-coin pairs whose probability is at most alpha (one-sided sign
+// test): the smallest k with P(X >= k) <= alpha for X ~ Binomial(n, 1/2); n + 1 when none is.
+int SignTestWins(int n, double alpha) {
+  std::vector<double> p(static_cast<size_t>(n) + 1, 0.0);  // P(X = k), by the recurrence C(n,k+1) = C(n,k)(n-k)/(k+1)
+  p[0] = std::pow(0.5, n);
+  for (int k = 0; k < n; ++k) p[k + 1] = p[k] * (n - k) / (k + 1);
+  double tail = 0;
+  int need = n + 1;
+  for (int k = n; k >= 0; --k) {
+    tail += p[k];
+    if (tail > alpha) break;
+    need = k;
+  }
+  return need;
+}
+
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());

@@ -55,6 +55,10 @@ void CompareTensors(const Tensor& reference, const Tensor& got, double* cosine, 
 PrecisionReport VerifyPrecision(const Model& fused, const Model& original, const VerifyOptions& options = {});
 PerformanceReport VerifyPerformance(const Model& fused, const VerifyOptions& options = {});
 
+// One-sided sign test: the fewest wins out of n paired comparisons that a fair coin reaches with
+// probability <= alpha (n + 1 when none does). 13 of 15 at alpha = 0.01.
+int SignTestWins(int n, double alpha);
+
 // Median and relative inter-quartile range of samples.
 double Median(std::vector<double> v);
 double RelativeIqr(std::vector<double> v);

@@ -67,8 +67,9 @@ struct FusionEstimate {
 // Safe fusion (stage 4): each fused group's generated kernel is checked against the unfused
 // operators on the group's real inputs (values of one run of the model on random inputs):
 // precision (cosine similarity and max abs error over every output) and speed (median of repeats,
-// the fused kernel against the same operators run one after another by the reference kernels;
-// it must be faster by more than the noise: unfused - fused > noise * unfused).
+// the fused kernel against the same operators run one after another by the reference kernels,
+// back to back in interleaved pairs; it must be faster in enough pairs to pass a one-sided sign
+// test at 1%: 13 of 15 pairs by default).
 // A group that fails is rolled back to its original operators with the reason; then the whole
 // model is checked end to end. Implemented in src/codegen/safe_fusion.cc (link gaf_codegen).
 struct SafeFusionOptions {
@@ -96,6 +97,7 @@ struct SafeKernelResult {
   double predicted_unfused_us = 0, predicted_fused_us = 0;  // cost model (per formula in docs/cost_model.md)
   double measured_unfused_us = 0, measured_fused_us = 0;    // medians of `repeats` runs
   double noise = 0;                          // larger relative spread (IQR/median) of the two sides' timings
+  int pairs = 0, pairs_won = 0, pairs_needed = 0;  // speed gate: interleaved pairs, kernel wins, wins needed
   std::string same_as;                       // measured once for identical kernel+shapes: that node
 };
 

@@ -190,6 +190,19 @@ TEST(SafeFusion, ParitySuiteGeneratedKernelsMatchReference) {
   EXPECT_GE(per_rule.size(), 8u);
 }
 
+// The speed gate's sign test: wins needed out of n interleaved pairs.
+TEST(Verify, SignTestWins) {
+  EXPECT_EQ(SignTestWins(15, 0.01), 13);  // P(X >= 13) = 121/32768 = 0.0037, P(X >= 12) = 576/32768 = 0.0176
+  EXPECT_EQ(SignTestWins(15, 0.05), 12);
+  EXPECT_EQ(SignTestWins(10, 0.01), 10);  // P(X >= 9) = 11/1024 > 1%
+  EXPECT_EQ(SignTestWins(7, 0.01), 7);    // 1/128
+  EXPECT_EQ(SignTestWins(6, 0.01), 7);    // 1/64 > 1%: no number of wins suffices
+  SafeFusionOptions o;
+  o.repeats = 5;
+  GraphAutoFusion f(BuildLlamaModel(LlamaPreset("tiny")), Preset("transformer"));
+  EXPECT_THROW(f.FuseSafe(o), Error);
+}
+
 TEST(Verify, PrecisionAndPerformanceOfAFusedModel) {
   Model m = BuildLlamaModel(LlamaPreset("tiny"));
   GraphAutoFusion f(m, Preset("transformer"));
