@@ -59,7 +59,11 @@ KernelLibrary::~KernelLibrary() {
 
 void* KernelLibrary::Find(const std::string& symbol) const {
   auto it = symbols_.find(symbol);
-  return it == symbols_.end() ? nullptr : it->second;
+  if (it != symbols_.end()) return it->second;
+  // Further entry points of a compiled source (a row kernel's <symbol>_tile): sources that failed
+  // are not in the library, so dlsym finds nothing for them.
+  if (handle_ == nullptr || errors_.count(symbol)) return nullptr;
+  return ::dlsym(handle_, symbol.c_str());
 }
 
 KernelCompiler::KernelCompiler(std::string cache_root) : cache_root_(std::move(cache_root)) {

@@ -20,7 +20,8 @@ struct KernelSource {
 class KernelLibrary {
  public:
   ~KernelLibrary();
-  void* Find(const std::string& symbol) const;           // null when absent or failed
+  void* Find(const std::string& symbol) const;           // null when absent or failed; also finds
+                                                         // other entry points of compiled sources
   const std::map<std::string, std::string>& errors() const { return errors_; }  // symbol -> compiler output
   const std::string& directory() const { return dir_; }
   bool from_cache() const { return from_cache_; }

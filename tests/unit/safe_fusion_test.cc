@@ -190,6 +190,29 @@ TEST(SafeFusion, ParitySuiteGeneratedKernelsMatchReference) {
   EXPECT_GE(per_rule.size(), 8u);
 }
 
+// Conv groups with an elementwise epilogue run it on the conv's tiles: the tile entry point is
+// bound (it was silently missing once: the library only resolved the listed symbols, so every
+// call took the two-pass fallback), and the fused model matches the original.
+TEST(SafeFusion, ConvEpiloguesRunOnTiles) {
+  Model m = BuildCnnModel(CnnPreset("tiny"));
+  GraphAutoFusion f(m, Preset("cnn"));
+  Model fused = f.Fuse();
+  KernelCompiler compiler;
+  auto set = CompileFusedKernels(fused, compiler, {}, "ai.graph_autofusion");
+  int tiled = 0;
+  for (const auto& e : set->entries()) {
+    if (!e.bound) continue;
+    for (const auto& st : e.kernel.stages)
+      if (st.epilogue_stage >= 0) {
+        EXPECT_NE(e.kernel.stages[st.epilogue_stage].tile, nullptr) << e.kernel.Describe();
+        ++tiled;
+      }
+  }
+  EXPECT_GT(tiled, 0) << DescribeFusedKernels(*set);
+  PrecisionReport p = VerifyPrecision(fused, m);
+  EXPECT_TRUE(p.Passes(0.99999, 1e-4)) << p.min_cosine << " " << p.max_abs_error;
+}
+
 // The speed gate's sign test: wins needed out of n interleaved pairs.
 TEST(Verify, SignTestWins) {
   EXPECT_EQ(SignTestWins(15, 0.01), 13);  // P(X >= 13) = 121/32768 = 0.0037, P(X >= 12) = 576/32768 = 0.0176
