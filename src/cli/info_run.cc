@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "onnx_io/npy.h"
 #include "onnx_io/onnx_io.h"
+#include "codegen/fused_session.h"
 #include "runtime/session.h"
 
 namespace gaf::cli {
@@ -205,7 +206,7 @@ struct RunArgs {
   int repeat = 1;
   unsigned seed = 0;
   bool json = false;
-  bool profile = false, no_prepared = false;
+  bool profile = false, no_prepared = false, reference_kernels = false;
 };
 
 void RunRun(const RunArgs& a) {
@@ -214,6 +215,17 @@ void RunRun(const RunArgs& a) {
   so.num_threads = a.threads;
   so.profile = a.profile;
   so.prepared_kernels = !a.no_prepared;
+  // Fused operators run with their generated kernels (compiled once, cached), as in generate;
+  // --reference-kernels runs their function bodies instead. `--profile` then lists each fused
+  // function as one op type.
+  std::shared_ptr<FusedKernelSet> kernels;
+  bool has_fused = false;
+  for (const Function& f : m.functions) has_fused |= f.domain == "ai.graph_autofusion";
+  if (has_fused && !a.reference_kernels) {
+    KernelCompiler compiler;
+    kernels = CompileFusedKernels(m, compiler, ParseDimBindings(a.dims), "ai.graph_autofusion");
+    so.function_kernels = kernels->Provider();
+  }
   Session session(m, so);
   std::map<std::string, std::string> specs;
   for (const std::string& s : a.inputs) {
@@ -307,6 +319,8 @@ void AddRunCommand(CLI::App& app) {
   cmd->add_flag("--profile", a->profile, "time per op type");
   cmd->add_flag("--no-prepared-kernels", a->no_prepared,
                 "run every Conv through the registry's kernel (no convolution prepared for its constant weight)");
+  cmd->add_flag("--reference-kernels", a->reference_kernels,
+                "run fused operators through their function bodies instead of generated kernels");
   cmd->add_flag("--json", a->json, "machine-readable output");
   cmd->callback([a] { RunRun(*a); });
 }
