@@ -118,15 +118,21 @@ std::function<std::optional<KernelInfo>(const Node&, const Function&)> FusedKern
       for (const Tensor* t : ctx.inputs) usable &= t != nullptr;
       if (usable) {
         try {
+          bool any_half = false;
+          for (const Tensor* t : ctx.inputs)
+            any_half |= t->dtype() == DataType::kFloat16 || t->dtype() == DataType::kBFloat16;
           std::vector<Tensor> widened;
-          std::vector<const Tensor*> ins = ctx.inputs;
-          widened.reserve(ins.size());
-          for (const Tensor*& t : ins)
-            if (t->dtype() == DataType::kFloat16 || t->dtype() == DataType::kBFloat16) {
-              widened.push_back(t->CastTo(DataType::kFloat));
-              t = &widened.back();
-            }
-          std::vector<Tensor> outs = RunStagedKernel(e->kernel, ins, ctx.num_threads);
+          std::vector<const Tensor*> half_ins;
+          if (any_half) {
+            half_ins = ctx.inputs;
+            widened.reserve(half_ins.size());
+            for (const Tensor*& t : half_ins)
+              if (t->dtype() == DataType::kFloat16 || t->dtype() == DataType::kBFloat16) {
+                widened.push_back(t->CastTo(DataType::kFloat));
+                t = &widened.back();
+              }
+          }
+          std::vector<Tensor> outs = RunStagedKernel(e->kernel, any_half ? half_ins : ctx.inputs, ctx.num_threads);
           for (size_t o = 0; o < ctx.outputs.size() && o < outs.size(); ++o) {
             const DataType want = o < e->kernel.output_types.size() ? e->kernel.output_types[o] : DataType::kFloat;
             ctx.outputs[o] = want != DataType::kFloat && outs[o].dtype() == DataType::kFloat ? outs[o].CastTo(want)

@@ -476,12 +476,36 @@ static bool RunConvWithEpilogue(const StagedKernel& k, const StagedKernel::Stage
 std::vector<Tensor> RunStagedKernel(const StagedKernel& k, const std::vector<const Tensor*>& inputs, int num_threads) {
   GAF_CHECK(inputs.size() == k.function_inputs.size(), "fused kernel: expected {} inputs, got {}",
             k.function_inputs.size(), inputs.size());
-  std::vector<const Tensor*> val(k.value_names.size(), nullptr);
+  // Per-thread scratch reused across calls (a decode step makes dozens of small fused calls; their
+  // bookkeeping allocations were a measurable share); a nested call on the same thread (none
+  // today) gets fresh vectors.
+  struct Scratch {
+    bool busy = false;
+    std::vector<const Tensor*> val, ins;
+    std::vector<Tensor> owned;
+    std::vector<char> is_owned;
+  };
+  thread_local Scratch shared;
+  Scratch local;
+  Scratch& sc = shared.busy ? local : shared;
+  struct Release {
+    Scratch& s;
+    ~Release() {
+      for (Tensor& t : s.owned) t = Tensor();  // drop intermediates now, keep the capacity
+      s.busy = false;
+    }
+  } release{sc};
+  sc.busy = true;
+  const size_t nv = k.value_names.size();
+  std::vector<const Tensor*>& val = sc.val;
+  val.assign(nv, nullptr);
   for (const auto& [v, t] : k.constant_values) val[v] = t;
-  std::vector<Tensor> owned(k.value_names.size());
-  std::vector<char> is_owned(k.value_names.size(), 0);
+  std::vector<Tensor>& owned = sc.owned;
+  if (owned.size() < nv) owned.resize(nv);
+  std::vector<char>& is_owned = sc.is_owned;
+  is_owned.assign(nv, 0);
   for (size_t i = 0; i < inputs.size(); ++i) val[k.function_inputs[i]] = inputs[i];
-  std::vector<const Tensor*> ins;
+  std::vector<const Tensor*>& ins = sc.ins;
   auto set_output = [&](int v, Tensor&& t) {
     owned[v] = std::move(t);
     is_owned[v] = 1;
@@ -502,7 +526,10 @@ std::vector<Tensor> RunStagedKernel(const StagedKernel& k, const std::vector<con
       // narrowed back (reference stages of float16 bodies, e.g. after a Cast to float16).
       std::vector<Tensor> widened;
       DataType half = DataType::kUndefined;
-      if (st.kernel->upcast_half) {
+      bool any_half = false;
+      for (const Tensor* t : ctx.inputs)
+        any_half |= t != nullptr && (t->dtype() == DataType::kFloat16 || t->dtype() == DataType::kBFloat16);
+      if (st.kernel->upcast_half && any_half) {
         widened.reserve(ctx.inputs.size());
         for (const Tensor*& t : ctx.inputs)
           if (t != nullptr && (t->dtype() == DataType::kFloat16 || t->dtype() == DataType::kBFloat16)) {
