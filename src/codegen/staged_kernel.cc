@@ -173,6 +173,118 @@ void HoistConvBias(Function& body, std::map<std::string, const Tensor*>& constan
   body.nodes = std::move(out);
 }
 
+// The epilogue of a prepared Conv as oneDNN post-ops: a chain from the conv output through Add of
+// a per-channel constant (the bias; only before any other step), Add of a non-constant value (the
+// residual, once), and ReLU / LeakyRelu / Clip with constant bounds. On success returns the bias
+// (or null), the residual value name ("" when none), the post-ops in order and the chain's end.
+bool EpilogueAsPostOps(const Function& body, const std::string& conv_out, int64_t channels,
+                       const std::map<std::string, const Tensor*>& constant_of, const Tensor** bias,
+                       std::string* residual, std::vector<ConvPostOp>* post, std::string* end) {
+  std::string cur = conv_out;
+  *bias = nullptr;
+  residual->clear();
+  post->clear();
+  auto constant = [&](const std::string& v) -> const Tensor* {
+    auto it = constant_of.find(v);
+    return it == constant_of.end() ? nullptr : it->second;
+  };
+  for (const Node& n : body.nodes) {
+    if (!n.domain.empty() || n.outputs.size() != 1) return false;
+    auto other_of = [&](std::string* other) {
+      if (n.inputs.size() != 2) return false;
+      if (n.inputs[0] == cur) *other = n.inputs[1];
+      else if (n.inputs[1] == cur) *other = n.inputs[0];
+      else return false;
+      return *other != cur;
+    };
+    std::string other;
+    if (n.op_type == "Add" && other_of(&other)) {
+      const Tensor* c = constant(other);
+      const bool per_channel = c != nullptr && c->dtype() == DataType::kFloat && c->numel() == channels &&
+                               (c->rank() == 3 || (c->rank() == 4 && c->dim(0) == 1)) &&
+                               c->dim(c->rank() - 3) == channels;
+      if (per_channel && *bias == nullptr && post->empty()) {
+        *bias = c;
+      } else if (c == nullptr && residual->empty()) {
+        *residual = other;
+        post->push_back({ConvPostOp::kSum});
+      } else {
+        return false;
+      }
+    } else if (n.op_type == "Relu" && n.inputs.size() == 1 && n.inputs[0] == cur) {
+      post->push_back({ConvPostOp::kRelu});
+    } else if (n.op_type == "LeakyRelu" && n.inputs.size() == 1 && n.inputs[0] == cur) {
+      post->push_back({ConvPostOp::kRelu, n.GetFloat("alpha", 0.01f)});
+    } else if (n.op_type == "Clip" && !n.inputs.empty() && n.inputs[0] == cur) {
+      float lo = -3.402823e38f, hi = 3.402823e38f;
+      if (n.HasAttr("min") || n.HasAttr("max")) {
+        lo = n.GetFloat("min", lo);
+        hi = n.GetFloat("max", hi);
+      }
+      for (size_t i = 1; i < n.inputs.size() && i < 3; ++i) {
+        if (n.inputs[i].empty()) continue;
+        const Tensor* t = constant(n.inputs[i]);
+        if (t == nullptr || t->numel() != 1) return false;
+        (i == 1 ? lo : hi) = static_cast<float>(t->ScalarAsDouble());
+      }
+      post->push_back({ConvPostOp::kClip, lo, hi});
+    } else {
+      return false;
+    }
+    cur = n.outputs[0];
+  }
+  *end = cur;
+  return cur != conv_out;
+}
+
+void FoldEpiloguesIntoPreparedConvs(StagedKernel& k, const Function& f,
+                                    const std::map<std::string, const Tensor*>& constant_of) {
+  for (size_t i = 0; i + 1 < k.stages.size(); ++i) {
+    StagedKernel::Stage& c = k.stages[i];
+    StagedKernel::Stage& e = k.stages[i + 1];
+    if (!c.library || c.node.op_type != "Conv" || !c.own_kernel || e.library || e.outputs.size() != 1 ||
+        c.outputs.size() != 1 || c.node.HasInput(2))
+      continue;
+    auto w = constant_of.find(c.node.inputs[1]);
+    if (w == constant_of.end()) continue;
+    const int conv_out = c.outputs[0];
+    // The conv output must be read by the epilogue only.
+    bool elsewhere = std::find(f.outputs.begin(), f.outputs.end(), k.value_names[conv_out]) != f.outputs.end();
+    for (size_t j = 0; j < k.stages.size(); ++j)
+      if (j != i + 1 && std::find(k.stages[j].inputs.begin(), k.stages[j].inputs.end(), conv_out) != k.stages[j].inputs.end())
+        elsewhere = true;
+    if (elsewhere) continue;
+    const Tensor* bias = nullptr;
+    std::string residual, end;
+    std::vector<ConvPostOp> post;
+    if (!EpilogueAsPostOps(e.body, k.value_names[conv_out], w->second->dim(0), constant_of, &bias, &residual, &post,
+                           &end) ||
+        k.value_names[e.outputs[0]] != end)
+      continue;
+    Tensor flat_bias;
+    if (bias != nullptr) flat_bias = bias->Reshaped({bias->numel()});
+    std::shared_ptr<PreparedConv> conv =
+        PreparedConv::Create(c.node, *w->second, bias != nullptr ? &flat_bias : nullptr, post);
+    if (!conv) continue;
+    KernelInfo info = PreparedConvKernel(conv);
+    const KernelInfo* reference = OpRegistry::Global().Find("", "Conv");
+    (void)reference;
+    info.fn = [conv](KernelContext& ctx) {
+      const Tensor* res = ctx.inputs.size() > 1 ? ctx.inputs[1] : nullptr;
+      conv->Run(ctx.input(0), &ctx.outputs[0], res);
+    };
+    std::string ops;
+    for (const ConvPostOp& op : post)
+      ops += std::string(ops.empty() ? "" : ",") + (op.kind == ConvPostOp::kSum ? "sum" : op.kind == ConvPostOp::kRelu ? "relu" : "clip");
+    c.own_kernel = std::make_shared<KernelInfo>(std::move(info));
+    c.kernel = c.own_kernel.get();
+    c.inputs = {c.inputs[0], residual.empty() ? -1 : k.ValueId(residual)};
+    c.outputs = {e.outputs[0]};
+    k.notes.push_back(fmt::format("oneDNN post-ops [{}{}]", bias != nullptr ? "bias" : "", (bias ? (ops.empty() ? "" : ",") : "") + ops));
+    k.stages.erase(k.stages.begin() + static_cast<std::ptrdiff_t>(i) + 1);
+  }
+}
+
 StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string& symbol, int64_t opset) {
   StagedKernel k;
   k.opset = opset;
@@ -328,9 +440,15 @@ StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string
       }
       for (const auto& in : sf.inputs) st.inputs.push_back(value(in));
       for (const auto& o : sf.outputs) st.outputs.push_back(value(o));
+      st.body = std::move(sf);
+      st.body.inputs.clear();  // the stage's inputs are by value id; keep only the operators
+      st.body.outputs.clear();
       k.stages.push_back(std::move(st));
     }
   }
+  // A prepared (oneDNN) Conv followed by an epilogue oneDNN can apply itself (bias, a residual
+  // Add, ReLU / LeakyRelu / Clip): one library stage with post-ops, no pass of our own.
+  FoldEpiloguesIntoPreparedConvs(k, f, constant_of);
   // Conv + elementwise epilogue: run the epilogue per finished output tile (RunStagedKernel).
   for (size_t i = 0; i + 1 < k.stages.size(); ++i) {
     StagedKernel::Stage& c = k.stages[i];

@@ -42,6 +42,7 @@ struct StagedKernel {
     // hands each finished tile to that stage's tile entry point while the tile is in cache.
     int epilogue_stage = -1;
     RowTileFn tile = nullptr;        // row stage: <symbol>_tile, bound when it is an epilogue
+    Function body;                   // row stage: its operators (for folding into a library stage)
   };
   bool ok = false;
   std::string reason;                // why there is no kernel

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "ir/graph.h"
 #include "ir/tensor.h"
@@ -36,10 +37,20 @@ ConvGeometry ConvGeometryOf(const Node& node, const Shape& x, const Shape& w);
 // fast or faster (1x1 and depthwise convolutions, groups, few channels, small outputs, 1-D/3-D),
 // or oneDNN has no implementation. Run() handles any input shape (one plan per shape, the last
 // kept), and is safe to call from several threads.
+// Work oneDNN applies to the convolution's output before writing it (its post-ops), in order:
+// adding a residual (the tensor passed to Run), or an activation.
+struct ConvPostOp {
+  enum Kind { kSum, kRelu, kClip } kind = kRelu;
+  float alpha = 0, beta = 0;  // kRelu: slope for negative values (LeakyRelu); kClip: min, max
+};
+
 class PreparedConv {
  public:
-  static std::shared_ptr<PreparedConv> Create(const Node& node, const Tensor& weight, const Tensor* bias);
-  void Run(const Tensor& x, Tensor* y);
+  static std::shared_ptr<PreparedConv> Create(const Node& node, const Tensor& weight, const Tensor* bias,
+                                              std::vector<ConvPostOp> post_ops = {});
+  // y = post_ops(conv(x) + bias); `residual` (NCHW, the output's shape) when a kSum post-op is set.
+  void Run(const Tensor& x, Tensor* y, const Tensor* residual = nullptr);
+  const std::vector<ConvPostOp>& post_ops() const;
   ~PreparedConv();
   struct Impl;
 

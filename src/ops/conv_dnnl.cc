@@ -6,6 +6,7 @@
 // layouts. A call reorders the input, convolves (bias included) and reorders the output back.
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <cstring>
 #include <mutex>
 
 #include "ops/conv.h"
@@ -29,13 +30,14 @@ dnnl::memory::dims Dims(const Shape& s) { return dnnl::memory::dims(s.begin(), s
 struct PreparedConv::Impl {
   Node node;
   Tensor weight, bias;  // float32; bias undefined when absent
+  std::vector<ConvPostOp> post;
   struct Plan {
     Shape x, y;
     dnnl::convolution_forward conv;
     dnnl::memory weights, bias;  // in the primitive's layouts
     dnnl::memory::desc src_md, dst_md, user_src_md, user_dst_md;
     bool reorder_src = false, reorder_dst = false;
-    dnnl::reorder src_reorder, dst_reorder;
+    dnnl::reorder src_reorder, dst_reorder, residual_reorder;
   };
   std::mutex mu;
   std::shared_ptr<const Plan> last;
@@ -62,7 +64,17 @@ struct PreparedConv::Impl {
                          : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference,
                                                            dnnl::algorithm::convolution_direct, src_any, w_any,
                                                            dst_any, strides, dil, pad_l, pad_r);
-    dnnl::convolution_forward::primitive_desc pd(desc, eng);
+    dnnl::primitive_attr attr;
+    if (!post.empty()) {
+      dnnl::post_ops po;
+      for (const ConvPostOp& op : post) {
+        if (op.kind == ConvPostOp::kSum) po.append_sum(1.f);
+        else if (op.kind == ConvPostOp::kRelu) po.append_eltwise(1.f, dnnl::algorithm::eltwise_relu, op.alpha, 0.f);
+        else po.append_eltwise(1.f, dnnl::algorithm::eltwise_clip, op.alpha, op.beta);
+      }
+      attr.set_post_ops(po);
+    }
+    dnnl::convolution_forward::primitive_desc pd(desc, attr, eng);
     p->conv = dnnl::convolution_forward(pd);
     p->user_src_md = dnnl::memory::desc(Dims(x), dt::f32, tag::nchw);
     p->user_dst_md = dnnl::memory::desc(Dims(p->y), dt::f32, tag::nchw);
@@ -71,7 +83,10 @@ struct PreparedConv::Impl {
     p->reorder_src = p->src_md != p->user_src_md;
     p->reorder_dst = p->dst_md != p->user_dst_md;
     if (p->reorder_src) p->src_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p->user_src_md, eng, p->src_md));
-    if (p->reorder_dst) p->dst_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p->dst_md, eng, p->user_dst_md));
+    if (p->reorder_dst) {
+      p->dst_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p->dst_md, eng, p->user_dst_md));
+      p->residual_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p->user_dst_md, eng, p->dst_md));
+    }
     // The weight (and bias) once, in the primitive's layout.
     dnnl::stream s(eng);
     dnnl::memory user_w(dnnl::memory::desc(Dims(weight.shape()), dt::f32, tag::oihw), eng,
@@ -89,7 +104,8 @@ struct PreparedConv::Impl {
   }
 };
 
-std::shared_ptr<PreparedConv> PreparedConv::Create(const Node& node, const Tensor& weight, const Tensor* bias) {
+std::shared_ptr<PreparedConv> PreparedConv::Create(const Node& node, const Tensor& weight, const Tensor* bias,
+                                                   std::vector<ConvPostOp> post_ops) {
   if (weight.dtype() != DataType::kFloat || weight.rank() != 4) return nullptr;
   if (bias != nullptr && (bias->dtype() != DataType::kFloat || bias->numel() != weight.dim(0))) return nullptr;
   if (node.GetInt("group", 1) != 1) return nullptr;
@@ -104,12 +120,15 @@ std::shared_ptr<PreparedConv> PreparedConv::Create(const Node& node, const Tenso
   c->impl_->node = node;
   c->impl_->weight = weight;
   if (bias != nullptr) c->impl_->bias = *bias;
+  c->impl_->post = std::move(post_ops);
   return c;
 }
 
+const std::vector<ConvPostOp>& PreparedConv::post_ops() const { return impl_->post; }
+
 PreparedConv::~PreparedConv() = default;
 
-void PreparedConv::Run(const Tensor& x, Tensor* y) {
+void PreparedConv::Run(const Tensor& x, Tensor* y, const Tensor* residual) {
   GAF_CHECK(x.dtype() == DataType::kFloat && x.rank() == 4, "{}: prepared convolution needs a float32 NCHW input",
             impl_->node.Describe());
   std::shared_ptr<const Impl::Plan> p = impl_->PlanFor(x.shape());
@@ -125,6 +144,20 @@ void PreparedConv::Run(const Tensor& x, Tensor* y) {
     p->src_reorder.execute(s, {{DNNL_ARG_FROM, user_src}, {DNNL_ARG_TO, src}});
   }
   if (p->reorder_dst) dst = dnnl::memory(p->dst_md, eng);
+  bool sum = false;
+  for (const ConvPostOp& op : impl_->post) sum |= op.kind == ConvPostOp::kSum;
+  if (sum) {
+    // The sum post-op adds what the destination holds: the residual, in the destination's layout.
+    GAF_CHECK(residual != nullptr && residual->dtype() == DataType::kFloat && residual->shape() == p->y,
+              "{}: prepared convolution with a residual needs a float32 residual of shape {}", impl_->node.Describe(),
+              ShapeToString(p->y));
+    if (p->reorder_dst) {
+      dnnl::memory user_res(p->user_dst_md, eng, const_cast<float*>(residual->data<float>()));
+      p->residual_reorder.execute(s, {{DNNL_ARG_FROM, user_res}, {DNNL_ARG_TO, dst}});
+    } else {
+      std::memcpy(y->data<float>(), residual->data<float>(), sizeof(float) * static_cast<size_t>(y->numel()));
+    }
+  }
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, p->weights}, {DNNL_ARG_DST, dst}};
   if (impl_->bias.defined()) args[DNNL_ARG_BIAS] = p->bias;
   p->conv.execute(s, args);

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 #include <random>
@@ -162,6 +163,19 @@ TEST_P(ConvF32Test, MatchesDirectConvolutionAndSeesEveryElementOnce) {
         pc->Run(x, &z);
         ASSERT_EQ(z.shape(), expect_shape);
         for (size_t i = 0; i < expect.size(); ++i) ASSERT_NEAR(z.data<float>()[i], expect[i], 1e-4) << "element " << i;
+      }
+      // With post-ops, as fused Conv groups use them: + residual, then ReLU; and Clip(-0.5, 0.5).
+      Tensor r = Random(expect_shape, rng);
+      auto with_sum = PreparedConv::Create(node, w, c.bias ? &b : nullptr,
+                                           {{ConvPostOp::kSum}, {ConvPostOp::kRelu}});
+      auto with_clip = PreparedConv::Create(node, w, c.bias ? &b : nullptr, {{ConvPostOp::kClip, -0.5f, 0.5f}});
+      ASSERT_TRUE(with_sum && with_clip);
+      Tensor zs, zc;
+      with_sum->Run(x, &zs, &r);
+      with_clip->Run(x, &zc);
+      for (size_t i = 0; i < expect.size(); ++i) {
+        ASSERT_NEAR(zs.data<float>()[i], std::max(0.0, expect[i] + r.data<float>()[i]), 1e-4) << "element " << i;
+        ASSERT_NEAR(zc.data<float>()[i], std::clamp(expect[i], -0.5, 0.5), 1e-4) << "element " << i;
       }
     }
   }

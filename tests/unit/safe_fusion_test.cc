@@ -213,6 +213,39 @@ TEST(SafeFusion, ConvEpiloguesRunOnTiles) {
   EXPECT_TRUE(p.Passes(0.99999, 1e-4)) << p.min_cosine << " " << p.max_abs_error;
 }
 
+// A Conv that takes the prepared (oneDNN) path with its epilogue as post-ops: bias, residual Add
+// (sum) and ReLU inside the library call, no generated pass; equal to the original.
+TEST(SafeFusion, ConvEpilogueAsOneDnnPostOps) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+  auto random = [&](Shape s) {
+    Tensor t(DataType::kFloat, std::move(s));
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
+    return t;
+  };
+  Graph g;
+  g.inputs.push_back(testing::FloatValue("x", {1, 16, 12, 12}));
+  g.inputs.push_back(testing::FloatValue("r", {1, 32, 12, 12}));
+  g.initializers.emplace_back("w", random({32, 16, 3, 3}));
+  g.initializers.emplace_back("b", random({32}));
+  g.nodes.push_back(MakeNode("Conv", {"x", "w", "b"}, {"c"}, "conv",
+                             {testing::IntsAttr("pads", {1, 1, 1, 1}), testing::IntsAttr("kernel_shape", {3, 3})}));
+  g.nodes.push_back(MakeNode("Add", {"c", "r"}, {"a"}, "add"));
+  g.nodes.push_back(MakeNode("Relu", {"a"}, {"y"}, "relu"));
+  g.outputs.push_back(testing::FloatValue("y", {1, 32, 12, 12}));
+  Model m = MakeModel(g, 13);
+  GraphAutoFusion f(m, Preset("cnn"));
+  Model fused = f.FuseSafe(NoSpeedGate());
+  const SafeFusionReport& r = f.GetSafeFusionReport();
+  ASSERT_EQ(r.kernels.size(), 1u) << r.ToText();
+  EXPECT_TRUE(r.kernels[0].fused) << r.kernels[0].reason;
+  EXPECT_NE(r.kernels[0].kernel.find("post-ops [bias,sum,relu]"), std::string::npos) << r.kernels[0].kernel;
+  EXPECT_GE(r.kernels[0].cosine, 0.99999);
+  EXPECT_LE(r.kernels[0].max_abs_error, 1e-4);
+  PrecisionReport p = VerifyPrecision(fused, m);
+  EXPECT_TRUE(p.Passes(0.99999, 1e-4)) << p.min_cosine << " " << p.max_abs_error;
+}
+
 // The speed gate's sign test: wins needed out of n interleaved pairs.
 TEST(Verify, SignTestWins) {
   EXPECT_EQ(SignTestWins(15, 0.01), 13);  // P(X >= 13) = 121/32768 = 0.0037, P(X >= 12) = 576/32768 = 0.0176
