@@ -29,6 +29,13 @@
 namespace gaf {
 namespace {
 
+// The output of a kernel that writes every element: no zero fill (a pass over memory that was
+// about to be overwritten), except for strings, whose elements must be constructed.
+Tensor OutputTensor(DataType dt, Shape shape) {
+  return dt == DataType::kString ? Tensor(dt, std::move(shape)) : Tensor::Uninitialized(dt, std::move(shape));
+}
+
+
 using gaf_fast::FastErf;
 using gaf_fast::FastExp;
 using gaf_fast::FastSigmoid;
@@ -387,7 +394,7 @@ void ArithKernel(KernelContext& ctx) {
   const Tensor& b = ctx.input(1);
   CheckSameType(ctx, a, b);
   Shape so = BroadcastShapes(a.shape(), b.shape(), ctx.node);
-  ctx.outputs[0] = Tensor(a.dtype(), so);
+  ctx.outputs[0] = OutputTensor(a.dtype(), so);
   Tensor& y = ctx.outputs[0];
   auto run = [&](auto tag) {
     using T = decltype(tag);
@@ -405,7 +412,7 @@ void CompareKernel(KernelContext& ctx) {
   const Tensor& b = ctx.input(1);
   CheckSameType(ctx, a, b);
   Shape so = BroadcastShapes(a.shape(), b.shape(), ctx.node);
-  ctx.outputs[0] = Tensor(DataType::kBool, so);
+  ctx.outputs[0] = OutputTensor(DataType::kBool, so);
   Tensor& y = ctx.outputs[0];
   auto run = [&](auto tag) {
     using T = decltype(tag);
@@ -423,7 +430,7 @@ void LogicalKernel(KernelContext& ctx) {
             "{}: inputs must be bool, got {} and {}", ctx.node.Describe(), DataTypeName(a.dtype()),
             DataTypeName(b.dtype()));
   Shape so = BroadcastShapes(a.shape(), b.shape(), ctx.node);
-  ctx.outputs[0] = Tensor(DataType::kBool, so);
+  ctx.outputs[0] = OutputTensor(DataType::kBool, so);
   BinaryLoop(a.data<bool>(), a.shape(), b.data<bool>(), b.shape(), ctx.outputs[0].data<bool>(), so,
              Op{});
 }
@@ -452,7 +459,7 @@ void PowKernel(KernelContext& ctx) {
   const Tensor& a = ctx.input(0);
   const Tensor& b = ctx.input(1);
   Shape so = BroadcastShapes(a.shape(), b.shape(), ctx.node);
-  ctx.outputs[0] = Tensor(a.dtype(), so);
+  ctx.outputs[0] = OutputTensor(a.dtype(), so);
   Tensor& y = ctx.outputs[0];
   DispatchNumeric(a.dtype(), ctx.node, [&](auto tag) {
     using T = decltype(tag);
@@ -498,7 +505,7 @@ void ModKernel(KernelContext& ctx) {
   CheckSameType(ctx, a, b);
   const bool fmod = ctx.node.GetInt("fmod", 0) != 0;
   Shape so = BroadcastShapes(a.shape(), b.shape(), ctx.node);
-  ctx.outputs[0] = Tensor(a.dtype(), so);
+  ctx.outputs[0] = OutputTensor(a.dtype(), so);
   Tensor& y = ctx.outputs[0];
   DispatchNumeric(a.dtype(), ctx.node, [&](auto tag) {
     using T = decltype(tag);
@@ -543,7 +550,7 @@ void BitShiftKernel(KernelContext& ctx) {
             ctx.node.Describe(), dir);
   const bool left = dir == "LEFT";
   Shape so = BroadcastShapes(a.shape(), b.shape(), ctx.node);
-  ctx.outputs[0] = Tensor(a.dtype(), so);
+  ctx.outputs[0] = OutputTensor(a.dtype(), so);
   Tensor& y = ctx.outputs[0];
   DispatchUnsigned(a.dtype(), ctx.node, [&](auto tag) {
     using T = decltype(tag);
@@ -582,7 +589,7 @@ void PReluKernel(KernelContext& ctx) {
   }
   GAF_CHECK(ok, "{}: slope shape {} does not broadcast to input shape {}", ctx.node.Describe(),
             ShapeToString(slope.shape()), ShapeToString(x.shape()));
-  ctx.outputs[0] = Tensor(x.dtype(), x.shape());
+  ctx.outputs[0] = OutputTensor(x.dtype(), x.shape());
   Tensor& y = ctx.outputs[0];
   DispatchNumeric(x.dtype(), ctx.node, [&](auto tag) {
     using T = decltype(tag);
@@ -743,7 +750,7 @@ template <class Op, Types kTypes>
 void UnaryKernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
   const Op op(ctx.node);
-  ctx.outputs[0] = Tensor(x.dtype(), x.shape());
+  ctx.outputs[0] = OutputTensor(x.dtype(), x.shape());
   Tensor& y = ctx.outputs[0];
   auto run = [&](auto tag) {
     using T = decltype(tag);
@@ -803,7 +810,7 @@ void IsInfKernel(KernelContext& ctx) {
 // Clip: min/max attributes before opset 11, optional scalar inputs from opset 11.
 void ClipKernel(KernelContext& ctx) {
   const Tensor& x = ctx.input(0);
-  ctx.outputs[0] = Tensor(x.dtype(), x.shape());
+  ctx.outputs[0] = OutputTensor(x.dtype(), x.shape());
   Tensor& y = ctx.outputs[0];
   DispatchNumeric(x.dtype(), ctx.node, [&](auto tag) {
     using T = decltype(tag);
@@ -862,7 +869,7 @@ void WhereKernel(KernelContext& ctx) {
             DataTypeName(c.dtype()));
   CheckSameType(ctx, x, yv);
   Shape so = BroadcastShapes({&c, &x, &yv}, ctx.node);
-  ctx.outputs[0] = Tensor(x.dtype(), so);
+  ctx.outputs[0] = OutputTensor(x.dtype(), so);
   Tensor& out = ctx.outputs[0];
   const int64_t n = out.numel();
   if (n == 0) return;
