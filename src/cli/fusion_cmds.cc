@@ -312,7 +312,8 @@ void AddFusionCommands(CLI::App& app) {
     cmd->add_option("--min-cosine", a->min_cosine, "safe: minimum cosine similarity per group (default 0.999)");
     cmd->add_option("--max-abs-error", a->max_abs_error, "safe: maximum absolute error per group (default 1e-3)");
     cmd->add_flag("--no-speed-gate", a->no_speed_gate, "safe: keep groups whose kernel is not measurably faster");
-    cmd->add_option("--repeats", a->repeats, "safe: timed runs per side of the speed gate (median; default 15)");
+    cmd->add_option("--repeats", a->repeats,
+                    "safe: interleaved timed pairs of the speed gate (sign test at 1%; default 15, at least 7)");
     cmd->add_option("--threads", a->threads, "safe: threads for the gates (default: all cores)");
     cmd->add_option("--report", a->report, "safe: also write the safe-fusion report as JSON to this file");
     cmd->add_flag("--half-weights", a->half_weights,

@@ -266,13 +266,7 @@ void FoldEpiloguesIntoPreparedConvs(StagedKernel& k, const Function& f,
     std::shared_ptr<PreparedConv> conv =
         PreparedConv::Create(c.node, *w->second, bias != nullptr ? &flat_bias : nullptr, post);
     if (!conv) continue;
-    KernelInfo info = PreparedConvKernel(conv);
-    const KernelInfo* reference = OpRegistry::Global().Find("", "Conv");
-    (void)reference;
-    info.fn = [conv](KernelContext& ctx) {
-      const Tensor* res = ctx.inputs.size() > 1 ? ctx.inputs[1] : nullptr;
-      conv->Run(ctx.input(0), &ctx.outputs[0], res);
-    };
+    KernelInfo info = PreparedConvKernel(conv, /*fused_stage=*/true);
     std::string ops;
     for (const ConvPostOp& op : post)
       ops += std::string(ops.empty() ? "" : ",") + (op.kind == ConvPostOp::kSum ? "sum" : op.kind == ConvPostOp::kRelu ? "relu" : "clip");

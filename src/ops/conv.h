@@ -58,8 +58,10 @@ class PreparedConv {
   std::unique_ptr<Impl> impl_;
 };
 
-// A KernelInfo for a Conv node running `conv` (the registry's Conv for calls it does not fit).
-KernelInfo PreparedConvKernel(std::shared_ptr<PreparedConv> conv);
+// A KernelInfo running `conv`. For a Conv node (inputs x, w[, b]) the registry's Conv takes the
+// calls it does not fit; for a stage of a fused kernel (`fused_stage`: inputs x and the residual
+// of a kSum post-op, or none) there is no such fallback, since the post-ops are part of the stage.
+KernelInfo PreparedConvKernel(std::shared_ptr<PreparedConv> conv, bool fused_stage = false);
 
 // Y = Conv(X, W, B) for `node`'s attributes (float32). Y is allocated here (not zero-filled)
 // unless it already is a float32 tensor of the output shape.

@@ -6,6 +6,7 @@
 // layouts. A call reorders the input, convolves (bias included) and reorders the output back.
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 
@@ -24,6 +25,22 @@ using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 
 dnnl::memory::dims Dims(const Shape& s) { return dnnl::memory::dims(s.begin(), s.end()); }
+
+// Per-thread scratch for the blocked-layout source and destination of a call: grown, never freed,
+// so a model's convolutions do not allocate (and fault in) megabytes on every call.
+struct Scratch {
+  std::unique_ptr<float, decltype(&std::free)> p{nullptr, &std::free};
+  size_t bytes = 0;
+  void* Get(size_t need) {
+    if (need > bytes) {
+      const size_t size = (need + 63) / 64 * 64;
+      p.reset(static_cast<float*>(std::aligned_alloc(64, size)));
+      GAF_CHECK(p != nullptr, "prepared convolution: cannot allocate {} bytes of scratch", size);
+      bytes = size;
+    }
+    return p.get();
+  }
+};
 
 }  // namespace
 
@@ -140,10 +157,12 @@ void PreparedConv::Run(const Tensor& x, Tensor* y, const Tensor* residual) {
   dnnl::memory user_dst(p->user_dst_md, eng, y->data<float>());
   dnnl::memory src = user_src, dst = user_dst;
   if (p->reorder_src) {
-    src = dnnl::memory(p->src_md, eng);
+    thread_local Scratch src_scratch;
+    src = dnnl::memory(p->src_md, eng, src_scratch.Get(p->src_md.get_size()));
     p->src_reorder.execute(s, {{DNNL_ARG_FROM, user_src}, {DNNL_ARG_TO, src}});
   }
-  if (p->reorder_dst) dst = dnnl::memory(p->dst_md, eng);
+  thread_local Scratch dst_scratch;
+  if (p->reorder_dst) dst = dnnl::memory(p->dst_md, eng, dst_scratch.Get(p->dst_md.get_size()));
   bool sum = false;
   for (const ConvPostOp& op : impl_->post) sum |= op.kind == ConvPostOp::kSum;
   if (sum) {
@@ -165,15 +184,19 @@ void PreparedConv::Run(const Tensor& x, Tensor* y, const Tensor* residual) {
   s.wait();
 }
 
-KernelInfo PreparedConvKernel(std::shared_ptr<PreparedConv> conv) {
+KernelInfo PreparedConvKernel(std::shared_ptr<PreparedConv> conv, bool fused_stage) {
   const KernelInfo* reference = OpRegistry::Global().Find("", "Conv");
   KernelInfo info;
   info.domain = "";
   info.op_type = "Conv";
   info.kind = OpKind::kContraction;
   info.upcast_half = true;
-  info.fn = [conv, reference](KernelContext& ctx) {
+  info.fn = [conv, reference, fused_stage](KernelContext& ctx) {
     const Tensor& x = ctx.input(0);
+    if (fused_stage) {
+      conv->Run(x, &ctx.outputs[0], ctx.has_input(1) ? ctx.inputs[1] : nullptr);
+      return;
+    }
     if (x.dtype() != DataType::kFloat || x.rank() != 4) {
       reference->fn(ctx);
       return;
