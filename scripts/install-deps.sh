@@ -6,6 +6,7 @@ PKGS=(
   build-essential cmake ninja-build pkg-config
   libonnx-dev libprotobuf-dev protobuf-compiler     # ONNX protobuf classes, checker, shape inference
   libdnnl-dev                                       # oneDNN: matrix products, convolutions
+  ocl-icd-opencl-dev                                # oneDNN's CMake config requires OpenCL (only Recommended by libdnnl-dev)
   libopenblas-dev libopenblas0-pthread
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev

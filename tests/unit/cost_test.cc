@@ -275,8 +275,8 @@ TEST(CostShapes, ExampleModelsFullyRecordedAndCosted) {
 }
 
 TEST(CostShapes, OrtFusionGraphsRecordEveryOutputTheRuntimeRuns) {
-  const std::filesystem::path dir = std::filesystem::path(GAF_SHARED_DIR) / "testdata" / "ort-fusion";
-  if (!std::filesystem::exists(dir)) GTEST_SKIP() << "no " << dir;
+  const std::filesystem::path dir = testing::OrtFusionDir();
+  if (!std::filesystem::exists(dir)) GTEST_SKIP() << testing::SharedSkipMessage(dir);
   int ran = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     if (e.path().extension() != ".onnx") continue;

@@ -550,8 +550,8 @@ namespace {
 // Every ONNX Runtime fusion test graph the runtime can run: the fused model (preset "all") passes
 // the checker when the original does, and its outputs equal the original's.
 TEST(GraphAutoFusion, OrtFusionGraphsFusedEqualOriginal) {
-  const fs::path dir = fs::path(GAF_SHARED_DIR) / "testdata" / "ort-fusion";
-  if (!fs::exists(dir)) GTEST_SKIP() << "no " << dir;
+  const fs::path dir = testing::OrtFusionDir();
+  if (!fs::exists(dir)) GTEST_SKIP() << testing::SharedSkipMessage(dir);
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(dir))
     if (e.path().extension() == ".onnx") files.push_back(e.path());

@@ -166,15 +166,18 @@ TEST(OnnxIo, NpyRoundTrip) {
 
 // Truncated and byte-flipped real exports must give gaf::Error (or run), never crash.
 TEST(OnnxIo, CorruptedModelsNeverCrash) {
+  // The repository's own torch.onnx.export fixtures always; ONNX Runtime's graphs too when present.
   std::vector<std::string> models;
-  fs::path shared = fs::path(GAF_SHARED_DIR) / "testdata" / "ort-fusion";
+  const fs::path fixtures = fs::path(GAF_SOURCE_DIR) / "tests" / "fixtures" / "torch";
+  for (const char* n : {"bert_like", "lstm_tagger", "mobile_like"}) models.push_back((fixtures / n / "model.onnx").string());
+  fs::path shared = testing::OrtFusionDir();
   for (const char* n : {"attention_distilbert.onnx", "bias_gelu_fusion.onnx", "layer_norm_with_cast.onnx"})
     if (fs::exists(shared / n)) models.push_back((shared / n).string());
-  ASSERT_FALSE(models.empty()) << "no shared test models under " << shared;
   std::mt19937 rng(1234);
   int errors = 0, loaded = 0;
   for (const std::string& path : models) {
     std::ifstream in(path, std::ios::binary);
+    ASSERT_TRUE(in) << path;
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     for (int trial = 0; trial < 60; ++trial) {
       std::string b = bytes;

@@ -217,8 +217,8 @@ TEST(Rules, CnnEveryConvBatchNormMatches) {
 // ---------------- ONNX Runtime's fusion test graphs ----------------
 
 TEST(Rules, OrtFusionGraphs) {
-  const fs::path dir = fs::path(GAF_SHARED_DIR) / "testdata" / "ort-fusion";
-  if (!fs::exists(dir)) GTEST_SKIP() << dir << " not found";
+  const fs::path dir = testing::OrtFusionDir();
+  if (!fs::exists(dir)) GTEST_SKIP() << testing::SharedSkipMessage(dir);
   std::vector<FusionRule> rules = BuiltinRules();
   std::map<std::string, std::map<std::string, std::vector<PatternMatch>>> found;
   int loaded = 0, unloadable = 0;
@@ -273,8 +273,8 @@ TEST(Rules, OrtFusionGraphs) {
 
 // The interior rule on ORT's "do not fuse" graphs: the reason names the outside user.
 TEST(Rules, OrtFusionNegativeReasons) {
-  const fs::path f = fs::path(GAF_SHARED_DIR) / "testdata" / "ort-fusion" / "gelu_format2_0_with_bias_use_graph_output.onnx";
-  if (!fs::exists(f)) GTEST_SKIP() << f << " not found";
+  const fs::path f = testing::OrtFusionDir() / "gelu_format2_0_with_bias_use_graph_output.onnx";
+  if (!fs::exists(f)) GTEST_SKIP() << testing::SharedSkipMessage(f);
   Model model = LoadModel(f.string());
   InferShapes(model);
   Canonicalize(model);

@@ -157,7 +157,7 @@ TEST(SafeFusion, ParitySuiteGeneratedKernelsMatchReference) {
     f.FuseSafe(NoSpeedGate());
     checked += CheckParity(f.GetSafeFusionReport(), name, &per_rule);
   }
-  const fs::path dir = fs::path(GAF_SHARED_DIR) / "testdata" / "ort-fusion";
+  const fs::path dir = testing::OrtFusionDir();
   if (fs::exists(dir)) {
     std::vector<fs::path> files;
     for (const auto& e : fs::directory_iterator(dir))
@@ -182,6 +182,8 @@ TEST(SafeFusion, ParitySuiteGeneratedKernelsMatchReference) {
         continue;  // graphs the runtime cannot run (contrib ops, unsupported types)
       }
     }
+  } else {
+    std::printf("parity: ONNX Runtime's graphs left out: %s\n", testing::SharedSkipMessage(dir).c_str());
   }
   std::printf("parity: %d kernels checked across %zu rules\n", checked, per_rule.size());
   // GPT-2's Where-masked attention (a bool mask read by the generated code) has a kernel.
@@ -367,11 +369,15 @@ TEST(SafeFusion, PrescaledWhereMaskAttention) {
 // float16 / bfloat16 models: fused groups get kernels (values widened by the runtime, outputs
 // narrowed back), and the fused model with its kernels matches the original.
 TEST(SafeFusion, HalfPrecisionGroupsGetKernels) {
-  const fs::path dir = fs::path(GAF_SHARED_DIR) / "testdata" / "ort-fusion";
-  int checked = 0;
-  for (const char* name : {"conv_add_relu_fp16.onnx", "bias_softmax_fusion_bfloat16.onnx"}) {
-    if (!fs::exists(dir / name)) continue;
-    Model m = LoadModel((dir / name).string());
+  // The repository's fixtures (tests/fixtures/make_onnx_fixtures.py) always, ONNX Runtime's
+  // graphs as well when ../shared is there.
+  const fs::path own = fs::path(GAF_SOURCE_DIR) / "tests" / "fixtures" / "onnx";
+  std::vector<fs::path> files = {own / "conv_add_relu_fp16.onnx", own / "bias_softmax_bfloat16.onnx"};
+  for (const char* name : {"conv_add_relu_fp16.onnx", "bias_softmax_fusion_bfloat16.onnx"})
+    if (fs::exists(testing::OrtFusionDir() / name)) files.push_back(testing::OrtFusionDir() / name);
+  for (const fs::path& file : files) {
+    const std::string name = file.string();
+    Model m = LoadModel(name);
     GraphAutoFusion f(m, Preset("all"));
     Model fused = f.FuseSafe(NoSpeedGate());
     int kept = 0;
@@ -379,33 +385,34 @@ TEST(SafeFusion, HalfPrecisionGroupsGetKernels) {
     EXPECT_GT(kept, 0) << name << "\n" << f.GetSafeFusionReport().ToText();
     PrecisionReport p = VerifyPrecision(fused, m);
     EXPECT_TRUE(p.Passes(0.999, 1e-3)) << name << ": " << p.min_cosine << " " << p.max_abs_error;
-    EXPECT_NE(p.kernels.find("kernel"), std::string::npos) << p.kernels;
-    ++checked;
+    EXPECT_NE(p.kernels.find("kernel"), std::string::npos) << name << ": " << p.kernels;
   }
-  if (checked == 0) GTEST_SKIP() << "no half-precision test graphs in " << dir;
 }
 
 // Groups that mix float32 and float16 values (exporters' Cast-wrapped normalizations): the kernel
 // widens the half inputs, rounds every float16-typed value where its operator ends (as the
 // unfused operators store them), and writes each output in its own type.
 TEST(SafeFusion, MixedPrecisionGroupsGetKernels) {
-  const fs::path file = fs::path(GAF_SHARED_DIR) / "testdata" / "ort-fusion" / "skip_layer_norm_format1_with_cast.onnx";
-  if (!fs::exists(file)) GTEST_SKIP() << file << " is missing";
-  Model m = LoadModel(file.string());
-  GraphAutoFusion f(m, Preset("all"));
-  Model fused = f.FuseSafe(NoSpeedGate());
-  const SafeFusionReport& r = f.GetSafeFusionReport();
-  bool mixed = false;
-  for (const SafeKernelResult& k : r.kernels)
-    if (k.fused && k.kernel.find("Cast") != std::string::npos) mixed = true;
-  EXPECT_TRUE(mixed) << "no kept kernel with a Cast inside\n" << r.ToText();
-  PrecisionReport p = VerifyPrecision(fused, m);
-  for (const OutputPrecision& o : p.outputs) {
-    EXPECT_GE(o.cosine, 0.99999) << o.name;
-    // Without the per-operator rounding the float16 output C differed by 8.7e-3 (one float16 step).
-    EXPECT_LE(o.max_abs_error, 1e-4) << o.name;
+  std::vector<fs::path> files = {fs::path(GAF_SOURCE_DIR) / "tests" / "fixtures" / "onnx" / "skip_layer_norm_cast_fp16.onnx"};
+  const fs::path ort = testing::OrtFusionDir() / "skip_layer_norm_format1_with_cast.onnx";
+  if (fs::exists(ort)) files.push_back(ort);
+  for (const fs::path& file : files) {
+    Model m = LoadModel(file.string());
+    GraphAutoFusion f(m, Preset("all"));
+    Model fused = f.FuseSafe(NoSpeedGate());
+    const SafeFusionReport& r = f.GetSafeFusionReport();
+    bool mixed = false;
+    for (const SafeKernelResult& k : r.kernels)
+      if (k.fused && k.kernel.find("Cast") != std::string::npos) mixed = true;
+    EXPECT_TRUE(mixed) << file << ": no kept kernel with a Cast inside\n" << r.ToText();
+    PrecisionReport p = VerifyPrecision(fused, m);
+    for (const OutputPrecision& o : p.outputs) {
+      EXPECT_GE(o.cosine, 0.99999) << file << " " << o.name;
+      // Without the per-operator rounding the float16 output C differed by 8.7e-3 (one float16 step).
+      EXPECT_LE(o.max_abs_error, 1e-4) << file << " " << o.name;
+    }
+    EXPECT_NE(p.kernels.find("kernel"), std::string::npos) << file << ": " << p.kernels;
   }
-  EXPECT_NE(p.kernels.find("kernel"), std::string::npos) << p.kernels;
 }
 
 // float16 weight storage: products against the float32 reference within float16's precision, for
@@ -431,7 +438,9 @@ TEST(HalfWeights, MatMulMatchesFloat32Reference) {
     for (int64_t i = 0; i < ref.outputs[0].numel(); ++i) scale = std::max(scale, std::fabs(double(ref.outputs[0].data<float>()[i])));
     EXPECT_GE(cs, 0.99999) << M << "x" << K << "x" << N;
     EXPECT_LE(err, 2e-3 * scale) << M << "x" << K << "x" << N;
-    if (M <= 4) EXPECT_GT(err, 0.0) << "float16 storage should change the result somewhere";
+    if (M <= 4) {
+      EXPECT_GT(err, 0.0) << "float16 storage should change the result somewhere";
+    }
   }
 }
 

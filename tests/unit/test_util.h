@@ -1,6 +1,8 @@
 // Helpers for tests: building small graphs by hand.
 #pragma once
 
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -61,6 +63,21 @@ inline Model MakeModel(Graph g, int64_t opset = 17) {
   m.opset_imports.push_back({"", opset});
   m.graph = std::move(g);
   return m;
+}
+
+// Test data that lives outside the repository: ../shared beside the checkout (ONNX Runtime's fusion
+// test graphs under testdata/ort-fusion, ONNX's opset-28 node tests), or GAF_SHARED_DIR in the
+// environment. Tests that need it skip with SharedSkipMessage when it is missing: a user's clone
+// has no ../shared, and the core suite stands on the fixtures in tests/fixtures.
+inline std::filesystem::path SharedDir() {
+  if (const char* env = std::getenv("GAF_SHARED_DIR"); env && *env) return env;
+  return GAF_SHARED_DIR;
+}
+inline std::filesystem::path OrtFusionDir() { return SharedDir() / "testdata" / "ort-fusion"; }
+inline std::string SharedSkipMessage(const std::filesystem::path& missing) {
+  return "needs " + missing.string() +
+         " (ONNX Runtime's fusion test graphs, MIT): put the project's shared/ folder beside the "
+         "checkout or point GAF_SHARED_DIR at it";
 }
 
 }  // namespace gaf::testing
