@@ -2,13 +2,17 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <pwd.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -20,6 +24,12 @@ namespace gaf {
 namespace fs = std::filesystem;
 
 namespace {
+
+constexpr const char* kLibraryName = "libgaf_kernels.so";
+// Written after a successful build: "fnv1a64 <hash> <size>", then one line per symbol that failed.
+constexpr const char* kManifestName = "libgaf_kernels.sum";
+// Part of the cache key: folders of an older layout (no checksum file) are never reused.
+constexpr const char* kCacheLayout = "gaf-kernel-cache 2";
 
 std::string RunCommand(const std::string& cmd, int* status) {
   std::string out;
@@ -35,8 +45,118 @@ std::string RunCommand(const std::string& cmd, int* status) {
   return out;
 }
 
-// FNV-1a, 64 bit: stable across runs and machines (std::hash is not).
-uint64_t Fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
+// A path as one single-quoted shell word.
+std::string ShellQuote(const fs::path& p) {
+  std::string q = "'";
+  for (char c : p.string()) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+std::string ReadAll(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+// False when `p` does not exist; throws unless it is a folder (or a regular file) itself, not a
+// symbolic link, owned by the effective user and not writable by group or others.
+bool CheckTrusted(const fs::path& p, bool folder) {
+  struct stat st;
+  if (::lstat(p.c_str(), &st) != 0) {
+    if (errno == ENOENT) return false;
+    throw Error(fmt::format("{}: kernel cache: cannot stat: {}", p.string(), std::strerror(errno)));
+  }
+  GAF_CHECK(!S_ISLNK(st.st_mode), "{}: kernel cache: is a symbolic link; refusing to use it", p.string());
+  GAF_CHECK(folder ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode), "{}: kernel cache: not a {}", p.string(),
+            folder ? "folder" : "regular file");
+  GAF_CHECK(st.st_uid == ::geteuid(), "{}: kernel cache: owned by uid {}, not by the effective user (uid {}); refusing to use it",
+            p.string(), st.st_uid, ::geteuid());
+  GAF_CHECK((st.st_mode & (S_IWGRP | S_IWOTH)) == 0,
+            "{}: kernel cache: writable by group or others (mode {:04o}); refusing to use it (chmod go-w, or set "
+            "GAF_KERNEL_CACHE to a folder of your own)",
+            p.string(), st.st_mode & 07777);
+  return true;
+}
+
+bool Exists(const fs::path& p) {
+  struct stat st;
+  return ::lstat(p.c_str(), &st) == 0;
+}
+
+// Creates each missing folder on the way to `p` with mode 0700.
+void MakeFolders(const fs::path& p) {
+  fs::path cur;
+  for (const fs::path& part : p) {
+    cur /= part;
+    if (Exists(cur) || ::mkdir(cur.c_str(), 0700) == 0 || errno == EEXIST) continue;
+    throw Error(fmt::format("{}: cannot create the kernel cache folder: {} (set GAF_KERNEL_CACHE to a folder of your own)",
+                            cur.string(), std::strerror(errno)));
+  }
+}
+
+// Seconds to wait for another process's build: $GAF_KERNEL_LOCK_TIMEOUT, default 120.
+double LockTimeoutSeconds() {
+  const char* env = std::getenv("GAF_KERNEL_LOCK_TIMEOUT");
+  if (env == nullptr || *env == '\0') return 120;
+  char* end = nullptr;
+  const double s = std::strtod(env, &end);
+  GAF_CHECK(end != env && *end == '\0' && s >= 0, "GAF_KERNEL_LOCK_TIMEOUT={}: not a number of seconds", env);
+  return s;
+}
+
+// The build lock of one cache folder, polled (LOCK_NB) until the timeout.
+class BuildLock {
+ public:
+  BuildLock(const fs::path& p, double timeout_s) : fd_(::open(p.c_str(), O_CREAT | O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0600)) {
+    GAF_CHECK(fd_ >= 0, "{}: cannot open the kernel build lock: {}", p.string(), std::strerror(errno));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err != EWOULDBLOCK && err != EINTR) Fail(p, std::strerror(err));
+      if (std::chrono::steady_clock::now() >= deadline)
+        Fail(p, fmt::format("held by another process for more than {} s (a build still running, or a stuck "
+                            "process; raise GAF_KERNEL_LOCK_TIMEOUT to wait longer)", timeout_s));
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  ~BuildLock() {
+    ::flock(fd_, LOCK_UN);
+    ::close(fd_);
+  }
+  BuildLock(const BuildLock&) = delete;
+  BuildLock& operator=(const BuildLock&) = delete;
+
+ private:
+  [[noreturn]] void Fail(const fs::path& p, const std::string& why) {
+    ::close(fd_);
+    throw Error(fmt::format("{}: kernel build lock: {}", p.string(), why));
+  }
+  int fd_;
+};
+
+std::string Manifest(const std::string& library_bytes, const std::map<std::string, std::string>& errors) {
+  std::string m = fmt::format("fnv1a64 {:016x} {}\n", StableHash(library_bytes), library_bytes.size());
+  for (const auto& [symbol, message] : errors) m += symbol + "\n";
+  return m;
+}
+
+// Writes `bytes` to a temporary name beside `p` and renames it into place.
+void WriteAtomically(const fs::path& p, const std::string& bytes) {
+  const fs::path tmp = p.string() + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << bytes;
+    GAF_CHECK(out.good(), "{}: cannot write", tmp.string());
+  }
+  std::error_code ec;
+  fs::rename(tmp, p, ec);
+  GAF_CHECK(!ec, "{}: cannot rename into place: {}", p.string(), ec.message());
+}
+
+}  // namespace
+
+uint64_t StableHash(const std::string& s, uint64_t h) {
   for (unsigned char c : s) {
     h ^= c;
     h *= 1099511628211ull;
@@ -44,14 +164,13 @@ uint64_t Fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
   return h;
 }
 
-std::string ReadAll(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+bool IsKernelSymbol(const std::string& s) {
+  auto letter = [](char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; };
+  if (s.empty() || s.size() > 200 || !letter(s[0])) return false;
+  for (char c : s)
+    if (!letter(c) && !(c >= '0' && c <= '9')) return false;
+  return true;
 }
-
-}  // namespace
 
 KernelLibrary::~KernelLibrary() {
   if (handle_ != nullptr) ::dlclose(handle_);
@@ -66,12 +185,19 @@ void* KernelLibrary::Find(const std::string& symbol) const {
   return ::dlsym(handle_, symbol.c_str());
 }
 
+// The cache root when none is given: never a shared folder such as /tmp.
+static std::string DefaultCacheRoot() {
+  if (const char* env = std::getenv("GAF_KERNEL_CACHE"); env != nullptr && *env != '\0') return env;
+  std::string home;
+  if (const char* env = std::getenv("HOME"); env != nullptr && *env != '\0') home = env;
+  else if (const passwd* pw = ::getpwuid(::geteuid()); pw != nullptr && pw->pw_dir != nullptr) home = pw->pw_dir;
+  GAF_CHECK(!home.empty(), "no folder for the kernel cache: $HOME is unset and uid {} has no home directory; set "
+            "GAF_KERNEL_CACHE to a folder of your own", ::geteuid());
+  return home + "/.cache/graph-autofusion/kernels";
+}
+
 KernelCompiler::KernelCompiler(std::string cache_root) : cache_root_(std::move(cache_root)) {
-  if (cache_root_.empty()) {
-    if (const char* env = std::getenv("GAF_KERNEL_CACHE")) cache_root_ = env;
-    else if (const char* home = std::getenv("HOME")) cache_root_ = std::string(home) + "/.cache/graph-autofusion/kernels";
-    else cache_root_ = "/tmp/graph-autofusion-kernels";
-  }
+  if (cache_root_.empty()) cache_root_ = DefaultCacheRoot();
 }
 
 std::string KernelCompiler::CompilerFlags() { return "-O3 -march=native -fPIC -fopenmp -fno-math-errno -std=c++20"; }
@@ -92,88 +218,101 @@ std::string KernelCompiler::TargetName() {
   return name;
 }
 
+// The batch's folder, <root>/<target>/<hash of layout, flags, compiler, target and sources>: created
+// (mode 0700) where missing, and checked from the root down.
+std::string KernelCompiler::BuildFolder(const std::vector<KernelSource>& kernels) const {
+  int st = 0;
+  const std::string compiler_version = RunCommand("c++ --version | head -1", &st);
+  uint64_t h = StableHash(std::string(kCacheLayout) + "\n" + CompilerFlags() + "\n" + compiler_version + "\n" + TargetName());
+  for (const KernelSource& k : kernels) {
+    GAF_CHECK(IsKernelSymbol(k.symbol), "kernel symbol '{}' is not a C identifier", k.symbol);
+    h = StableHash(k.symbol + "\n" + k.source, h);
+  }
+  const fs::path root = fs::absolute(cache_root_).lexically_normal();
+  const fs::path dir = root / TargetName() / fmt::format("{:016x}", h);
+  for (const fs::path& p : {root, root / TargetName(), dir}) {
+    MakeFolders(p);
+    GAF_CHECK(CheckTrusted(p, true), "{}: kernel cache: the folder disappeared", p.string());
+  }
+  return dir.string();
+}
+
+// Loads the finished library of lib.dir_ when its bytes match the recorded checksum; false when
+// there is none yet or it does not match (it is then rebuilt).
+bool KernelCompiler::LoadVerified(const std::vector<KernelSource>& kernels, KernelLibrary& lib) {
+  const fs::path dir = lib.dir_, so = dir / kLibraryName, sum = dir / kManifestName;
+  if (!CheckTrusted(so, false) || !CheckTrusted(sum, false)) return false;
+  std::istringstream manifest(ReadAll(sum));
+  std::string line;
+  std::getline(manifest, line);
+  std::map<std::string, std::string> errors;
+  for (std::string sym; std::getline(manifest, sym);) {
+    if (!IsKernelSymbol(sym)) return false;  // a damaged checksum file: rebuilt
+    errors[sym] = ReadAll(dir / (sym + ".o.log"));
+  }
+  if (line + "\n" != Manifest(ReadAll(so), {})) return false;
+  lib.errors_ = std::move(errors);
+  lib.handle_ = ::dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (lib.handle_ == nullptr) {
+    const char* why = ::dlerror();
+    throw Error(fmt::format("{}: cannot load: {}", so.string(), why != nullptr ? why : "unknown error"));
+  }
+  for (const KernelSource& k : kernels)
+    if (!lib.errors_.count(k.symbol)) lib.symbols_[k.symbol] = ::dlsym(lib.handle_, k.symbol.c_str());
+  return true;
+}
+
+// Builds every kernel in lib.dir_ (holding its lock): objects in one ninja run, linked to a
+// temporary name, checksummed, renamed into place. False (no library) when every kernel failed.
+bool KernelCompiler::Build(const std::vector<KernelSource>& kernels, KernelLibrary& lib) {
+  const fs::path dir = lib.dir_;
+  std::error_code ec;
+  for (const char* stale : {kLibraryName, kManifestName}) fs::remove(dir / stale, ec);
+  std::ostringstream ninja;
+  ninja << "# Generated by graph-autofusion: one object per fused kernel, linked into one library.\n";
+  ninja << "cxxflags = " << CompilerFlags() << "\n";
+  ninja << "rule cxx\n  command = c++ $cxxflags -c $in -o $out > $out.log 2>&1 || (cat $out.log; exit 1)\n"
+           "  description = CXX $out\n";
+  for (const KernelSource& k : kernels) {
+    fs::remove(dir / (k.symbol + ".o"), ec);  // a damaged library's objects are not trusted either
+    std::ofstream(dir / (k.symbol + ".cc"), std::ios::binary) << k.source;
+    ninja << "build " << k.symbol << ".o: cxx " << k.symbol << ".cc\n";
+  }
+  std::ofstream(dir / "build.ninja") << ninja.str();
+  const unsigned jobs = std::max(1u, std::thread::hardware_concurrency());
+  int st = 0;
+  RunCommand(fmt::format("ninja -C {} -k 0 -j {} > {} 2>&1", ShellQuote(dir), jobs, ShellQuote(dir / "ninja.log")), &st);
+  std::string objects;
+  for (const KernelSource& k : kernels) {
+    if (Exists(dir / (k.symbol + ".o"))) objects += " " + k.symbol + ".o";
+    else lib.errors_[k.symbol] = ReadAll(dir / (k.symbol + ".o.log"));
+  }
+  if (objects.empty()) return false;  // every kernel failed; errors() says why
+  const std::string tmp = std::string(kLibraryName) + ".tmp." + std::to_string(::getpid());
+  const std::string out = RunCommand(fmt::format("cd {} && c++ -shared -fopenmp -o {} {}", ShellQuote(dir), tmp, objects), &st);
+  GAF_CHECK(st == 0, "linking the fused kernels in {} failed: {}", dir.string(), out);
+  const std::string manifest = Manifest(ReadAll(dir / tmp), lib.errors_);
+  fs::rename(dir / tmp, dir / kLibraryName, ec);
+  GAF_CHECK(!ec, "{}: cannot rename the kernel library into place: {}", (dir / kLibraryName).string(), ec.message());
+  WriteAtomically(dir / kManifestName, manifest);
+  return true;
+}
+
 std::shared_ptr<KernelLibrary> KernelCompiler::Compile(const std::vector<KernelSource>& kernels) {
   auto lib = std::make_shared<KernelLibrary>();
   if (kernels.empty()) return lib;
-  int st = 0;
-  std::string compiler_version = RunCommand("c++ --version | head -1", &st);
-  uint64_t h = Fnv1a(CompilerFlags() + "\n" + compiler_version + "\n" + TargetName());
-  for (const KernelSource& k : kernels) h = Fnv1a(k.symbol + "\n" + k.source, h);
-  char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
-  fs::path dir = fs::path(cache_root_) / TargetName() / hex;
-  lib->dir_ = dir.string();
-  fs::path so = dir / "libgaf_kernels.so";
-  auto t0 = std::chrono::steady_clock::now();
-  // Processes that compile the same batch at once (parallel tests, two sessions) take turns: the
-  // second finds the library the first built.
-  {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    GAF_CHECK(!ec, "{}: cannot create the kernel build folder: {}", dir.string(), ec.message());
-  }
-  struct DirLock {
-    int fd = -1;
-    explicit DirLock(const fs::path& p) : fd(::open(p.c_str(), O_CREAT | O_RDWR, 0644)) {
-      if (fd >= 0) ::flock(fd, LOCK_EX);
-    }
-    ~DirLock() {
-      if (fd >= 0) {
-        ::flock(fd, LOCK_UN);
-        ::close(fd);
-      }
-    }
-  } lock(dir / ".lock");
-  if (fs::exists(so)) {
-    lib->from_cache_ = true;
-  } else {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    GAF_CHECK(!ec, "{}: cannot create the kernel build folder: {}", dir.string(), ec.message());
-    std::ostringstream ninja;
-    ninja << "# Generated by graph-autofusion: one object per fused kernel, linked into one library.\n";
-    ninja << "cxxflags = " << CompilerFlags() << "\n";
-    ninja << "rule cxx\n  command = c++ $cxxflags -c $in -o $out > $out.log 2>&1 || (cat $out.log; exit 1)\n"
-             "  description = CXX $out\n";
-    for (const KernelSource& k : kernels) {
-      std::ofstream(dir / (k.symbol + ".cc")) << k.source;
-      ninja << "build " << k.symbol << ".o: cxx " << k.symbol << ".cc\n";
-    }
-    std::ofstream(dir / "build.ninja") << ninja.str();
-    unsigned jobs = std::max(1u, std::thread::hardware_concurrency());
-    RunCommand(fmt::format("ninja -C '{}' -k 0 -j {} > '{}/ninja.log' 2>&1", dir.string(), jobs, dir.string()), &st);
-    std::string objects;
-    for (const KernelSource& k : kernels) {
-      if (fs::exists(dir / (k.symbol + ".o"))) objects += " " + k.symbol + ".o";
-      else lib->errors_[k.symbol] = ReadAll(dir / (k.symbol + ".o.log"));
-    }
-    if (!objects.empty()) {
-      // Link to a temporary name, then rename: a concurrent run never loads a half-written library.
-      std::string tmp = "libgaf_kernels.so.tmp." + std::to_string(::getpid());
-      std::string out = RunCommand(
-          fmt::format("cd '{}' && c++ -shared -fopenmp -o {} {}", dir.string(), tmp, objects), &st);
-      GAF_CHECK(st == 0, "linking the fused kernels in {} failed: {}", dir.string(), out);
-      fs::rename(dir / tmp, so, ec);
-      GAF_CHECK(!ec, "{}: cannot rename the kernel library into place: {}", so.string(), ec.message());
-      std::ofstream(dir / "errors.txt") << [&] {
-        std::string e;
-        for (const auto& [s, m] : lib->errors_) e += s + "\n";
-        return e;
-      }();
-    }
-  }
-  if (lib->from_cache_ && fs::exists(dir / "errors.txt")) {
-    std::istringstream es(ReadAll(dir / "errors.txt"));
-    std::string sym;
-    while (std::getline(es, sym))
-      if (!sym.empty()) lib->errors_[sym] = ReadAll(dir / (sym + ".o.log"));
+  lib->dir_ = BuildFolder(kernels);
+  const auto t0 = std::chrono::steady_clock::now();
+  // A cache hit needs no lock. Processes that build the same batch at once (parallel tests, two
+  // sessions) take turns: the second finds the library the first built.
+  lib->from_cache_ = LoadVerified(kernels, *lib);
+  if (!lib->from_cache_) {
+    BuildLock lock(fs::path(lib->dir_) / ".lock", LockTimeoutSeconds());
+    lib->from_cache_ = LoadVerified(kernels, *lib);
+    if (!lib->from_cache_ && Build(kernels, *lib))
+      GAF_CHECK(LoadVerified(kernels, *lib), "{}: the kernel library just built does not match its checksum", lib->dir_);
   }
   lib->compile_seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (!fs::exists(so)) return lib;  // every kernel failed; errors() says why
-  lib->handle_ = ::dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
-  GAF_CHECK(lib->handle_ != nullptr, "{}: cannot load: {}", so.string(), ::dlerror());
-  for (const KernelSource& k : kernels)
-    if (!lib->errors_.count(k.symbol)) lib->symbols_[k.symbol] = ::dlsym(lib->handle_, k.symbol.c_str());
   return lib;
 }
 

@@ -1,18 +1,30 @@
 #include "codegen/fused_kernels.h"
 
-#include <cctype>
+#include <fmt/format.h>
+
 #include <functional>
-#include <set>
-#include <cstdio>
 
 namespace gaf {
 
 namespace {
 
-std::string Sanitize(const std::string& s) {
-  std::string o;
-  for (char c : s) o.push_back(std::isalnum(static_cast<unsigned char>(c)) ? c : '_');
-  return o;
+constexpr const char* kTemporarySymbol = "gaf_fused_kernel_tmp";
+
+// Gives the row stages of `k` their symbols, gaf_k<N>_<hash of the source>, N counting distinct
+// sources in the batch: call sites with identical code share one compiled function. No name from
+// the model reaches generated code or the cache key; the sources depend on structure only.
+void NameStages(StagedKernel& k, std::map<std::string, std::string>& symbol_of_source, std::vector<KernelSource>& sources) {
+  for (auto& st : k.stages) {
+    if (st.library) continue;
+    auto [it, added] = symbol_of_source.try_emplace(st.row.source);
+    if (added) it->second = fmt::format("gaf_k{}_{:016x}", sources.size(), StableHash(st.row.source));
+    const std::string old = st.row.symbol;
+    const std::string& sym = it->second;
+    for (size_t pos = 0; (pos = st.row.source.find(old, pos)) != std::string::npos; pos += sym.size())
+      st.row.source.replace(pos, old.size(), sym);
+    st.row.symbol = sym;
+    if (added) sources.push_back({sym, st.row.source});
+  }
 }
 
 }  // namespace
@@ -21,11 +33,10 @@ std::shared_ptr<FusedKernelSet> FusedKernelSet::Build(const Model& model, const 
                                                       KernelCompiler& compiler, const std::string& domain,
                                                       HalfWeights half_weights) {
   // One kernel per call site: calls of one function differ in their constants (weights folded
-  // into a kernel, scalars baked into its code) and shapes. Generated stage sources are named by
-  // a hash of their text, so call sites with identical code share one compiled function.
+  // into a kernel, scalars baked into its code) and shapes (NameStages).
   auto set = std::make_shared<FusedKernelSet>();
   std::vector<KernelSource> sources;
-  std::set<std::string> have;
+  std::map<std::string, std::string> symbol_of_source;
   std::map<std::string, Graph> bodies;
   for (const Node& call : model.graph.nodes) {
     if (call.domain != domain) continue;
@@ -65,23 +76,9 @@ std::shared_ptr<FusedKernelSet> FusedKernelSet::Build(const Model& model, const 
     if (!shapes_known) {
       e.status = "input shapes unknown (no recorded run)";
     } else {
-      const std::string tmp = "gaf_fused_kernel_tmp";
-      e.kernel = GenerateStagedKernel(req, tmp, model.OpsetVersion(""));
-      if (e.kernel.ok) {
-        for (auto& st : e.kernel.stages) {
-          if (st.library) continue;
-          const std::string old = st.row.symbol;
-          char hex[17];
-          std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(std::hash<std::string>{}(st.row.source)));
-          const std::string sym = "gaf_" + Sanitize(f->name) + "_" + hex;
-          for (size_t pos = 0; (pos = st.row.source.find(old, pos)) != std::string::npos; pos += sym.size())
-            st.row.source.replace(pos, old.size(), sym);
-          st.row.symbol = sym;
-          if (have.insert(sym).second) sources.push_back({sym, st.row.source});
-        }
-      } else {
-        e.status = "not generated: " + e.kernel.reason;
-      }
+      e.kernel = GenerateStagedKernel(req, kTemporarySymbol, model.OpsetVersion(""));
+      if (e.kernel.ok) NameStages(e.kernel, symbol_of_source, sources);
+      else e.status = "not generated: " + e.kernel.reason;
     }
     set->by_node_[call.name] = set->entries_.size();
     set->entries_.push_back(std::move(e));
