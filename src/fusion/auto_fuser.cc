@@ -4,10 +4,16 @@
 
 #include <algorithm>
 #include <set>
+#include <unordered_map>
+#include <unordered_set>
 
 namespace gaf {
 
 namespace {
+
+// Nodes one automatic group may hold: longer runs (a 100k-node chain of Relu) are cut into groups
+// of this size, which keeps each group's cost estimate, rewrite and generated kernel small.
+constexpr size_t kMaxAutoGroupNodes = 256;
 
 bool HasSubgraph(const Node& n) {
   for (const Attribute& a : n.attributes)
@@ -30,6 +36,13 @@ bool IsIntegerOrBool(DataType t) {
 std::vector<bool> ShapeMathNodes(const Graph& g, const GraphIndex& index) {
   const int n = static_cast<int>(g.nodes.size());
   std::vector<bool> math(n, false);
+  // Declared types (the first declaration wins, as in Graph::FindValueInfo) and initializer
+  // names, indexed once: looking them up per node would be quadratic in a long graph.
+  std::unordered_map<std::string, DataType> declared;
+  for (const auto* list : {&g.inputs, &g.outputs, &g.value_info})
+    for (const ValueInfo& v : *list) declared.emplace(v.name, v.dtype);
+  std::unordered_set<std::string> initializers;
+  for (const auto& [name, t] : g.initializers) initializers.insert(name);
   for (int i = 0; i < n; ++i) {  // nodes are in topological order
     const Node& node = g.nodes[i];
     if (node.op_type == "Shape" || node.op_type == "Size") {
@@ -37,11 +50,12 @@ std::vector<bool> ShapeMathNodes(const Graph& g, const GraphIndex& index) {
       continue;
     }
     for (const std::string& o : node.outputs)
-      if (const ValueInfo* vi = o.empty() ? nullptr : g.FindValueInfo(o); vi && IsIntegerOrBool(vi->dtype)) math[i] = true;
+      if (auto it = o.empty() ? declared.end() : declared.find(o); it != declared.end() && IsIntegerOrBool(it->second))
+        math[i] = true;
     if (math[i]) continue;
     bool any = false, all = true;
     for (const std::string& in : node.inputs) {
-      if (in.empty() || g.FindInitializer(in) != nullptr) continue;
+      if (in.empty() || initializers.count(in)) continue;
       const int p = index.Producer(in);
       if (p < 0) {  // a graph input
         all = false;
@@ -114,7 +128,9 @@ std::vector<AutoFusionGroup> FindAutoFusionGroups(const Graph& g, const GraphInd
           else target = gc;
         }
       }
-      if (!any || !ok || target < 0 || !can_join(p, groups[target])) target = -1;
+      if (!any || !ok || target < 0 || groups[target].members.size() >= kMaxAutoGroupNodes ||
+          !can_join(p, groups[target]))
+        target = -1;
     }
     if (target < 0) {
       if (is_excluded(p) || kind[p] == OpKind::kOpaque) continue;  // stays alone, never a group

@@ -148,6 +148,19 @@ std::string DescribeNodes(const Graph& g, const std::vector<int>& nodes) {
   return Join(parts, ", ");
 }
 
+// A rule whose matching spent its step budget: a skip with the reason, never a match.
+DecisionRecord GaveUpRecord(const Graph& g, const FusionRule& rule, const MatchAttempt& a) {
+  DecisionRecord r;
+  r.stage = "match";
+  r.rule = rule.name;
+  r.fused_op = rule.fuse_pattern;
+  r.nodes = {NodeLabel(g.nodes[a.root], a.root)};
+  r.op_types = {g.nodes[a.root].op_type};
+  r.decision = "Skip: gave up";
+  r.reason = a.reason;
+  return r;
+}
+
 }  // namespace
 
 void GroupBoundary(const Graph& g, const GraphIndex& index, const std::vector<int>& nodes,
@@ -243,8 +256,10 @@ std::vector<FusionCandidate> PlanFusion(const Graph& g, const std::vector<Fusion
   for (size_t ri = 0; ri < rules.size(); ++ri) {
     const FusionRule& rule = rules[ri];
     std::set<std::vector<int>> seen;
-    for (const PatternMatch& m : FindAllMatches(g, index, rule)) {
-      std::vector<int> nodes = m.nodes;
+    for (MatchAttempt& a : TryRule(g, index, rule)) {
+      if (a.gave_up) log->Append(GaveUpRecord(g, rule, a));
+      if (!a.match) continue;
+      std::vector<int> nodes = a.match->nodes;
       std::sort(nodes.begin(), nodes.end());
       if (nodes.empty() || !seen.insert(nodes).second) continue;
       Work w = MakeWork(g, index, nodes, rule.name, rule.fuse_pattern.empty() ? "Fused" + rule.name : rule.fuse_pattern,

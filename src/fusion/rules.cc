@@ -14,16 +14,22 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <fstream>
-#include <functional>
 #include <set>
 #include <sstream>
+#include <unordered_map>
+#include <unordered_set>
 
 #include "ir/error.h"
 
 namespace gaf {
 
 namespace {
+
+// Nodes one rule (or chain) may have: the largest built-in rule has a dozen; the matcher's
+// recursion and the planner's work grow with a rule's size.
+constexpr size_t kMaxRuleNodes = 256;
 
 std::string Trim(const std::string& s) {
   size_t b = s.find_first_not_of(" \t\r");
@@ -91,6 +97,11 @@ class RuleParser {
         }
         if (word == "rule" || word == "pair" || word == "chain")
           Throw(fmt::format("rule '{}' (line {}) has no 'end' before this '{}'", open->name, open_line, word));
+        if (open->pattern.nodes.size() == kMaxRuleNodes) {
+          line_ = open_line;
+          Throw(fmt::format("rule '{}' has more than {} nodes (line {} is node {}), more than a rule may have",
+                            open->name, kMaxRuleNodes, line_no, kMaxRuleNodes + 1));
+        }
         node_lines.push_back(line_no);
         open->pattern.nodes.push_back(ParseNodeLine(line, *open));
         continue;
@@ -100,6 +111,7 @@ class RuleParser {
         open = &rules_.back();
         open_line = line_no;
         node_lines.clear();
+        ids_.clear();
       } else if (word == "pair" || word == "chain") {
         rules_.push_back(ParseHeader(line.substr(word.size()), /*chain=*/true));
       } else if (word == "end") {
@@ -196,11 +208,13 @@ class RuleParser {
       if (key == "fuse") {
         r.fuse_pattern = value;
       } else if (key == "priority") {
-        if (!ParseNumber(value, &num) || num != static_cast<int>(num))
+        if (!ParseNumber(value, &num) || !std::isfinite(num) || num != std::trunc(num))
           Throw(fmt::format("bad number '{}' for priority (an integer)", value));
+        if (std::fabs(num) > 1e9) Throw(fmt::format("priority {} is out of range (-1e9 to 1e9)", value));
         r.priority = static_cast<int>(num);
       } else if (key == "threshold") {
-        if (!ParseNumber(value, &num)) Throw(fmt::format("bad number '{}' for threshold", value));
+        if (!ParseNumber(value, &num) || !(num >= 0 && num <= 1))
+          Throw(fmt::format("bad number '{}' for threshold (a relative saving from 0 to 1, e.g. 0.05)", value));
         r.benefit_threshold = num;
       } else if (key == "preset") {
         r.preset = value;
@@ -322,7 +336,7 @@ class RuleParser {
     if (id.empty()) Throw(fmt::format("rule '{}': a node line needs an id before '='", r.name));
     for (char c : id)
       if (!IsIdentChar(c)) Throw(fmt::format("rule '{}': bad node id '{}'", r.name, id));
-    if (r.pattern.Find(id)) Throw(fmt::format("rule '{}': duplicate node id '{}'", r.name, id));
+    if (!ids_.insert(id).second) Throw(fmt::format("rule '{}': duplicate node id '{}'", r.name, id));
     std::string rhs = line.substr(eq + 1);
     size_t pos = 0;
     bool escapes = false;
@@ -339,7 +353,7 @@ class RuleParser {
     line_ = rule_line;
     if (r.pattern.nodes.empty()) Throw(fmt::format("rule '{}' has no nodes", r.name));
     // References must name nodes of the rule.
-    std::map<std::string, int> index;
+    std::unordered_map<std::string, int> index;
     for (size_t k = 0; k < r.pattern.nodes.size(); ++k) index[r.pattern.nodes[k].id] = static_cast<int>(k);
     auto refs = [](const PatternNode& n) {
       std::vector<std::string> out;
@@ -359,18 +373,13 @@ class RuleParser {
                             r.name, r.pattern.nodes[k].id, ref));
     }
     // No cycles, and every node feeds the root (the last node).
-    std::vector<int> state(r.pattern.nodes.size(), 0);
-    std::function<void(int)> visit = [&](int k) {
-      if (state[k] == 2) return;
-      if (state[k] == 1) {
-        line_ = node_lines[k];
-        Throw(fmt::format("rule '{}': node '{}' is part of a cycle", r.name, r.pattern.nodes[k].id));
-      }
-      state[k] = 1;
-      for (const std::string& ref : refs(r.pattern.nodes[k])) visit(index[ref]);
-      state[k] = 2;
-    };
-    visit(static_cast<int>(r.pattern.nodes.size()) - 1);
+    std::vector<std::vector<int>> reads(r.pattern.nodes.size());
+    for (size_t k = 0; k < r.pattern.nodes.size(); ++k)
+      for (const std::string& ref : refs(r.pattern.nodes[k])) reads[k].push_back(index[ref]);
+    std::vector<int> state = VisitFromRoot(reads, [&](int k) {
+      line_ = node_lines[k];
+      Throw(fmt::format("rule '{}': node '{}' is part of a cycle", r.name, r.pattern.nodes[k].id));
+    });
     for (size_t k = 0; k < r.pattern.nodes.size(); ++k) {
       if (state[k] == 0) {
         line_ = node_lines[k];
@@ -380,10 +389,37 @@ class RuleParser {
     }
   }
 
+  // Depth-first from the root (the last node) over `reads`, with an explicit stack: 0 = not
+  // reached, 2 = done; `on_cycle(k)` is called (and must throw) when node k reaches itself.
+  template <typename OnCycle>
+  static std::vector<int> VisitFromRoot(const std::vector<std::vector<int>>& reads, OnCycle&& on_cycle) {
+    std::vector<int> state(reads.size(), 0);
+    std::vector<std::pair<int, size_t>> stack;  // node, next edge
+    const int root = static_cast<int>(reads.size()) - 1;
+    state[root] = 1;
+    stack.emplace_back(root, 0);
+    while (!stack.empty()) {
+      auto& [k, next] = stack.back();
+      if (next == reads[k].size()) {
+        state[k] = 2;
+        stack.pop_back();
+        continue;
+      }
+      const int to = reads[k][next++];
+      if (state[to] == 1) on_cycle(to);
+      if (state[to] == 0) {
+        state[to] = 1;
+        stack.emplace_back(to, 0);
+      }
+    }
+    return state;
+  }
+
   const std::string& text_;
   std::string source_;
   int line_ = 0;
   std::vector<FusionRule> rules_;
+  std::unordered_set<std::string> ids_;  // node ids of the open rule
 };
 
 }  // namespace
@@ -400,6 +436,8 @@ Pattern ChainPattern(const std::string& chain) {
     for (const std::string& op : ops)
       for (char c : op)
         GAF_CHECK(IsIdentChar(c), "chain '{}': bad op name '{}'", chain, op);
+    GAF_CHECK(static_cast<size_t>(k) < kMaxRuleNodes, "chain '{:.60}...' has more than {} ops, more than a rule may have",
+              chain, kMaxRuleNodes);
     PatternNode n;
     n.id = fmt::format("n{}", k);
     n.ops = ops;
@@ -456,11 +494,20 @@ std::vector<MatchAttempt> TryRule(const Graph& g, const GraphIndex& index, const
   std::vector<MatchAttempt> out;
   if (rule.pattern.nodes.empty()) return out;
   const PatternNode& root = rule.pattern.nodes.back();
+  MatchBudget budget;  // one for the rule on this graph
   for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
     if (!RootAccepts(root, g.nodes[i].op_type)) continue;
     MatchAttempt a;
     a.root = i;
-    a.match = MatchAt(g, index, rule.pattern, i, &a.reason);
+    a.match = MatchAt(g, index, rule.pattern, i, &a.reason, &budget);
+    if (budget.exhausted) {
+      a.gave_up = true;
+      a.reason = fmt::format("rule '{}' gave up at {} after {} matching steps (the max_match_steps limit of one rule "
+                             "on one graph): its pattern backtracks too much; later nodes were not tried",
+                             rule.name, g.nodes[i].Describe(), budget.steps_taken);
+      out.push_back(std::move(a));
+      break;
+    }
     // The matcher's whole-group checks word their reasons this way (src/match/matcher.cc).
     a.near_miss = !a.match && (a.reason.rfind("interior value", 0) == 0 || a.reason.rfind("pattern input", 0) == 0);
     out.push_back(std::move(a));

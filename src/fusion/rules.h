@@ -42,11 +42,15 @@ std::vector<PatternMatch> FindAllMatches(const Graph& g, const GraphIndex& index
 // One attempt of a rule at a node whose op type the root accepts: the match, or why it failed.
 // `near_miss` is true when the operators matched but a whole-group check rejected the match
 // (an interior value used outside, a graph output inside), the attempts a decision log records.
+// `gave_up` marks the last attempt when the rule spent its step budget (GlobalLimits().
+// max_match_steps for the rule on this graph, ir/limits.h): the reason says so and the nodes after
+// `root` were not tried.
 struct MatchAttempt {
   int root = -1;
   std::optional<PatternMatch> match;
   std::string reason;
   bool near_miss = false;
+  bool gave_up = false;
 };
 std::vector<MatchAttempt> TryRule(const Graph& g, const GraphIndex& index, const FusionRule& rule);
 

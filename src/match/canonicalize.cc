@@ -11,6 +11,8 @@
 //      with the same axes are removed; readers of the output read the input instead.
 //   4. Common subexpressions: two nodes with the same op, inputs and attributes become one.
 //   5. Nodes none of whose outputs is read (nor a graph output) are removed.
+// Each pass is one sweep in node order (renames are applied as nodes are reached, and to the
+// nodes before at the end of the sweep), so a long chain of removable nodes costs linear time.
 // Graph outputs keep their names: a node whose output is a graph output is only removed when the
 // value it forwards can be renamed to the output's name.
 #include <fmt/format.h>
@@ -75,8 +77,8 @@ class Canonicalizer {
  private:
   // ---- facts about values ----
   DataType TypeOf(const std::string& v, int depth = 0) const {
-    if (const Tensor* t = g_.FindInitializer(v)) return t->dtype();
-    if (const ValueInfo* vi = g_.FindValueInfo(v); vi && vi->dtype != DataType::kUndefined) return vi->dtype;
+    if (const Tensor* t = FindInit(v)) return t->dtype();
+    if (const ValueInfo* vi = FindInfo(v); vi && vi->dtype != DataType::kUndefined) return vi->dtype;
     if (depth > 64) return DataType::kUndefined;
     auto it = producer_.find(v);
     if (it == producer_.end()) return DataType::kUndefined;
@@ -92,8 +94,8 @@ class Canonicalizer {
 
   // Fully known shape of a value, if any.
   std::optional<Shape> ShapeOf(const std::string& v) const {
-    if (const Tensor* t = g_.FindInitializer(v)) return t->shape();
-    const ValueInfo* vi = g_.FindValueInfo(v);
+    if (const Tensor* t = FindInit(v)) return t->shape();
+    const ValueInfo* vi = FindInfo(v);
     if (!vi || !vi->has_shape) return std::nullopt;
     Shape s;
     for (const Dim& d : vi->dims) {
@@ -104,7 +106,7 @@ class Canonicalizer {
   }
 
   std::optional<std::vector<int64_t>> ConstInts(const std::string& v) const {
-    const Tensor* t = g_.FindInitializer(v);
+    const Tensor* t = FindInit(v);
     if (!t || t->dtype() == DataType::kString) return std::nullopt;
     return t->ToInt64s();
   }
@@ -136,13 +138,58 @@ class Canonicalizer {
     for (const ValueInfo& o : g_.outputs) outputs_.insert(o.name);
     graph_inputs_.clear();
     for (const ValueInfo& in : g_.inputs) graph_inputs_.insert(in.name);
+    IndexValues();
+  }
+
+  // Initializers and declared values by name (Graph's lookups scan lists: quadratic in a pass).
+  void IndexValues() {
+    init_index_.clear();
+    for (size_t k = 0; k < g_.initializers.size(); ++k) init_index_.emplace(g_.initializers[k].first, k);
+    info_.clear();
+    for (const auto* list : {&g_.inputs, &g_.outputs, &g_.value_info})
+      for (const ValueInfo& v : *list) info_.emplace(v.name, &v);  // the first wins, as in FindValueInfo
+    readers_.clear();
+    for (size_t i = 0; i < g_.nodes.size(); ++i)
+      for (const std::string& in : g_.nodes[i].inputs)
+        if (!in.empty()) readers_[in].push_back(static_cast<int>(i));
+  }
+  const Tensor* FindInit(const std::string& v) const {
+    auto it = init_index_.find(v);
+    return it == init_index_.end() ? nullptr : &g_.initializers[it->second].second;
+  }
+  const ValueInfo* FindInfo(const std::string& v) const {
+    auto it = info_.find(v);
+    return it == info_.end() ? nullptr : it->second;
+  }
+  void SetInit(const std::string& v, Tensor t) {
+    auto [it, inserted] = init_index_.emplace(v, g_.initializers.size());
+    if (inserted) g_.initializers.emplace_back(v, std::move(t));
+    else g_.initializers[it->second].second = std::move(t);
+  }
+
+  // Renames decided during a sweep: readers of `from` read `to` (chains resolve, no cycles: a
+  // name is renamed once and only to a value that is live at that point).
+  std::string Resolve(std::string v) const {
+    for (auto it = renamed_.find(v); it != renamed_.end(); it = renamed_.find(v)) v = it->second;
+    return v;
+  }
+  void ResolveInputs(Node& n) const {
+    if (renamed_.empty()) return;
+    for (std::string& in : n.inputs)
+      if (!in.empty()) in = Resolve(in);
+  }
+  // Ends a sweep: removes its dead nodes and renames the inputs of the nodes before the renames.
+  void FinishSweep(const std::vector<bool>& dead) {
+    RemoveNodes(dead);
+    for (Node& n : g_.nodes) ResolveInputs(n);
+    renamed_.clear();
   }
 
   bool IsGraphOutput(const std::string& v) const { return outputs_.count(v) > 0; }
   bool IsConstant(const std::string& v) const {
     // An initializer that is also a graph input may be overridden by a feed: not a constant.
     // (Before IR version 4 every initializer is also listed as an input.)
-    return g_.FindInitializer(v) != nullptr && (m_.ir_version < 4 || !graph_inputs_.count(v));
+    return FindInit(v) != nullptr && (m_.ir_version < 4 || !graph_inputs_.count(v));
   }
 
   void RemoveNodes(const std::vector<bool>& dead) {
@@ -153,24 +200,18 @@ class Canonicalizer {
     g_.nodes = std::move(kept);
   }
 
-  void RenameUses(const std::string& from, const std::string& to) {
-    for (Node& n : g_.nodes)
-      for (std::string& in : n.inputs)
-        if (in == from) in = to;
-  }
-
   // ---- 1. Constant nodes -> initializers ----
   bool ConstantsToInitializers() {
     Reindex();
     std::vector<bool> dead(g_.nodes.size(), false);
     bool changed = false;
-    const GraphIndex index(g_);  // initializers added below do not change producers
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
       const Node& n = g_.nodes[i];
       if (n.op_type != "Constant" || !DefaultDomain(n) || !n.HasOutput(0) || IsGraphOutput(n.outputs[0])) continue;
-      std::optional<Tensor> t = ConstantTensor(g_, index, n.outputs[0]);
+      const Tensor* init = FindInit(n.outputs[0]);
+      std::optional<Tensor> t = init != nullptr ? std::optional<Tensor>(*init) : ConstantNodeValue(n);
       if (!t || !t->defined()) continue;
-      g_.SetInitializer(n.outputs[0], *t);
+      SetInit(n.outputs[0], *t);
       log_.push_back(fmt::format("Constant {} -> initializer '{}' {}{}", n.Describe(), n.outputs[0],
                                  DataTypeName(t->dtype()), ShapeToString(t->shape())));
       dead[i] = true;
@@ -214,7 +255,7 @@ class Canonicalizer {
         ins.emplace_back();
         continue;
       }
-      Tensor t = *g_.FindInitializer(in);
+      Tensor t = *FindInit(in);
       if (k->upcast_half && IsHalf(t.dtype())) {
         half = t.dtype();
         t = t.CastTo(DataType::kFloat);
@@ -251,7 +292,7 @@ class Canonicalizer {
       std::vector<std::string> shapes;
       for (size_t k = 0; k < n.outputs.size(); ++k) {
         if (!n.HasOutput(k)) continue;
-        g_.SetInitializer(n.outputs[k], (*outs)[k]);
+        SetInit(n.outputs[k], (*outs)[k]);
         shapes.push_back(fmt::format("'{}' {}{}", n.outputs[k], DataTypeName((*outs)[k].dtype()),
                                      ShapeToString((*outs)[k].shape())));
       }
@@ -275,7 +316,7 @@ class Canonicalizer {
     if (n.op_type == "Dropout") {
       if (n.HasOutput(1) && (consumers_.count(n.outputs[1]) || IsGraphOutput(n.outputs[1]))) return "";
       if (n.HasInput(2)) {
-        const Tensor* t = g_.FindInitializer(n.inputs[2]);
+        const Tensor* t = FindInit(n.inputs[2]);
         if (!t || !IsConstant(n.inputs[2]) || t->numel() != 1 || t->ScalarAsDouble() != 0) return "";
       }
       if (n.GetInt("is_test", 1) == 0 && m_.OpsetVersion("") < 7) return "";
@@ -349,8 +390,9 @@ class Canonicalizer {
       std::optional<std::vector<int64_t>> target = v.empty() && IsConstant(n.inputs[1]) ? ConstInts(n.inputs[1])
                                                                                        : std::nullopt;
       auto reads_v = [&](const Node& r) {
-        for (const std::string& in : r.inputs) {
-          if (in.empty() || in == n.outputs[0]) continue;
+        for (const std::string& read : r.inputs) {
+          if (read.empty() || read == n.outputs[0]) continue;
+          const std::string in = Resolve(read);  // r comes later in this sweep
           if (!v.empty() && in == v) return true;
           if (target) {
             std::optional<Shape> s = ShapeOf(in);
@@ -361,12 +403,13 @@ class Canonicalizer {
       };
       if (!v.empty() || target) {
         bool all = true, any = false;
-        for (const Node& r : g_.nodes)
-          for (const std::string& in : r.inputs)
-            if (in == n.outputs[0]) {
-              any = true;
-              all &= DefaultDomain(r) && kBroadcasting.count(r.op_type) > 0 && reads_v(r);
-            }
+        auto readers = readers_.find(n.outputs[0]);
+        if (readers != readers_.end())
+          for (int ri : readers->second) {
+            const Node& r = g_.nodes[ri];
+            any = true;
+            all &= DefaultDomain(r) && kBroadcasting.count(r.op_type) > 0 && reads_v(r);
+          }
         if (any && all) {
           *what = v.empty() ? "an Expand to the shape of another input of its readers, which broadcast against it anyway"
                             : fmt::format("an Expand to the shape of '{}', which its readers broadcast against anyway", v);
@@ -407,35 +450,38 @@ class Canonicalizer {
 
   bool Forward() {
     Reindex();
+    std::vector<bool> dead(g_.nodes.size(), false);
+    bool changed = false;
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
-      const Node n = g_.nodes[i];
+      Node& n = g_.nodes[i];
+      ResolveInputs(n);
       std::string what;
       std::string src = ForwardedValue(n, &what);
       if (src.empty()) continue;
-      const std::string& out = n.outputs[0];
+      const std::string out = n.outputs[0];
       if (subgraph_reads_.count(out) || subgraph_reads_.count(src)) continue;
-      std::vector<bool> dead(g_.nodes.size(), false);
-      dead[i] = true;
       if (!IsGraphOutput(out)) {
-        RenameUses(out, src);
+        renamed_[out] = src;
+        log_.push_back(fmt::format("removed {}, {}; readers of '{}' now read '{}'", n.Describe(), what, out, src));
       } else {
         // Keep the graph output's name: rename the forwarded value instead, when it is a node's
         // output that is neither a graph input nor another graph output.
         auto p = producer_.find(src);
         if (p == producer_.end() || IsGraphOutput(src) || graph_inputs_.count(src)) continue;
-        for (std::string& o : g_.nodes[p->second].outputs)
+        const int pi = p->second;
+        for (std::string& o : g_.nodes[pi].outputs)
           if (o == src) o = out;
-        RenameUses(src, out);
-      }
-      RemoveNodes(dead);
-      if (IsGraphOutput(out))
+        producer_.erase(p);
+        producer_[out] = pi;
+        renamed_[src] = out;
         log_.push_back(fmt::format("removed {}, {}; '{}' is now computed under the graph output's name '{}'",
                                    n.Describe(), what, src, out));
-      else
-        log_.push_back(fmt::format("removed {}, {}; readers of '{}' now read '{}'", n.Describe(), what, out, src));
-      return true;  // indices changed; the caller loops
+      }
+      dead[i] = true;
+      changed = true;
     }
-    return false;
+    if (changed) FinishSweep(dead);
+    return changed;
   }
 
   // ---- 5. dead nodes (left behind by the passes above or by the exporter) ----
@@ -478,22 +524,14 @@ class Canonicalizer {
   bool Cse() {
     Reindex();
     std::unordered_map<std::string, int> seen;
+    std::vector<bool> dead(g_.nodes.size(), false);
+    bool changed = false;
     for (size_t i = 0; i < g_.nodes.size(); ++i) {
-      const Node& n = g_.nodes[i];
-      if (IsNondeterministic(n.op_type) || HasSubgraph(n) || n.outputs.empty() || n.op_type == "Constant") continue;
-      std::string key = n.domain + "|" + n.op_type + "|" + std::to_string(n.outputs.size()) + "|" +
-                        fmt::format("{}", fmt::join(n.inputs, ",")) + "|";
-      bool comparable = true;
-      std::vector<std::string> attrs;
-      for (const Attribute& a : n.attributes) {
-        std::string k = AttrKey(a);
-        if (k.empty()) comparable = false;
-        attrs.push_back(k);
-      }
-      if (!comparable) continue;
-      std::sort(attrs.begin(), attrs.end());
-      key += fmt::format("{}", fmt::join(attrs, ";"));
-      auto [it, inserted] = seen.emplace(key, static_cast<int>(i));
+      Node& n = g_.nodes[i];
+      ResolveInputs(n);
+      std::string key = CseKey(n);
+      if (key.empty()) continue;
+      auto [it, inserted] = seen.emplace(std::move(key), static_cast<int>(i));
       if (inserted) continue;
       bool graph_out = false;
       for (const std::string& o : n.outputs) graph_out |= !o.empty() && (IsGraphOutput(o) || subgraph_reads_.count(o));
@@ -503,18 +541,29 @@ class Canonicalizer {
       for (size_t k = 0; k < n.outputs.size(); ++k)
         if (!n.outputs[k].empty() && first.outputs[k].empty()) ok = false;
       if (!ok) continue;
-      std::string desc = n.Describe(), first_desc = first.Describe();
-      std::vector<std::pair<std::string, std::string>> renames;
       for (size_t k = 0; k < n.outputs.size(); ++k)
-        if (!n.outputs[k].empty()) renames.emplace_back(n.outputs[k], first.outputs[k]);
-      std::vector<bool> dead(g_.nodes.size(), false);
+        if (!n.outputs[k].empty()) renamed_[n.outputs[k]] = first.outputs[k];
+      log_.push_back(fmt::format("merged duplicate {} into {}", n.Describe(), first.Describe()));
       dead[i] = true;
-      RemoveNodes(dead);
-      for (const auto& [from, to] : renames) RenameUses(from, to);
-      log_.push_back(fmt::format("merged duplicate {} into {}", desc, first_desc));
-      return true;
+      changed = true;
     }
-    return false;
+    if (changed) FinishSweep(dead);
+    return changed;
+  }
+
+  // Op, inputs and attributes of a node that may merge with its duplicates; "" when it may not.
+  static std::string CseKey(const Node& n) {
+    if (IsNondeterministic(n.op_type) || HasSubgraph(n) || n.outputs.empty() || n.op_type == "Constant") return "";
+    std::string key = n.domain + "|" + n.op_type + "|" + std::to_string(n.outputs.size()) + "|" +
+                      fmt::format("{}", fmt::join(n.inputs, ",")) + "|";
+    std::vector<std::string> attrs;
+    for (const Attribute& a : n.attributes) {
+      std::string k = AttrKey(a);
+      if (k.empty()) return "";
+      attrs.push_back(k);
+    }
+    std::sort(attrs.begin(), attrs.end());
+    return key + fmt::format("{}", fmt::join(attrs, ";"));
   }
 
   void RemoveUnusedInitializers() {
@@ -562,6 +611,10 @@ class Canonicalizer {
   Graph& g_;
   std::unordered_map<std::string, int> producer_;
   std::unordered_map<std::string, int> consumers_;
+  std::unordered_map<std::string, std::vector<int>> readers_;  // value -> nodes reading it
+  std::unordered_map<std::string, size_t> init_index_;
+  std::unordered_map<std::string, const ValueInfo*> info_;
+  std::unordered_map<std::string, std::string> renamed_;  // this sweep's renames
   std::set<std::string> outputs_, graph_inputs_, original_unused_, subgraph_reads_;
   std::vector<std::string> log_;
 };

@@ -21,6 +21,7 @@
 #include <set>
 
 #include "ir/error.h"
+#include "ir/limits.h"
 #include "match/pattern.h"
 
 namespace gaf {
@@ -40,6 +41,8 @@ namespace {
 
 bool IsConstantNode(const Node& n) { return n.op_type == "Constant" && (n.domain.empty() || n.domain == "ai.onnx"); }
 
+}  // namespace
+
 std::optional<Tensor> ConstantNodeValue(const Node& n) {
   for (const Attribute& a : n.attributes) {
     if (a.name == "value" && a.type == Attribute::Type::kTensor) return a.t;
@@ -52,24 +55,37 @@ std::optional<Tensor> ConstantNodeValue(const Node& n) {
   return std::nullopt;
 }
 
+namespace {
+
+// `t` through the Casts met on the way from the constant to the value (innermost last).
+std::optional<Tensor> ApplyCasts(std::optional<Tensor> t, const std::vector<const Node*>& casts) {
+  for (auto it = casts.rbegin(); it != casts.rend() && t; ++it) {
+    if (t->dtype() == DataType::kString) return std::nullopt;
+    auto to = static_cast<DataType>((*it)->GetInt("to", 1));
+    if (to == DataType::kString || to == DataType::kUndefined) return std::nullopt;
+    t = t->CastTo(to);
+  }
+  return t;
+}
+
 }  // namespace
 
+// Walks back through Cast/Identity chains iteratively (a file may make them long).
 std::optional<Tensor> ConstantTensor(const Graph& g, const GraphIndex& index, const std::string& value) {
-  if (value.empty()) return std::nullopt;
-  if (const Tensor* t = g.FindInitializer(value)) return *t;
-  int p = index.Producer(value);
-  if (p < 0) return std::nullopt;
-  const Node& n = g.nodes[p];
-  if (IsConstantNode(n)) return ConstantNodeValue(n);
-  if (n.op_type == "Cast" && n.HasInput(0)) {
-    std::optional<Tensor> in = ConstantTensor(g, index, n.inputs[0]);
-    if (!in || in->dtype() == DataType::kString) return std::nullopt;
-    auto to = static_cast<DataType>(n.GetInt("to", 1));
-    if (to == DataType::kString || to == DataType::kUndefined) return std::nullopt;
-    return in->CastTo(to);
+  std::vector<const Node*> casts;
+  std::string v = value;
+  for (size_t hops = 0; hops <= g.nodes.size(); ++hops) {
+    if (v.empty()) return std::nullopt;
+    if (const Tensor* t = g.FindInitializer(v)) return ApplyCasts(*t, casts);
+    int p = index.Producer(v);
+    if (p < 0) return std::nullopt;
+    const Node& n = g.nodes[p];
+    if (IsConstantNode(n)) return ApplyCasts(ConstantNodeValue(n), casts);
+    if ((n.op_type != "Cast" && n.op_type != "Identity") || !n.HasInput(0)) return std::nullopt;
+    if (n.op_type == "Cast") casts.push_back(&n);
+    v = n.inputs[0];
   }
-  if (n.op_type == "Identity" && n.HasInput(0)) return ConstantTensor(g, index, n.inputs[0]);
-  return std::nullopt;
+  return std::nullopt;  // a cycle (an invalid graph)
 }
 
 std::optional<double> ConstantScalar(const Graph& g, const GraphIndex& index, const std::string& value) {
@@ -321,21 +337,47 @@ struct Goal {
   int slot = 0;
 };
 
+// Thrown through the search when the step budget is spent.
+struct BudgetSpent {};
+
+// Pattern nodes the matcher takes: its recursion is one level per bound pattern node.
+constexpr size_t kMaxPatternNodes = 1024;
+
 class Matcher {
  public:
-  Matcher(const Graph& g, const GraphIndex& index, const Pattern& p) : g_(g), index_(index), p_(p) {}
+  Matcher(const Graph& g, const GraphIndex& index, const Pattern& p, MatchBudget* budget)
+      : g_(g), index_(index), p_(p), budget_(budget) {}
 
   std::optional<PatternMatch> Run(int root, std::string* why) {
     GAF_CHECK(!p_.nodes.empty(), "pattern has no nodes");
+    GAF_CHECK(p_.nodes.size() <= kMaxPatternNodes, "pattern has {} nodes, more than the {} the matcher takes",
+              p_.nodes.size(), kMaxPatternNodes);
     GAF_CHECK(root >= 0 && root < static_cast<int>(g_.nodes.size()), "MatchAt: root index {} out of range", root);
     State st;
     std::optional<PatternMatch> result;
-    if (MatchNode(p_.nodes.back(), root, {}, 0, st, &result)) return result;
+    try {
+      if (MatchNode(p_.nodes.back(), root, {}, 0, st, &result)) return result;
+    } catch (const BudgetSpent&) {
+      if (why)
+        *why = fmt::format("gave up after {} matching steps (the limit of max_match_steps): the pattern backtracks "
+                           "too much on this graph",
+                           budget_->steps_taken);
+      return std::nullopt;
+    }
     if (why) *why = best_reason_.empty() ? "the pattern does not match" : best_reason_;
     return std::nullopt;
   }
 
  private:
+  // One unit of work: a goal solved or a node form tried.
+  void Step() {
+    if (budget_->steps_taken >= budget_->max_steps) {
+      budget_->exhausted = true;
+      throw BudgetSpent{};
+    }
+    ++budget_->steps_taken;
+  }
+
   // Progress of a failed branch: pattern nodes bound, then goals solved in the current list.
   void Fail(const State& st, std::string reason, size_t progress = 0) {
     long depth = static_cast<long>(st.node_of.size()) * 100000 + static_cast<long>(progress);
@@ -487,6 +529,7 @@ class Matcher {
     std::vector<const PatternNode*> forms = {&pn};
     for (const PatternNode& alt : pn.alternatives) forms.push_back(&alt);
     for (const PatternNode* form : forms) {
+      Step();
       if (std::find(form->ops.begin(), form->ops.end(), n.op_type) == form->ops.end()) {
         Fail(st, fmt::format("{} is not {} (pattern node '{}')", n.Describe(), fmt::join(form->ops, "|"), pn.id));
         continue;
@@ -511,50 +554,69 @@ class Matcher {
     return false;
   }
 
-  bool Solve(const std::vector<Goal>& goals, size_t pos, State& st, std::optional<PatternMatch>* result) {
-    if (pos == goals.size()) return Finish(st, result);
-    const Goal& goal = goals[pos];
+  // "#2.0" / "#eps" goals: false (with the reason recorded) when the value does not fit.
+  bool SolveConstant(const Goal& goal, size_t pos, State& st) {
     const std::string& spec = goal.spec;
-    if (spec == "*") return Solve(goals, pos + 1, st, result);
-    if (spec[0] == '$') {
-      auto it = st.inputs.find(spec);
-      if (it != st.inputs.end() && it->second != goal.value) {
-        Fail(st, fmt::format("{} is '{}' but {} is already '{}'", Where(goal), goal.value, spec, it->second), pos);
-        return false;
-      }
-      State s1 = st;
-      s1.inputs[spec] = goal.value;
-      return Solve(goals, pos + 1, s1, result);
+    std::optional<double> c = ConstantScalar(g_, index_, goal.value);
+    if (!c) {
+      Fail(st, fmt::format("{} ('{}') is not a scalar constant, the pattern needs {}", Where(goal), goal.value, spec), pos);
+      return false;
     }
-    if (spec[0] == '#') {
-      std::optional<double> c = ConstantScalar(g_, index_, goal.value);
-      if (!c) {
-        Fail(st, fmt::format("{} ('{}') is not a scalar constant, the pattern needs {}", Where(goal), goal.value, spec), pos);
-        return false;
-      }
-      std::string name = spec.substr(1);
-      char* end = nullptr;
-      double want = std::strtod(name.c_str(), &end);
-      bool numeric = !name.empty() && end && *end == '\0';
-      if (numeric) {
-        if (!Close(*c, want, kConstantTolerance)) {
-          Fail(st, fmt::format("{} is the constant {}, the pattern needs {}", Where(goal), FormatNumber(*c),
-                               FormatNumber(want)), pos);
+    std::string name = spec.substr(1);
+    char* end = nullptr;
+    double want = std::strtod(name.c_str(), &end);
+    bool numeric = !name.empty() && end && *end == '\0';
+    if (numeric) {
+      if (Close(*c, want, kConstantTolerance)) return true;
+      Fail(st, fmt::format("{} is the constant {}, the pattern needs {}", Where(goal), FormatNumber(*c),
+                           FormatNumber(want)), pos);
+      return false;
+    }
+    auto it = st.constants.find(spec);
+    if (it != st.constants.end() && !Close(it->second, *c, kConstantTolerance)) {
+      Fail(st, fmt::format("{} is the constant {} but {} is already {}", Where(goal), FormatNumber(*c), spec,
+                           FormatNumber(it->second)), pos);
+      return false;
+    }
+    st.constants[spec] = *c;
+    return true;
+  }
+
+  // Solves goals[pos..] on `st`, which the caller owns (it is changed). Goals that leave no
+  // choice are solved in this loop; only an unbound pattern node branches (MatchNode), so the
+  // recursion is one level per bound pattern node, whatever the number of inputs.
+  bool Solve(const std::vector<Goal>& goals, size_t pos, State& st, std::optional<PatternMatch>* result) {
+    for (; pos < goals.size(); ++pos) {
+      Step();
+      const Goal& goal = goals[pos];
+      const std::string& spec = goal.spec;
+      if (spec == "*") continue;
+      if (spec[0] == '$') {
+        auto it = st.inputs.find(spec);
+        if (it != st.inputs.end() && it->second != goal.value) {
+          Fail(st, fmt::format("{} is '{}' but {} is already '{}'", Where(goal), goal.value, spec, it->second), pos);
           return false;
         }
-        return Solve(goals, pos + 1, st, result);
+        st.inputs[spec] = goal.value;
+        continue;
       }
-      auto it = st.constants.find(spec);
-      if (it != st.constants.end() && !Close(it->second, *c, kConstantTolerance)) {
-        Fail(st, fmt::format("{} is the constant {} but {} is already {}", Where(goal), FormatNumber(*c), spec,
-                             FormatNumber(it->second)), pos);
-        return false;
+      if (spec[0] == '#') {
+        if (!SolveConstant(goal, pos, st)) return false;
+        continue;
       }
-      State s1 = st;
-      s1.constants[spec] = *c;
-      return Solve(goals, pos + 1, s1, result);
+      int producer = -1;
+      const PatternNode* pn = NodeGoal(goal, pos, st, &producer);
+      if (pn == nullptr) return false;
+      if (producer < 0) continue;  // already bound to this producer
+      return MatchNode(*pn, producer, goals, pos + 1, st, result);
     }
-    // A pattern node id, optionally with an output slot "id:1".
+    return Finish(st, result);
+  }
+
+  // A pattern node id goal, optionally with an output slot "id:1": the pattern node to bind to
+  // *producer, or *producer = -1 when it is already bound to it; nullptr when the goal fails.
+  const PatternNode* NodeGoal(const Goal& goal, size_t pos, const State& st, int* producer_out) {
+    const std::string& spec = goal.spec;
     std::string id = spec;
     int out_slot = 0;
     if (size_t colon = spec.rfind(':'); colon != std::string::npos) {
@@ -567,29 +629,31 @@ class Matcher {
     if (producer < 0) {
       Fail(st, fmt::format("{} ('{}') is not produced by a node, the pattern needs {} there", Where(goal),
                            goal.value, fmt::join(pn->ops, "|")), pos);
-      return false;
+      return nullptr;
     }
     const Node& pnode = g_.nodes[producer];
-    if (out_slot >= static_cast<int>(pnode.outputs.size()) || pnode.outputs[out_slot] != goal.value) {
+    if (out_slot < 0 || out_slot >= static_cast<int>(pnode.outputs.size()) || pnode.outputs[out_slot] != goal.value) {
       Fail(st, fmt::format("{} reads output '{}' of {}, the pattern needs its output {}", Where(goal), goal.value,
                            pnode.Describe(), out_slot), pos);
-      return false;
+      return nullptr;
     }
     auto bound = st.node_of.find(id);
     if (bound != st.node_of.end()) {
       if (bound->second != producer) {
         Fail(st, fmt::format("{} comes from {}, but pattern node '{}' is already {}", Where(goal), pnode.Describe(),
                              id, g_.nodes[bound->second].Describe()), pos);
-        return false;
+        return nullptr;
       }
-      return Solve(goals, pos + 1, st, result);
+      *producer_out = -1;
+      return pn;
     }
     if (auto other = st.id_of.find(producer); other != st.id_of.end()) {
       Fail(st, fmt::format("{} is already pattern node '{}', it cannot also be '{}'", pnode.Describe(),
                            other->second, id), pos);
-      return false;
+      return nullptr;
     }
-    return MatchNode(*pn, producer, goals, pos + 1, st, result);
+    *producer_out = producer;
+    return pn;
   }
 
   // Whole-group checks once every goal is solved.
@@ -661,6 +725,7 @@ class Matcher {
   const Graph& g_;
   const GraphIndex& index_;
   const Pattern& p_;
+  MatchBudget* budget_;
   long best_depth_ = -1;
   std::string best_reason_;
 };
@@ -668,8 +733,9 @@ class Matcher {
 }  // namespace
 
 std::optional<PatternMatch> MatchAt(const Graph& g, const GraphIndex& index, const Pattern& pattern, int root,
-                                    std::string* why) {
-  return Matcher(g, index, pattern).Run(root, why);
+                                    std::string* why, MatchBudget* budget) {
+  MatchBudget own;
+  return Matcher(g, index, pattern, budget != nullptr ? budget : &own).Run(root, why);
 }
 
 }  // namespace gaf

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "ir/limits.h"
 
 namespace gaf {
 
@@ -57,10 +58,21 @@ struct PatternMatch {
   std::map<std::string, std::string> attrs;       // "@axes" -> "[-1]" (captured attribute values)
 };
 
+// Work the matcher may do: every goal solved and every node form tried is one step, so a
+// pattern whose choices multiply (alternatives, commutative orders) ends when the budget is
+// spent instead of backtracking for hours. Share one budget over the attempts of a rule on a
+// graph (TryRule does); the default is GlobalLimits().max_match_steps (ir/limits.h).
+struct MatchBudget {
+  int64_t max_steps = GlobalLimits().max_match_steps;
+  int64_t steps_taken = 0;
+  bool exhausted = false;  // a MatchAt gave up: the pattern may match where it was not tried
+};
+
 // Tries to match `pattern` rooted at graph node `root`. On failure returns nullopt and, when
-// `why` is given, a sentence saying which constraint failed.
+// `why` is given, a sentence saying which constraint failed (or that the budget was spent:
+// budget->exhausted is then true). Without a budget the attempt gets one of its own.
 std::optional<PatternMatch> MatchAt(const Graph& g, const GraphIndex& index, const Pattern& pattern, int root,
-                                    std::string* why = nullptr);
+                                    std::string* why = nullptr, MatchBudget* budget = nullptr);
 
 // Input node references may name an output slot: "split:1" (default: output 0).
 // Attribute constraint values may be captures "@name": any value, equal wherever the name is used.
@@ -78,6 +90,9 @@ std::vector<std::string> Canonicalize(Model& model);
 // Constant value of `value` when it is an initializer, a Constant node's output, or a Cast of one
 // (nullopt otherwise). Used by the matcher and by canonicalization.
 std::optional<Tensor> ConstantTensor(const Graph& g, const GraphIndex& index, const std::string& value);
+
+// Value of a Constant node's value/value_float/value_int/value_floats/value_ints attribute.
+std::optional<Tensor> ConstantNodeValue(const Node& n);
 
 // Ops whose two inputs may be swapped (Add, Mul, Max, Min, Sum, And, Or, Xor, Equal).
 bool IsCommutative(const std::string& op_type);

@@ -2,6 +2,7 @@
 // values from the calling frame.
 #include <cstring>
 
+#include "ir/limits.h"
 #include "ops/kernel.h"
 #include "ops/kernel_util.h"
 
@@ -70,12 +71,53 @@ Tensor TakeAlong(const Tensor& t, int64_t axis, int64_t idx) {
   return out;
 }
 
+// True when the body's condition output is certainly true in every iteration that starts with a
+// true condition: the condition input passed through (directly or by Identity nodes), or a true
+// constant of the body (an initializer or a Constant node). Such a loop runs its whole trip count.
+bool TrueScalar(const Tensor* t) {
+  return t != nullptr && t->numel() == 1 && t->dtype() != DataType::kString && t->ScalarAsDouble() != 0.0;
+}
+
+bool ConditionStaysTrue(const Graph& body) {
+  if (body.outputs.empty() || body.inputs.size() < 2) return false;
+  const GraphIndex index(body);
+  std::string v = body.outputs[0].name;
+  for (size_t hops = 0; hops <= body.nodes.size(); ++hops) {
+    if (v == body.inputs[1].name) return true;
+    const int p = index.Producer(v);
+    if (p < 0) return TrueScalar(body.FindInitializer(v));  // a body initializer, or a value from outside
+    if (body.nodes[p].op_type == "Constant") return TrueScalar(body.nodes[p].GetTensor("value"));
+    if (body.nodes[p].op_type != "Identity" || !body.nodes[p].HasInput(0)) return false;
+    v = body.nodes[p].inputs[0];
+  }
+  return false;
+}
+
+std::string TripCountText(int64_t max_trip) {
+  return max_trip == INT64_MAX ? std::string("no trip count") : fmt::format("trip count {}", max_trip);
+}
+
+// A loop that would run past --max-loop-iterations is an error before its first iteration when
+// its condition cannot stop it.
+void CheckLoopBound(const Node& n, const Graph& body, int64_t max_trip, bool cond) {
+  const int64_t limit = GlobalLimits().max_loop_iterations;
+  if (!cond || max_trip <= limit || !ConditionStaysTrue(body)) return;
+  if (max_trip == INT64_MAX)
+    throw Error(fmt::format("{}: has no trip count and its condition stays true, so it would never end (the limit is "
+                            "{} iterations, --max-loop-iterations)",
+                            n.Describe(), limit));
+  throw Error(fmt::format("{}: trip count {} is more than the limit of {} iterations (--max-loop-iterations)",
+                          n.Describe(), max_trip, limit));
+}
+
 void LoopKernel(KernelContext& ctx) {
   const Node& n = ctx.node;
   const Graph* body = n.GetGraph("body");
   GAF_CHECK(body != nullptr, "{}: missing body attribute", n.Describe());
   int64_t max_trip = ctx.has_input(0) ? ctx.input(0).ScalarAsInt64() : INT64_MAX;
   bool cond = ctx.has_input(1) ? TruthValue(ctx.input(1), n, "the loop condition") : true;
+  CheckLoopBound(n, *body, max_trip, cond);
+  const int64_t limit = GlobalLimits().max_loop_iterations;
   size_t num_carried = ctx.num_inputs() >= 2 ? ctx.num_inputs() - 2 : 0;
   std::vector<Tensor> carried;
   for (size_t i = 0; i < num_carried; ++i) {
@@ -86,6 +128,10 @@ void LoopKernel(KernelContext& ctx) {
   size_t num_scan = ctx.num_outputs() - num_carried;
   std::vector<std::vector<Tensor>> scans(num_scan);
   for (int64_t it = 0; it < max_trip && cond; ++it) {
+    if (it == limit)
+      throw Error(fmt::format("{}: still running after {} iterations ({}, and its condition is still true): the limit "
+                              "of {} iterations (--max-loop-iterations)",
+                              n.Describe(), it, TripCountText(max_trip), limit));
     std::vector<Tensor> in;
     in.push_back(Tensor::Scalar<int64_t>(it));
     in.push_back(Tensor::Scalar<bool>(cond));
@@ -159,6 +205,11 @@ void ScanKernel(KernelContext& ctx) {
     GAF_CHECK(steps < 0 || steps == len, "{}: scan inputs have different lengths", n.Describe());
     steps = len;
   }
+  const int64_t limit = GlobalLimits().max_loop_iterations;
+  if (steps > limit)
+    throw Error(fmt::format("{}: {} iterations (the length of its scan inputs) is more than the limit of {} iterations "
+                            "(--max-loop-iterations)",
+                            n.Describe(), steps, limit));
   std::vector<std::vector<Tensor>> scans(num_scan_out);
   for (int64_t it = 0; it < std::max<int64_t>(steps, 0); ++it) {
     std::vector<Tensor> in = state;

@@ -1,5 +1,6 @@
 #include "runtime/session.h"
 
+#include "ir/limits.h"
 #include "ops/conv.h"
 
 #include <omp.h>
@@ -16,7 +17,116 @@ namespace gaf {
 namespace {
 
 using KeepFn = std::function<bool(const Node&, const Function&)>;
-void InlineInGraph(Graph& g, const Model& m, int& counter, int depth, const KeepFn& keep);
+using FunctionIndex = std::unordered_map<std::string, const Function*>;  // "domain\nname" -> function
+
+std::string FunctionKey(const std::string& domain, const std::string& name) { return domain + "\n" + name; }
+
+std::string FunctionName(const Function& f) { return f.domain.empty() ? f.name : f.domain + "::" + f.name; }
+
+FunctionIndex IndexFunctions(const Model& m) {
+  FunctionIndex index;
+  for (const Function& f : m.functions) index.emplace(FunctionKey(f.domain, f.name), &f);  // the first one wins
+  return index;
+}
+
+const Function* FindIn(const FunctionIndex& index, const Node& n) {
+  auto it = index.find(FunctionKey(n.domain, n.op_type));
+  return it == index.end() ? nullptr : it->second;
+}
+
+template <typename Fn>
+void ForEachSubgraph(const Node& n, Fn&& fn) {
+  for (const Attribute& a : n.attributes) {
+    if (a.g) fn(*a.g);
+    for (const auto& sg : a.graphs)
+      if (sg) fn(*sg);
+  }
+}
+
+int64_t SaturatingAdd(int64_t a, int64_t b, int64_t cap) { return a >= cap - b ? cap : a + b; }
+
+// What inlining would make of a graph, measured before anything is expanded: the nodes it would
+// hold (subgraphs included, saturating just past max_nodes), how deeply function calls and
+// subgraphs nest (at most max_nesting_depth), and no recursive function. Each function is
+// measured once, so a file whose functions each call the next twice costs its size, not 2^depth.
+class InlineBudget {
+ public:
+  struct Measure {
+    int64_t nodes = 0;
+    int height = 0;  // levels of calls and subgraphs below
+  };
+
+  explicit InlineBudget(const FunctionIndex& functions) : functions_(functions), limits_(GlobalLimits()) {}
+
+  Measure OfGraph(const Graph& g, int depth) {
+    if (depth > limits_.max_nesting_depth)
+      throw Error(fmt::format("graph '{}': subgraphs and function calls nest deeper than {} levels (the nesting limit)",
+                              g.name, limits_.max_nesting_depth));
+    Measure m;
+    for (const Node& n : g.nodes) Add(m, OfNode(n, depth), 0);
+    return m;
+  }
+
+ private:
+  int64_t Cap() const { return limits_.max_nodes + 1; }
+
+  void Add(Measure& total, const Measure& part, int levels) const {
+    total.nodes = SaturatingAdd(total.nodes, part.nodes, Cap());
+    total.height = std::max(total.height, part.height + levels);
+  }
+
+  Measure OfNode(const Node& n, int depth) {
+    Measure m;
+    ForEachSubgraph(n, [&](const Graph& sg) { Add(m, OfGraph(sg, depth + 1), 1); });
+    const Function* f = FindIn(functions_, n);
+    Add(m, f != nullptr ? OfCall(*f, n, depth + 1) : Measure{1, 0}, f != nullptr ? 1 : 0);
+    return m;
+  }
+
+  // "f0 -> f1 -> f2 -> ... -> f9 -> last": the calls that lead to `last`.
+  std::string Chain(const Function& last) const {
+    std::string chain;
+    const size_t n = chain_.size();
+    for (size_t i = 0; i < n; ++i) {
+      if (n > 6 && i == 3) chain += "... -> ";
+      if (n <= 6 || i < 3 || i + 2 >= n) chain += FunctionName(*chain_[i]) + " -> ";
+    }
+    return chain + FunctionName(last);
+  }
+
+  // The body of `f` called by `call` at nesting level `depth`.
+  Measure OfCall(const Function& f, const Node& call, int depth) {
+    if (std::find(chain_.begin(), chain_.end(), &f) != chain_.end())
+      throw Error(fmt::format("{} calls function '{}', which calls itself ({}): recursive functions cannot be inlined",
+                              call.Describe(), FunctionName(f), Chain(f)));
+    if (depth > limits_.max_nesting_depth)
+      throw Error(fmt::format("{}: function calls nest deeper than {} levels ({}) (the nesting limit)", call.Describe(),
+                              limits_.max_nesting_depth, Chain(f)));
+    auto it = measured_.find(&f);
+    if (it == measured_.end()) {
+      chain_.push_back(&f);
+      Measure m;
+      for (const Node& b : f.nodes) Add(m, OfNode(b, depth), 0);
+      chain_.pop_back();
+      it = measured_.emplace(&f, m).first;
+    }
+    const Measure& m = it->second;
+    if (depth + m.height > limits_.max_nesting_depth)
+      throw Error(fmt::format("{}: function '{}' nests calls and subgraphs {} levels deep below this call, past the "
+                              "limit of {} levels (the nesting limit)",
+                              call.Describe(), FunctionName(f), m.height, limits_.max_nesting_depth));
+    if (m.nodes > limits_.max_nodes)
+      throw Error(fmt::format("{}: inlining function '{}' ({}) would make more than {} nodes (--max-nodes)",
+                              call.Describe(), FunctionName(f), Chain(f), limits_.max_nodes));
+    return m;
+  }
+
+  const FunctionIndex& functions_;
+  const Limits& limits_;
+  std::unordered_map<const Function*, Measure> measured_;
+  std::vector<const Function*> chain_;
+};
+
 
 // Resolves ref_attr_name attributes of body nodes against the caller's attributes.
 std::vector<Attribute> ResolveAttributes(const std::vector<Attribute>& attrs, const Node& caller) {
@@ -65,36 +175,56 @@ std::vector<Node> ExpandCall(const Node& call, const Function& f, int& counter) 
   return out;
 }
 
-void InlineInGraph(Graph& g, const Model& m, int& counter, int depth, const KeepFn& keep) {
-  GAF_CHECK(depth < 32, "function calls nest deeper than 32 levels (recursive functions?)");
-  bool changed = false;
+// Replaces calls by their bodies in place, depth first over an explicit stack of bodies being
+// expanded (the budget above bounds it); subgraphs are inlined as their nodes are reached.
+void InlineInGraph(Graph& g, const FunctionIndex& functions, int& counter, const KeepFn& keep) {
+  struct Pending {
+    std::vector<Node> nodes;
+    size_t next = 0;
+  };
+  std::vector<Pending> stack;
+  stack.push_back({std::move(g.nodes), 0});
   std::vector<Node> result;
-  for (Node& n : g.nodes) {
+  while (!stack.empty()) {
+    Pending& top = stack.back();
+    if (top.next == top.nodes.size()) {
+      stack.pop_back();
+      continue;
+    }
+    Node n = std::move(top.nodes[top.next++]);
     for (Attribute& a : n.attributes) {
-      if (a.g) InlineInGraph(*a.g, m, counter, depth, keep);
-      for (auto& sg : a.graphs) InlineInGraph(*sg, m, counter, depth, keep);
+      if (a.g) InlineInGraph(*a.g, functions, counter, keep);
+      for (auto& sg : a.graphs)
+        if (sg) InlineInGraph(*sg, functions, counter, keep);
     }
-    const Function* f = m.FindFunction(n.domain, n.op_type);
-    if (f != nullptr && !(keep && keep(n, *f))) {
-      std::vector<Node> body = ExpandCall(n, *f, counter);
-      for (Node& b : body) result.push_back(std::move(b));
-      changed = true;
-    } else {
+    const Function* f = FindIn(functions, n);
+    if (f != nullptr && !(keep && keep(n, *f)))
+      stack.push_back({ExpandCall(n, *f, counter), 0});  // `top` is not used after this
+    else
       result.push_back(std::move(n));
-    }
   }
   g.nodes = std::move(result);
-  if (changed) InlineInGraph(g, m, counter, depth + 1, keep);  // functions calling functions
 }
 
 }  // namespace
 
+void CheckInlining(const Model& model) {
+  const FunctionIndex functions = IndexFunctions(model);
+  const InlineBudget::Measure m = InlineBudget(functions).OfGraph(model.graph, 0);
+  const int64_t limit = GlobalLimits().max_nodes;
+  if (!model.functions.empty() && m.nodes > limit)
+    throw Error(fmt::format("graph '{}' would have more than {} nodes with its functions inlined (--max-nodes)",
+                            model.graph.name, limit));
+}
+
 void InlineFunctions(Model& model) { InlineFunctions(model, nullptr); }
 
 void InlineFunctions(Model& model, const std::function<bool(const Node&, const Function&)>& keep) {
+  CheckInlining(model);
   if (model.functions.empty()) return;
+  const FunctionIndex functions = IndexFunctions(model);
   int counter = 0;
-  InlineInGraph(model.graph, model, counter, 0, keep);
+  InlineInGraph(model.graph, functions, counter, keep);
 }
 
 Graph FunctionBodyGraph(const Function& f) {

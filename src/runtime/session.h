@@ -83,9 +83,16 @@ class Session {
 
 // Replaces every call of a model-local function (in the graph and its subgraphs) with the
 // function's body, values renamed apart and attribute references resolved. Exposed for tests.
+// Checks first (CheckInlining) what the expansion would make, so a hostile file ends in a
+// gaf::Error instead of exhausting memory or the stack.
 void InlineFunctions(Model& model);
 // Same, leaving the calls for which `keep` returns true.
 void InlineFunctions(Model& model, const std::function<bool(const Node&, const Function&)>& keep);
+
+// Throws gaf::Error naming the call or graph when inlining the model's functions would pass a
+// limit of GlobalLimits() (ir/limits.h): more than max_nodes nodes, calls and subgraphs nested
+// deeper than max_nesting_depth, or a recursive function. Measures each function once.
+void CheckInlining(const Model& model);
 
 // The body of a model-local function as a graph (formal inputs and outputs as graph inputs and
 // outputs), for running it as a subgraph.
