@@ -10,6 +10,8 @@
 
 #include <fmt/ranges.h>
 
+#include "ir/limits.h"
+
 namespace gaf {
 
 size_t DataTypeSize(DataType dt) {
@@ -119,13 +121,58 @@ uint16_t FloatToBFloat16(float f) {
   return static_cast<uint16_t>(x >> 16);
 }
 
-int64_t NumElements(const Shape& shape) {
+std::string ShapeToString(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ",")); }
+
+namespace {
+
+// Product of the non-zero dimensions (so that every partial product, e.g. a stride, of an
+// accepted shape fits too), or -1 when it overflows int64; -2 for a negative dimension.
+int64_t NonZeroProduct(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape) {
+    if (d < 0) return -2;
+    if (d > 0 && __builtin_mul_overflow(n, d, &n)) return -1;
+  }
   return n;
 }
 
-std::string ShapeToString(const Shape& shape) { return fmt::format("[{}]", fmt::join(shape, ",")); }
+bool HasZero(const Shape& shape) { return std::find(shape.begin(), shape.end(), 0) != shape.end(); }
+
+}  // namespace
+
+int64_t NumElements(const Shape& shape) {
+  const int64_t n = NonZeroProduct(shape);
+  GAF_CHECK(n != -2, "negative dimension in shape {}", ShapeToString(shape));
+  GAF_CHECK(n != -1, "shape {} has more elements than fit in 64 bits", ShapeToString(shape));
+  return HasZero(shape) ? 0 : n;
+}
+
+int64_t CheckedMul(int64_t a, int64_t b, const char* what) {
+  int64_t r;
+  GAF_CHECK(!__builtin_mul_overflow(a, b, &r), "{} {} * {} overflows 64 bits", what, a, b);
+  return r;
+}
+
+int64_t CheckedAdd(int64_t a, int64_t b, const char* what) {
+  int64_t r;
+  GAF_CHECK(!__builtin_add_overflow(a, b, &r), "{} {} + {} overflows 64 bits", what, a, b);
+  return r;
+}
+
+int64_t TensorBytes(DataType dt, const Shape& shape, const std::string& what) {
+  const std::string name = what.empty() ? fmt::format("a {} tensor", DataTypeName(dt)) : what;
+  int64_t n = NonZeroProduct(shape), bytes = 0;
+  GAF_CHECK(n != -2, "{} has a negative dimension in shape {}", name, ShapeToString(shape));
+  GAF_CHECK(n != -1, "{} of shape {} has more elements than fit in 64 bits", name, ShapeToString(shape));
+  if (HasZero(shape)) n = 0;
+  const int64_t es = dt == DataType::kString ? sizeof(std::string) : static_cast<int64_t>(DataTypeSize(dt));
+  GAF_CHECK(!__builtin_mul_overflow(n, es, &bytes), "{} of shape {} needs more bytes than fit in 64 bits", name,
+            ShapeToString(shape));
+  const int64_t limit = GlobalLimits().max_tensor_bytes;
+  GAF_CHECK(limit <= 0 || bytes <= limit, "{} of shape {} needs {}, more than the memory limit {} (--max-memory)",
+            name, ShapeToString(shape), FormatBytes(bytes), FormatBytes(limit));
+  return bytes;
+}
 
 namespace {
 
@@ -198,11 +245,8 @@ Tensor Tensor::Uninitialized(DataType dt, Shape shape) {
   Tensor t;
   t.dtype_ = dt;
   t.shape_ = std::move(shape);
-  for (int64_t d : t.shape_) GAF_CHECK(d >= 0, "negative dimension in shape {}", ShapeToString(t.shape_));
+  const size_t bytes = static_cast<size_t>(TensorBytes(dt, t.shape_));
   t.numel_ = NumElements(t.shape_);
-  const size_t bytes = t.nbytes();
-  GAF_CHECK(t.numel_ < (int64_t{1} << 36) && bytes < (size_t{1} << 36), "tensor of shape {} ({}) is too large to allocate",
-            ShapeToString(t.shape_), DataTypeName(dt));
   const size_t alloc = BufferPool::SizeClass(bytes);
   void* p = Pool().Get(alloc);
   if (p == nullptr) throw Error(fmt::format("out of memory allocating {} bytes", alloc));
@@ -212,7 +256,9 @@ Tensor Tensor::Uninitialized(DataType dt, Shape shape) {
 }
 
 Tensor::Tensor(DataType dt, Shape shape) : dtype_(dt), shape_(std::move(shape)) {
-  for (int64_t d : shape_) GAF_CHECK(d >= 0, "negative dimension in shape {}", ShapeToString(shape_));
+  // Refuse what the memory limit does not allow: a corrupt shape must become an error, not an
+  // overflowed (too small) buffer or an OOM kill.
+  const size_t bytes = static_cast<size_t>(TensorBytes(dt, shape_));
   numel_ = NumElements(shape_);
   if (dt == DataType::kString) {
     auto* v = new std::vector<std::string>(static_cast<size_t>(numel_));
@@ -220,10 +266,6 @@ Tensor::Tensor(DataType dt, Shape shape) : dtype_(dt), shape_(std::move(shape)) 
     data_ = v->data();
     return;
   }
-  size_t bytes = nbytes();
-  // Refuse sizes no real model needs: a corrupt shape must become an error, not an OOM kill.
-  GAF_CHECK(numel_ < (int64_t{1} << 36) && bytes < (size_t{1} << 36), "tensor of shape {} ({}) is too large to allocate",
-            ShapeToString(shape_), DataTypeName(dt));
   size_t alloc = BufferPool::SizeClass(bytes);
   void* p = Pool().Get(alloc);
   if (p == nullptr) throw Error(fmt::format("out of memory allocating {} bytes", alloc));

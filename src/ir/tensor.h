@@ -55,8 +55,17 @@ struct BFloat16 {
 };
 
 using Shape = std::vector<int64_t>;
+// Product of the dimensions; gaf::Error for a negative dimension or a product past int64.
 int64_t NumElements(const Shape& shape);
 std::string ShapeToString(const Shape& shape);  // "[2,3,4]"
+// a * b and a + b, or gaf::Error naming `what` ("dimension", "offset") when they overflow int64.
+int64_t CheckedMul(int64_t a, int64_t b, const char* what = "size");
+int64_t CheckedAdd(int64_t a, int64_t b, const char* what = "size");
+// Bytes a tensor of dt and shape takes (strings: their std::string objects), checked before any
+// memory is touched: gaf::Error for a negative dimension, a size past int64, or more than
+// GlobalLimits().max_tensor_bytes. `what` names the tensor in the message ("tensor 'W'");
+// empty: "a float tensor".
+int64_t TensorBytes(DataType dt, const Shape& shape, const std::string& what = "");
 
 // C++ type <-> DataType.
 template <class T>

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -26,11 +27,42 @@ constexpr NpyType kTypes[] = {
     {"<u4", DataType::kUint32}, {"<u8", DataType::kUint64}, {"|b1", DataType::kBool},
 };
 
-}  // namespace
+// One dimension of the header's shape tuple: a non-negative integer.
+int64_t ParseNpyDim(std::string item, const std::string& path) {
+  item.erase(0, item.find_first_not_of(" \t"));
+  item.erase(item.find_last_not_of(" \t") + 1);
+  int64_t v = -1;
+  const char* end = item.data() + item.size();
+  auto [p, ec] = std::from_chars(item.data(), end, v);
+  GAF_CHECK(ec == std::errc() && p == end && v >= 0, "{}: .npy shape has an invalid dimension '{}'", path, item);
+  return v;
+}
 
-Tensor LoadNpy(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  GAF_CHECK(in.good(), "{}: cannot open", path);
+Shape ParseNpyShape(const std::string& dims, const std::string& path) {
+  Shape shape;
+  std::stringstream ss(dims);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.find_first_not_of(" \t") == std::string::npos) continue;
+    shape.push_back(ParseNpyDim(item, path));
+  }
+  return shape;
+}
+
+DataType ParseNpyType(const std::string& header, const std::string& path) {
+  std::smatch m;
+  GAF_CHECK(std::regex_search(header, m, std::regex("'descr':\\s*'([^']*)'")), "{}: .npy header has no descr", path);
+  std::string descr = m[1];
+  if (descr == "<b1" || descr == "b1") descr = "|b1";
+  if (descr == "<i1") descr = "|i1";
+  if (descr == "<u1") descr = "|u1";
+  for (const NpyType& t : kTypes)
+    if (descr == t.descr) return t.dt;
+  throw Error(fmt::format("{}: unsupported .npy dtype '{}' (little-endian numeric or bool only)", path, descr));
+}
+
+// Reads the magic, version and header; returns the header text.
+std::string ReadNpyHeader(std::ifstream& in, const std::string& path) {
   char magic[8];
   in.read(magic, 8);
   GAF_CHECK(in.gcount() == 8 && std::memcmp(magic, "\x93NUMPY", 6) == 0, "{}: not a .npy file", path);
@@ -48,34 +80,33 @@ Tensor LoadNpy(const std::string& path) {
   std::string header(header_len, '\0');
   in.read(header.data(), header_len);
   GAF_CHECK(in.gcount() == header_len, "{}: truncated .npy header", path);
+  return header;
+}
+
+}  // namespace
+
+Tensor LoadNpy(const std::string& path) {
+  std::error_code ec;
+  GAF_CHECK(std::filesystem::is_regular_file(path, ec), "{}: cannot open (not a regular file)", path);
+  const int64_t file_size = static_cast<int64_t>(std::filesystem::file_size(path, ec));
+  GAF_CHECK(!ec, "{}: cannot open: {}", path, ec.message());
+  std::ifstream in(path, std::ios::binary);
+  GAF_CHECK(in.good(), "{}: cannot open", path);
+  const std::string header = ReadNpyHeader(in, path);
+  const DataType dt = ParseNpyType(header, path);
   std::smatch m;
-  GAF_CHECK(std::regex_search(header, m, std::regex("'descr':\\s*'([^']*)'")), "{}: .npy header has no descr", path);
-  std::string descr = m[1];
-  if (descr == "<b1" || descr == "b1") descr = "|b1";
-  if (descr == "<i1") descr = "|i1";
-  if (descr == "<u1") descr = "|u1";
-  DataType dt = DataType::kUndefined;
-  for (const NpyType& t : kTypes)
-    if (descr == t.descr) dt = t.dt;
-  GAF_CHECK(dt != DataType::kUndefined, "{}: unsupported .npy dtype '{}' (little-endian numeric or bool only)", path,
-            descr);
   GAF_CHECK(std::regex_search(header, m, std::regex("'fortran_order':\\s*(True|False)")) && m[1] == "False",
             "{}: Fortran-order arrays are not supported", path);
   GAF_CHECK(std::regex_search(header, m, std::regex("'shape':\\s*\\(([^)]*)\\)")), "{}: .npy header has no shape",
             path);
-  Shape shape;
-  std::string dims = m[1];
-  std::stringstream ss(dims);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    item.erase(0, item.find_first_not_of(" \t"));
-    if (item.empty()) continue;
-    shape.push_back(std::stoll(item));
-  }
-  Tensor t(dt, shape);
-  in.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
-  GAF_CHECK(static_cast<size_t>(in.gcount()) == t.nbytes(), "{}: truncated data ({} of {} bytes)", path,
-            in.gcount(), t.nbytes());
+  const Shape shape = ParseNpyShape(m[1], path);
+  // The declared size against the memory limit and against the bytes the file has, before allocating.
+  const int64_t bytes = TensorBytes(dt, shape, fmt::format("{}: array", path));
+  const int64_t have = file_size - static_cast<int64_t>(in.tellg());
+  GAF_CHECK(have >= bytes, "{}: truncated data ({} of {} bytes)", path, have, bytes);
+  Tensor t = Tensor::Uninitialized(dt, shape);
+  in.read(static_cast<char*>(t.raw()), static_cast<std::streamsize>(bytes));
+  GAF_CHECK(in.gcount() == bytes, "{}: truncated data ({} of {} bytes)", path, in.gcount(), bytes);
   return t;
 }
 

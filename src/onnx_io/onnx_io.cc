@@ -1,6 +1,7 @@
 #include "onnx_io/onnx_io.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl.h>
 #include <onnx/checker.h>
@@ -8,6 +9,9 @@
 #include <onnx/shape_inference/implementation.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <climits>
 #include <cstdio>
 #include <cstring>
@@ -24,6 +28,10 @@ std::string ReadFile(const std::string& path) {
   std::error_code ec;
   GAF_CHECK(fs::exists(path, ec), "{}: no such file", path);
   GAF_CHECK(!fs::is_directory(path, ec), "{}: is a directory, not a model file", path);
+  GAF_CHECK(fs::is_regular_file(path, ec), "{}: not a regular file", path);  // a FIFO would block
+  const auto size = fs::file_size(path, ec);
+  GAF_CHECK(!ec && size <= static_cast<uintmax_t>(INT_MAX), "{}: over 2 GiB, more than one protobuf file can hold",
+            path);
   std::ifstream in(path, std::ios::binary);
   GAF_CHECK(in.good(), "{}: cannot open for reading", path);
   std::ostringstream ss;
@@ -32,6 +40,7 @@ std::string ReadFile(const std::string& path) {
 }
 
 void ParseProto(google::protobuf::MessageLite& msg, const std::string& bytes, const std::string& what) {
+  GAF_CHECK(bytes.size() <= static_cast<size_t>(INT_MAX), "{}: over 2 GiB, more than one protobuf can hold", what);
   google::protobuf::io::ArrayInputStream raw(bytes.data(), static_cast<int>(bytes.size()));
   google::protobuf::io::CodedInputStream coded(&raw);
   coded.SetTotalBytesLimit(INT_MAX);
@@ -47,79 +56,159 @@ struct ImportContext {
 };
 
 template <class Src, class Dst>
-void CopyField(const Src& src, Dst* dst, int64_t n, const std::string& what, const std::string& name) {
-  GAF_CHECK(static_cast<int64_t>(src.size()) == n, "{}: tensor '{}' has {} values for {} elements", what, name,
-            src.size(), n);
+void CopyField(const Src& src, Dst* dst, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<Dst>(src.Get(static_cast<int>(i)));
+}
+
+// Values in the typed field that holds `dt` (the field CopyField reads below).
+int64_t TypedFieldSize(const onnx::TensorProto& tp, DataType dt, const std::string& what) {
+  switch (dt) {
+    case DataType::kFloat: return tp.float_data_size();
+    case DataType::kDouble: return tp.double_data_size();
+    case DataType::kInt64: return tp.int64_data_size();
+    case DataType::kUint64: case DataType::kUint32: return tp.uint64_data_size();
+    case DataType::kInt32: case DataType::kInt16: case DataType::kInt8: case DataType::kUint8:
+    case DataType::kBool: case DataType::kUint16: case DataType::kFloat16: case DataType::kBFloat16:
+      return tp.int32_data_size();
+    default: throw UnsupportedError(fmt::format("{} type {} not supported", what, DataTypeName(dt)));
+  }
+}
+
+void CopyTypedField(const onnx::TensorProto& tp, Tensor& t) {
+  const int64_t n = t.numel();
+  switch (t.dtype()) {
+    case DataType::kFloat: CopyField(tp.float_data(), t.data<float>(), n); break;
+    case DataType::kDouble: CopyField(tp.double_data(), t.data<double>(), n); break;
+    case DataType::kInt64: CopyField(tp.int64_data(), t.data<int64_t>(), n); break;
+    case DataType::kUint64: CopyField(tp.uint64_data(), t.data<uint64_t>(), n); break;
+    case DataType::kUint32: CopyField(tp.uint64_data(), t.data<uint32_t>(), n); break;
+    case DataType::kInt32: CopyField(tp.int32_data(), t.data<int32_t>(), n); break;
+    case DataType::kInt16: CopyField(tp.int32_data(), t.data<int16_t>(), n); break;
+    case DataType::kUint16:
+    case DataType::kFloat16:
+    case DataType::kBFloat16: CopyField(tp.int32_data(), static_cast<uint16_t*>(t.raw()), n); break;
+    case DataType::kInt8: CopyField(tp.int32_data(), t.data<int8_t>(), n); break;
+    default: CopyField(tp.int32_data(), static_cast<uint8_t*>(t.raw()), n); break;  // uint8, bool
+  }
+}
+
+// ---- external data: a regular file inside the model's folder, read within its size ----
+
+struct ExternalRef {
+  std::string location;
+  int64_t offset = 0, length = -1;
+};
+
+int64_t ParseExternalNumber(const std::string& value, const char* key, const std::string& what) {
+  int64_t v = 0;
+  const char* end = value.data() + value.size();
+  auto [p, ec] = std::from_chars(value.data(), end, v);
+  GAF_CHECK(ec != std::errc::result_out_of_range, "{}: external data {} '{}' is too large", what, key, value);
+  GAF_CHECK(ec == std::errc() && p == end && !value.empty(), "{}: external data {} '{}' is not a number", what, key,
+            value);
+  GAF_CHECK(v >= 0, "{}: external data {} {} is negative", what, key, v);
+  return v;
+}
+
+ExternalRef ParseExternalRef(const onnx::TensorProto& tp, const std::string& what) {
+  ExternalRef ref;
+  for (const auto& kv : tp.external_data()) {
+    if (kv.key() == "location") ref.location = kv.value();
+    else if (kv.key() == "offset") ref.offset = ParseExternalNumber(kv.value(), "offset", what);
+    else if (kv.key() == "length") ref.length = ParseExternalNumber(kv.value(), "length", what);
+  }
+  GAF_CHECK(!ref.location.empty(), "{} is external but names no location", what);
+  return ref;
+}
+
+// The real path (symlinks followed) of `location`, which must be relative, have no ".."
+// component, and resolve to a regular file inside the real path of the model's folder.
+fs::path ResolveExternalPath(const std::string& location, const std::string& base_dir, const std::string& what) {
+  const fs::path loc(location);
+  bool dotdot = false;
+  for (const fs::path& part : loc) dotdot |= part == "..";
+  GAF_CHECK(loc.is_relative() && !loc.has_root_name() && !dotdot,
+            "{}: external location '{}' must be a relative path inside the model's folder", what, location);
+  std::error_code ec;
+  const fs::path root = fs::canonical(base_dir.empty() ? "." : base_dir, ec);
+  GAF_CHECK(!ec, "{}: the model's folder '{}' cannot be resolved: {}", what, base_dir, ec.message());
+  const fs::path real = fs::weakly_canonical(root / loc, ec);
+  GAF_CHECK(!ec, "{}: external data file '{}' cannot be resolved: {}", what, location, ec.message());
+  auto [r, p] = std::mismatch(root.begin(), root.end(), real.begin(), real.end());
+  GAF_CHECK(r == root.end(), "{}: external location '{}' resolves to '{}', outside the model's folder '{}'", what,
+            location, real.string(), root.string());
+  struct stat st {};
+  GAF_CHECK(::stat(real.c_str(), &st) == 0, "{}: external data file '{}' cannot be opened: {}", what, real.string(),
+            std::strerror(errno));
+  GAF_CHECK(S_ISREG(st.st_mode), "{}: external data file '{}' is not a regular file", what, real.string());
+  return real;
+}
+
+struct FileCloser {
+  int fd;
+  ~FileCloser() { ::close(fd); }
+};
+
+// Reads the tensor's bytes from its external data file; every check comes before the allocation.
+Tensor ReadExternal(const onnx::TensorProto& tp, DataType dt, const Shape& shape, int64_t bytes,
+                    const ImportContext& ctx, const std::string& what) {
+  ExternalRef ref = ParseExternalRef(tp, what);
+  const fs::path path = ResolveExternalPath(ref.location, ctx.base_dir, what);
+  // O_NONBLOCK: a FIFO swapped in after the check cannot block the open; fstat then refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  GAF_CHECK(fd >= 0, "{}: external data file '{}' cannot be opened: {}", what, path.string(), std::strerror(errno));
+  FileCloser closer{fd};
+  struct stat st {};
+  GAF_CHECK(::fstat(fd, &st) == 0 && S_ISREG(st.st_mode), "{}: external data file '{}' is not a regular file", what,
+            path.string());
+  if (ref.length < 0) ref.length = bytes;
+  GAF_CHECK(ref.length == bytes, "{} external length {} != {} bytes", what, ref.length, bytes);
+  const int64_t size = st.st_size;
+  GAF_CHECK(ref.offset <= size && ref.length <= size - ref.offset,
+            "{}: external data file '{}' ({} bytes) is too short for {} bytes at offset {}", what, path.string(),
+            size, ref.length, ref.offset);
+  Tensor t = Tensor::Uninitialized(dt, shape);
+  for (int64_t done = 0; done < bytes;) {
+    const ssize_t got = ::pread(fd, static_cast<char*>(t.raw()) + done, static_cast<size_t>(bytes - done),
+                                static_cast<off_t>(ref.offset + done));
+    GAF_CHECK(got > 0, "{}: external data file '{}' cannot be read: {}", what, path.string(),
+              got < 0 ? std::strerror(errno) : "unexpected end of file");
+    done += got;
+  }
+  return t;
+}
+
+Tensor StringTensorFromProto(const onnx::TensorProto& tp, const Shape& shape, int64_t n, const std::string& what) {
+  GAF_CHECK(tp.string_data_size() == n, "{} has {} string values for {} elements", what, tp.string_data_size(), n);
+  Tensor t(DataType::kString, shape);
+  for (int64_t i = 0; i < n; ++i) t.data<std::string>()[i] = tp.string_data(static_cast<int>(i));
+  return t;
 }
 
 Tensor TensorFromProto(const onnx::TensorProto& tp, const ImportContext& ctx) {
   DataType dt = static_cast<DataType>(tp.data_type());
-  const std::string& name = tp.name();
-  GAF_CHECK(DataTypeSize(dt) > 0 || dt == DataType::kString, "{}: tensor '{}' has unknown data type {}", ctx.what,
-            name, tp.data_type());
-  Shape shape(tp.dims().begin(), tp.dims().end());
-  for (int64_t d : shape)
-    GAF_CHECK(d >= 0 && d < (int64_t{1} << 40), "{}: tensor '{}' has invalid dimension {}", ctx.what, name, d);
-  GAF_CHECK(!tp.has_segment(), "{}: tensor '{}' uses segments, which are not supported", ctx.what, name);
+  const std::string what = fmt::format("{}: tensor '{}'", ctx.what, tp.name());
+  GAF_CHECK(DataTypeSize(dt) > 0 || dt == DataType::kString, "{} has unknown data type {}", what, tp.data_type());
+  GAF_CHECK(!tp.has_segment(), "{} uses segments, which are not supported", what);
   if (dt == DataType::kComplex64 || dt == DataType::kComplex128)
-    throw UnsupportedError(fmt::format("{}: tensor '{}' is complex, which is not supported", ctx.what, name));
-  int64_t n = NumElements(shape);
-  GAF_CHECK(n < (int64_t{1} << 36), "{}: tensor '{}' is implausibly large ({} elements)", ctx.what, name, n);
-  Tensor t(dt, shape);
-  if (dt == DataType::kString) {
-    GAF_CHECK(tp.string_data_size() == n, "{}: string tensor '{}' has {} values for {} elements", ctx.what, name,
-              tp.string_data_size(), n);
-    for (int64_t i = 0; i < n; ++i) t.data<std::string>()[i] = tp.string_data(static_cast<int>(i));
-    return t;
-  }
-  if (tp.data_location() == onnx::TensorProto::EXTERNAL) {
-    std::string location;
-    int64_t offset = 0, length = -1;
-    for (const auto& kv : tp.external_data()) {
-      if (kv.key() == "location") location = kv.value();
-      else if (kv.key() == "offset") offset = std::stoll(kv.value());
-      else if (kv.key() == "length") length = std::stoll(kv.value());
-    }
-    GAF_CHECK(!location.empty(), "{}: tensor '{}' is external but names no location", ctx.what, name);
-    GAF_CHECK(location.find("..") == std::string::npos && location[0] != '/',
-              "{}: tensor '{}' external location '{}' must stay inside the model's folder", ctx.what, name, location);
-    std::string path = (fs::path(ctx.base_dir) / location).string();
-    std::ifstream in(path, std::ios::binary);
-    GAF_CHECK(in.good(), "{}: external data file '{}' of tensor '{}' cannot be opened", ctx.what, path, name);
-    if (length < 0) length = static_cast<int64_t>(t.nbytes());
-    GAF_CHECK(length == static_cast<int64_t>(t.nbytes()), "{}: tensor '{}' external length {} != {} bytes", ctx.what,
-              name, length, t.nbytes());
-    in.seekg(offset);
-    in.read(static_cast<char*>(t.raw()), length);
-    GAF_CHECK(in.gcount() == length, "{}: external data file '{}' is too short for tensor '{}'", ctx.what, path,
-              name);
-    return t;
-  }
+    throw UnsupportedError(fmt::format("{} is complex, which is not supported", what));
+  const Shape shape(tp.dims().begin(), tp.dims().end());
+  // Negative dimensions, sizes past 64 bits and the memory limit, before any allocation.
+  const int64_t bytes = TensorBytes(dt, shape, what);
+  const int64_t n = NumElements(shape);
+  if (dt == DataType::kString) return StringTensorFromProto(tp, shape, n, what);
+  if (tp.data_location() == onnx::TensorProto::EXTERNAL) return ReadExternal(tp, dt, shape, bytes, ctx, what);
   if (tp.has_raw_data()) {
-    GAF_CHECK(tp.raw_data().size() == t.nbytes(), "{}: tensor '{}' has {} raw bytes, expected {}", ctx.what, name,
-              tp.raw_data().size(), t.nbytes());
-    if (t.nbytes() > 0) std::memcpy(t.raw(), tp.raw_data().data(), t.nbytes());
+    GAF_CHECK(static_cast<int64_t>(tp.raw_data().size()) == bytes, "{} has {} raw bytes, expected {}", what,
+              tp.raw_data().size(), bytes);
+    Tensor t = Tensor::Uninitialized(dt, shape);
+    if (bytes > 0) std::memcpy(t.raw(), tp.raw_data().data(), static_cast<size_t>(bytes));
     return t;
   }
-  switch (dt) {
-    case DataType::kFloat: CopyField(tp.float_data(), t.data<float>(), n, ctx.what, name); break;
-    case DataType::kDouble: CopyField(tp.double_data(), t.data<double>(), n, ctx.what, name); break;
-    case DataType::kInt64: CopyField(tp.int64_data(), t.data<int64_t>(), n, ctx.what, name); break;
-    case DataType::kUint64: CopyField(tp.uint64_data(), t.data<uint64_t>(), n, ctx.what, name); break;
-    case DataType::kUint32: CopyField(tp.uint64_data(), t.data<uint32_t>(), n, ctx.what, name); break;
-    case DataType::kInt32: CopyField(tp.int32_data(), t.data<int32_t>(), n, ctx.what, name); break;
-    case DataType::kInt16: CopyField(tp.int32_data(), t.data<int16_t>(), n, ctx.what, name); break;
-    case DataType::kUint16:
-    case DataType::kFloat16:
-    case DataType::kBFloat16:
-      CopyField(tp.int32_data(), static_cast<uint16_t*>(t.raw()), n, ctx.what, name);
-      break;
-    case DataType::kInt8: CopyField(tp.int32_data(), t.data<int8_t>(), n, ctx.what, name); break;
-    case DataType::kUint8:
-    case DataType::kBool: CopyField(tp.int32_data(), static_cast<uint8_t*>(t.raw()), n, ctx.what, name); break;
-    default: throw UnsupportedError(fmt::format("{}: tensor '{}' type {} not supported", ctx.what, name, DataTypeName(dt)));
-  }
+  const int64_t values = TypedFieldSize(tp, dt, what);
+  GAF_CHECK(values == n, "{} has {} values for {} elements", what, values, n);
+  Tensor t = Tensor::Uninitialized(dt, shape);
+  CopyTypedField(tp, t);
   return t;
 }
 

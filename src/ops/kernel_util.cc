@@ -37,7 +37,7 @@ std::vector<int64_t> Strides(const Shape& shape) {
   int64_t acc = 1;
   for (size_t i = shape.size(); i-- > 0;) {
     s[i] = acc;
-    acc *= shape[i];
+    acc = CheckedMul(acc, shape[i], "stride");
   }
   return s;
 }

@@ -936,6 +936,32 @@ std::vector<int64_t> SpatialAttr(const Node& node, const char* name, size_t nsp,
   return v;
 }
 
+// Output size of one spatial axis of a window (kernel k, stride s, dilation d) sliding over `in`
+// with pads *pb, *pe (set here for SAME auto_pad). gaf::Error naming the node when the window does
+// not fit in a non-empty padded input, or when the sizes overflow.
+int64_t WindowOutputSize(const Node& node, size_t axis, int64_t in, int64_t k, int64_t s, int64_t d,
+                         const std::string& auto_pad, bool ceil_mode, int64_t* pb, int64_t* pe) {
+  const int64_t ek = CheckedAdd(CheckedMul(k - 1, d, "kernel extent"), 1, "kernel extent");
+  if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+    const int64_t out = CeilDiv(in, s);
+    const int64_t total = std::max<int64_t>(0, CheckedAdd((out - 1) * s, ek, "padded size") - in);
+    *pb = auto_pad == "SAME_UPPER" ? total / 2 : total - total / 2;
+    *pe = total - *pb;
+    return out;
+  }
+  const int64_t padded = CheckedAdd(CheckedAdd(in, *pb, "padded size"), *pe, "padded size");
+  if (in == 0 && padded == 0) return 0;  // an empty input gives an empty output
+  GAF_CHECK(padded >= ek,
+            "{}: kernel extent {} is larger than the padded input size {} along spatial axis {} (input {}, "
+            "pads {}+{})",
+            node.Describe(), ek, padded, axis, in, *pb, *pe);
+  const int64_t span = padded - ek;
+  if (!ceil_mode || auto_pad == "VALID") return span / s + 1;
+  int64_t out = CeilDiv(span, s) + 1;
+  if ((out - 1) * s >= in + *pb) --out;  // last window must start inside the input
+  return out;
+}
+
 // Computes output size and pads from the conv/pool attributes (auto_pad, pads, strides,
 // dilations, ceil_mode).
 Geom MakeGeom(const Node& node, const Shape& x_shape, const std::vector<int64_t>& kernel,
@@ -961,36 +987,16 @@ Geom MakeGeom(const Node& node, const Shape& x_shape, const std::vector<int64_t>
     GAF_CHECK(k >= 1 && s >= 1 && d >= 1,
               "{}: kernel, strides and dilations must be positive (got {}, {}, {})",
               node.Describe(), k, s, d);
-    int64_t ek = (k - 1) * d + 1;
-    int64_t pb = 0, pe = 0, out = 0;
-    if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
-      out = CeilDiv(in, s);
-      int64_t total = std::max<int64_t>(0, (out - 1) * s + ek - in);
-      if (auto_pad == "SAME_UPPER") {
-        pb = total / 2;
-        pe = total - pb;
-      } else {
-        pe = total / 2;
-        pb = total - pe;
-      }
-    } else if (auto_pad == "VALID") {
-      out = in >= ek ? (in - ek) / s + 1 : 0;
-    } else if (auto_pad == "NOTSET" || auto_pad.empty()) {
+    int64_t pb = 0, pe = 0;
+    if (auto_pad == "NOTSET" || auto_pad.empty()) {
       pb = pads[i];
       pe = pads[i + nsp];
       GAF_CHECK(pb >= 0 && pe >= 0, "{}: negative pads are not allowed", node.Describe());
-      int64_t span = in + pb + pe - ek;
-      if (span < 0) {
-        out = 0;
-      } else if (ceil_mode) {
-        out = CeilDiv(span, s) + 1;
-        if ((out - 1) * s >= in + pb) --out;  // last window must start inside the input
-      } else {
-        out = span / s + 1;
-      }
     } else {
-      GAF_CHECK(false, "{}: invalid auto_pad '{}'", node.Describe(), auto_pad);
+      GAF_CHECK(auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER" || auto_pad == "VALID",
+                "{}: invalid auto_pad '{}'", node.Describe(), auto_pad);
     }
+    const int64_t out = WindowOutputSize(node, i, in, k, s, d, auto_pad, ceil_mode, &pb, &pe);
     g.in[off + i] = in;
     g.out[off + i] = out;
     g.k[off + i] = k;
@@ -1500,13 +1506,16 @@ void RunConvTranspose(KernelContext& ctx) {
   for (size_t i = 0; i < nsp; ++i) {
     int64_t in = X.dim(2 + i), k = kernel[i], s = strides[i], d = dil[i];
     GAF_CHECK(s >= 1 && d >= 1, "{}: strides and dilations must be positive", node.Describe());
-    int64_t ek = (k - 1) * d + 1;
-    int64_t full = s * (in - 1) + opad[i] + ek;
+    int64_t ek = CheckedAdd(CheckedMul(k - 1, d, "kernel extent"), 1, "kernel extent");
+    int64_t full = CheckedAdd(CheckedAdd(CheckedMul(s, in - 1, "output size"), opad[i], "output size"), ek,
+                              "output size");
     int64_t pb, pe, out;
     bool same = auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER";
     if (!oshape.empty() || (same && !have_pads)) {
-      out = !oshape.empty() ? oshape[i] : in * s;
-      int64_t total = full - out;
+      out = !oshape.empty() ? oshape[i] : CheckedMul(in, s, "output size");
+      int64_t total = 0;
+      GAF_CHECK(out >= 0 && !__builtin_sub_overflow(full, out, &total), "{}: invalid output size {}",
+                node.Describe(), out);
       if (auto_pad == "SAME_UPPER") {
         pb = FloorDiv(total, 2);
         pe = total - pb;
@@ -1521,7 +1530,8 @@ void RunConvTranspose(KernelContext& ctx) {
         pb = pads[i];
         pe = pads[i + nsp];
       }
-      out = full - pb - pe;
+      GAF_CHECK(!__builtin_sub_overflow(full, CheckedAdd(pb, pe, "pads"), &out), "{}: output size overflows",
+                node.Describe());
     }
     GAF_CHECK(out >= 0, "{}: ConvTranspose output size is negative", node.Describe());
     g.in[off + i] = in;
@@ -1936,8 +1946,13 @@ void MaxUnpoolKernel(KernelContext& ctx) {
   // Indices address the default output shape; a given output_shape keeps coordinates and
   // pads (or crops) at the end of each spatial dim, as the ONNX reference does.
   Shape ds{X.dim(0), X.dim(1)};
-  for (size_t i = 0; i < nsp; ++i)
-    ds.push_back((X.dim(2 + i) - 1) * strides[i] + kernel[i] - pads[i] - pads[i + nsp]);
+  for (size_t i = 0; i < nsp; ++i) {
+    GAF_CHECK(strides[i] >= 1 && kernel[i] >= 1 && pads[i] >= 0 && pads[i + nsp] >= 0,
+              "{}: kernel and strides must be positive, pads not negative", node.Describe());
+    const int64_t full =
+        CheckedAdd(CheckedMul(X.dim(2 + i) - 1, strides[i], "output size"), kernel[i], "output size");
+    ds.push_back(CheckedAdd(full, -CheckedAdd(pads[i], pads[i + nsp], "pads"), "output size"));
+  }
   Shape os = ds;
   if (ctx.has_input(2)) {
     os = ctx.inputs[2]->ToInt64s();

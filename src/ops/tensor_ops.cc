@@ -234,6 +234,13 @@ inline int64_t NormIndex(int64_t v, int64_t n, const Node& node, const char* wha
   return v < 0 ? v + n : v;
 }
 
+// A dimension computed in floating point (Resize scales, Range, OneHot depth): gaf::Error when
+// it is not finite or past what any tensor could have, instead of an undefined conversion.
+int64_t DimFromDouble(double v, const Node& node, const char* what) {
+  GAF_CHECK(std::isfinite(v) && v < 0x1p62, "{}: {} {:g} is not a valid size", node.Describe(), what, v);
+  return static_cast<int64_t>(v);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reshape family (zero copy: outputs share the input's buffer)
 // ---------------------------------------------------------------------------------------------
@@ -265,7 +272,7 @@ void ReshapeKernel(KernelContext& ctx) {
     }
     GAF_CHECK(v >= 0, "{}: invalid dimension {} in the requested shape", node.Describe(), req[i]);
     out[i] = v;
-    known *= v;
+    known = CheckedMul(known, v, "requested shape");
   }
   if (infer >= 0) {
     GAF_CHECK(known != 0 && x.numel() % known == 0, "{}: cannot infer -1 reshaping {} to {}", node.Describe(),
@@ -397,7 +404,7 @@ void ConcatKernel(KernelContext& ctx) {
     for (int64_t d = 0; d < r; ++d)
       GAF_CHECK(d == axis || t->shape()[d] == x0.shape()[d], "{}: input shapes {} and {} differ outside axis {}",
                 node.Describe(), ShapeToString(x0.shape()), ShapeToString(t->shape()), axis);
-    out[axis] += t->shape()[axis];
+    out[axis] = CheckedAdd(out[axis], t->shape()[axis], "concatenated size");
   }
   Tensor y(x0.dtype(), out);
   const size_t es = DataTypeSize(x0.dtype());
@@ -814,7 +821,7 @@ void TileKernel(KernelContext& ctx) {
   std::vector<int64_t> is = Strides(x.shape()), vs(2 * r);
   for (int64_t d = 0; d < r; ++d) {
     GAF_CHECK(rep[d] >= 0, "{}: negative repeat {}", node.Describe(), rep[d]);
-    out[d] = x.shape()[d] * rep[d];
+    out[d] = CheckedMul(x.shape()[d], rep[d], "tiled size");
     view[2 * d] = rep[d];
     view[2 * d + 1] = x.shape()[d];
     vs[2 * d] = 0;
@@ -869,11 +876,14 @@ void PadKernel(KernelContext& ctx) {
     pe[a] = pads[na + i];
   }
   Shape out(r);
+  for (int64_t d = 0; d < r; ++d) {
+    out[d] = CheckedAdd(CheckedAdd(x.shape()[d], pb[d], "padded size"), pe[d], "padded size");
+    GAF_CHECK(out[d] >= 0, "{}: pads make dimension {} negative", node.Describe(), d);
+  }
+  TensorBytes(x.dtype(), out);  // the memory limit before the index maps are built
   std::vector<std::vector<int64_t>> maps(r);
   for (int64_t d = 0; d < r; ++d) {
     const int64_t n = x.shape()[d];
-    out[d] = n + pb[d] + pe[d];
-    GAF_CHECK(out[d] >= 0, "{}: pads make dimension {} negative", node.Describe(), d);
     GAF_CHECK(mode == "constant" || n > 0 || out[d] == 0, "{}: cannot {}-pad an empty dimension", node.Describe(),
               mode);
     maps[d].resize(out[d]);
@@ -1015,7 +1025,8 @@ void RangeKernel(KernelContext& ctx) {
     if constexpr (std::is_floating_point_v<T>) {
       const double start = s.ScalarAsDouble(), limit = l.ScalarAsDouble(), delta = d.ScalarAsDouble();
       GAF_CHECK(delta != 0, "{}: delta must not be 0", node.Describe());
-      const int64_t n = std::max<int64_t>(0, static_cast<int64_t>(std::ceil((limit - start) / delta)));
+      const double count = std::ceil((limit - start) / delta);
+      const int64_t n = count > 0 ? DimFromDouble(count, node, "element count") : 0;
       Tensor y(s.dtype(), {n});
       T* p = y.data<T>();
       const T ts = static_cast<T>(start), td = static_cast<T>(delta);
@@ -1025,11 +1036,17 @@ void RangeKernel(KernelContext& ctx) {
       const int64_t start = s.ScalarAsInt64(), limit = l.ScalarAsInt64(), delta = d.ScalarAsInt64();
       GAF_CHECK(delta != 0, "{}: delta must not be 0", node.Describe());
       int64_t n = 0;
-      if (delta > 0 && limit > start) n = (limit - start + delta - 1) / delta;
-      if (delta < 0 && limit < start) n = (start - limit - delta - 1) / (-delta);
+      // In 128 bits: limit - start and the rounding can pass int64 for extreme inputs.
+      const __int128 span = static_cast<__int128>(limit) - start;
+      __int128 count = 0;
+      if (delta > 0 && span > 0) count = (span + delta - 1) / delta;
+      if (delta < 0 && span < 0) count = (-span - delta - 1) / -static_cast<__int128>(delta);
+      GAF_CHECK(count < (__int128{1} << 62), "{}: Range of {} to {} by {} has too many elements", node.Describe(),
+                start, limit, delta);
+      n = static_cast<int64_t>(count);
       Tensor y(s.dtype(), {n});
       T* p = y.data<T>();
-      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(start + i * delta);
+      for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(start + static_cast<__int128>(i) * delta);
       ctx.outputs[0] = y;
     }
   });
@@ -1090,8 +1107,9 @@ void OneHotKernel(KernelContext& ctx) {
   const Tensor& vals = ctx.input(2);
   CheckNotString(vals, node);
   GAF_CHECK(vals.numel() == 2, "{}: values must have 2 elements", node.Describe());
-  const int64_t depth = static_cast<int64_t>(dep.ScalarAsDouble());
-  GAF_CHECK(depth > 0, "{}: depth must be positive, got {}", node.Describe(), depth);
+  const double depth_value = dep.ScalarAsDouble();
+  GAF_CHECK(depth_value >= 1, "{}: depth must be positive, got {}", node.Describe(), depth_value);
+  const int64_t depth = DimFromDouble(depth_value, node, "depth");
   const int64_t r = ind.rank();
   int64_t axis = node.GetInt("axis", -1);
   GAF_CHECK(axis >= -r - 1 && axis <= r, "{}: axis {} out of range", node.Describe(), axis);
@@ -1155,10 +1173,11 @@ void DepthToSpaceKernel(KernelContext& ctx) {
   GAF_CHECK(x.rank() == 4, "{}: input must be 4-D", node.Describe());
   const int64_t b = node.GetInt("blocksize", 0);
   const int64_t N = x.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3);
-  GAF_CHECK(b > 0 && C % (b * b) == 0, "{}: channels {} not divisible by blocksize^2 ({})", node.Describe(), C, b);
+  GAF_CHECK(b > 0 && C % CheckedMul(b, b, "blocksize^2") == 0, "{}: channels {} not divisible by blocksize^2 ({})",
+            node.Describe(), C, b);
   const int64_t c = C / (b * b);
   const std::string mode = node.GetString("mode", "DCR");
-  Tensor y(x.dtype(), {N, c, H * b, W * b});
+  Tensor y(x.dtype(), {N, c, CheckedMul(H, b), CheckedMul(W, b)});
   if (mode == "DCR") {
     TransposeTensor(x, y, {N, b, b, c, H, W}, {0, 3, 4, 1, 5, 2}, node);
   } else if (mode == "CRD") {
@@ -1178,7 +1197,7 @@ void SpaceToDepthKernel(KernelContext& ctx) {
   const int64_t N = x.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3);
   GAF_CHECK(b > 0 && H % b == 0 && W % b == 0, "{}: spatial dims {}x{} not divisible by blocksize {}",
             node.Describe(), H, W, b);
-  Tensor y(x.dtype(), {N, C * b * b, H / b, W / b});
+  Tensor y(x.dtype(), {N, CheckedMul(C, CheckedMul(b, b)), H / b, W / b});
   TransposeTensor(x, y, {N, C, H / b, b, W / b, b}, {0, 3, 5, 1, 2, 4}, node);
   ctx.outputs[0] = y;
 }
@@ -1680,7 +1699,7 @@ void ResizeImpl(KernelContext& ctx, bool upsample) {
     for (size_t i = 0; i < na; ++i) {
       GAF_CHECK(scales[i] > 0, "{}: scales must be positive", node.Describe());
       sc[axes[i]] = scales[i];
-      out[axes[i]] = static_cast<int64_t>(std::floor(scales[i] * x.shape()[axes[i]]));
+      out[axes[i]] = DimFromDouble(std::floor(scales[i] * x.shape()[axes[i]]), node, "output size");
     }
   } else {
     GAF_CHECK(sizes.size() == na, "{}: sizes has {} entries for {} axes", node.Describe(), sizes.size(), na);
@@ -1699,7 +1718,7 @@ void ResizeImpl(KernelContext& ctx, bool upsample) {
       }
       for (size_t i = 0; i < na; ++i) {
         sc[axes[i]] = s;
-        out[axes[i]] = static_cast<int64_t>(std::floor(s * x.shape()[axes[i]] + 0.5));
+        out[axes[i]] = DimFromDouble(std::floor(s * x.shape()[axes[i]] + 0.5), node, "output size");
       }
     } else {
       GAF_UNSUPPORTED("{}: keep_aspect_ratio_policy '{}' is not supported", node.Describe(), policy);
@@ -1707,6 +1726,7 @@ void ResizeImpl(KernelContext& ctx, bool upsample) {
   }
   for (int64_t d = 0; d < r; ++d)
     GAF_CHECK(x.shape()[d] > 0 || out[d] == 0, "{}: cannot resize an empty dimension", node.Describe());
+  TensorBytes(x.dtype(), out);  // the memory limit before the per-axis taps are built
   if (p.mode == "nearest") {
     ctx.outputs[0] = ResizeNearest(x, out, sc, p, node);
     return;
