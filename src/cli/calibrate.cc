@@ -28,6 +28,7 @@
 #include "cost/cost_model.h"
 #include "ir/error.h"
 #include "runtime/session.h"
+#include "ir/output_file.h"
 
 namespace gaf::cli {
 namespace {
@@ -277,6 +278,7 @@ void RunCalibrate(std::string out, int threads, int repeats) {
   GAF_CHECK(repeats >= 1, "calibrate: --repeats must be at least 1, got {}", repeats);
   omp_set_num_threads(threads);
   if (out.empty()) out = (std::filesystem::path(HardwareProfile::ProfilesDir()) / "host-cpu.json").string();
+  CheckOutputPath(out, {}, true, "-o");
 
   HardwareProfile p;
   p.name = "host-cpu";

@@ -10,6 +10,7 @@
 #include "models/cnn.h"
 #include "models/llama.h"
 #include "onnx_io/onnx_io.h"
+#include "ir/output_file.h"
 
 namespace gaf::cli {
 namespace fs = std::filesystem;
@@ -47,16 +48,16 @@ void WriteExample(const Model& model, const ExampleArgs& a, const std::string& s
     std::string msg = CheckModel(model);
     GAF_CHECK(msg.empty(), "the built model fails the ONNX checker (a bug): {}", msg);
   }
+  CheckOutputDir(a.output_dir, "-o");
   fs::create_directories(a.output_dir);
   const std::string path = (fs::path(a.output_dir) / "model.onnx").string();
   SaveOptions so;
   const int64_t weight_bytes = WeightBytes(model);
   if (static_cast<size_t>(weight_bytes) > kExternalDataThreshold) so.external_data = true;
-  SaveModel(model, path, so);
+  const std::string data = SaveModel(model, path, so);
   uintmax_t size = fs::file_size(path);
   std::string files = fmt::format("{} ({})", path, HumanSize(static_cast<double>(size)));
-  if (so.external_data) {
-    const std::string data = path + ".data";
+  if (!data.empty()) {
     uintmax_t dsize = fs::file_size(data);
     files += fmt::format(" + {} ({})", data, HumanSize(static_cast<double>(dsize)));
     size += dsize;

@@ -2,6 +2,7 @@
 // log (report fields documented in docs/report_format.md).
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -11,8 +12,10 @@
 #include "fusion/auto_fusion.h"
 #include "ir/error.h"
 #include "onnx_io/onnx_io.h"
+#include "ir/output_file.h"
 
 namespace gaf::cli {
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -34,6 +37,7 @@ struct FusionArgs {
   double min_cosine = 0.999, max_abs_error = 1e-3;
   int repeats = 15, threads = 0;
   std::string report;
+  bool overwrite = false;
   // explain
   std::string node, rule;
 };
@@ -161,7 +165,7 @@ void RunAnalyze(const FusionArgs& a) {
              {"canonicalization", f->canonicalization_log()},
              {"candidates", arr},
              {"summary", EstimateJson(e)}};
-    fmt::print("{}\n", out.dump(2));
+    fmt::print("{}\n", out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return;
   }
   fmt::print("Fusion benefit analysis of {} (profile {}: local memory {:.0f} KB; {} rules; {} canonicalization changes)\n",
@@ -192,7 +196,7 @@ void RunEstimate(const FusionArgs& a) {
   if (a.json) {
     json j = EstimateJson(e);
     j["model"] = a.model;
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return;
   }
   fmt::print("Whole-model estimate for {} (profile {}, cost model: roofline + per-kernel overhead)\n", a.model, e.profile);
@@ -211,6 +215,16 @@ void RunEstimate(const FusionArgs& a) {
 void RunFuse(const FusionArgs& a) {
   GAF_CHECK(!a.output.empty(), "fuse needs an output file (-o OUT.onnx)");
   GAF_CHECK(!a.half_weights || a.safe, "--half-weights needs --safe (float16 weight storage is kept only when its precision gate passes)");
+  // Destinations are checked before any work: nothing is written when one of them is refused.
+  const std::vector<std::string> inputs = {a.model, a.rules_file, a.profile};
+  CheckOutputPath(a.output, inputs, a.overwrite, "-o");
+  if (!a.report.empty()) {
+    CheckOutputPath(a.report, inputs, a.overwrite, "--report");
+    GAF_CHECK(!fs::exists(a.output) || !fs::exists(a.report) || !fs::equivalent(a.output, a.report),
+              "--report {}: is the same file as -o", a.report);
+    GAF_CHECK(fs::absolute(a.output).lexically_normal() != fs::absolute(a.report).lexically_normal(),
+              "--report {}: is the same file as -o", a.report);
+  }
   auto f = MakeFuser(a);
   if (a.safe) {
     SafeFusionOptions so;
@@ -242,7 +256,7 @@ void RunFuse(const FusionArgs& a) {
            {"checker_passed", s.checker_passed},
            {"checker_message", s.checker_message},
            {"profile", f->profile().name}};
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return;
   }
   fmt::print("Fused {} group(s) into {} model-local function(s) in domain {}:\n", s.groups, s.functions, kFusedDomain);
@@ -308,6 +322,7 @@ void AddFusionCommands(CLI::App& app) {
     auto* cmd = app.add_subcommand("fuse", "Fuse and write the fused model (standard ONNX with model-local functions)");
     AddCommonOptions(cmd, a.get());
     cmd->add_option("-o,--output", a->output, "output .onnx file")->required();
+    cmd->add_flag("--overwrite", a->overwrite, "allow -o (or --report) to replace one of the input files");
     cmd->add_flag("--safe", a->safe, "safe fusion: per-group precision and speed gates, failures rolled back");
     cmd->add_option("--min-cosine", a->min_cosine, "safe: minimum cosine similarity per group (default 0.999)");
     cmd->add_option("--max-abs-error", a->max_abs_error, "safe: maximum absolute error per group (default 1e-3)");

@@ -139,7 +139,7 @@ void RunGenerate(const GenerateArgs& a) {
                          {"decode_ms_per_token", r.MedianStepSeconds() * 1e3},
                          {"decode_steps", r.step_seconds.size()}});
     j["runs"] = per_run;
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return;
   }
   fmt::print("model    {} ({} cache tensors, vocab {}, {} thread(s))\n", a.model, sig.cache.size(), vocab, threads);

@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "onnx_io/npy.h"
 #include "onnx_io/onnx_io.h"
+#include "ir/output_file.h"
 #include "codegen/fused_session.h"
 #include "runtime/session.h"
 
@@ -110,7 +111,7 @@ void RunInfo(const std::string& path, bool as_json) {
     json md = json::object();
     for (const auto& [k, v] : m.metadata_props) md[k] = v;
     j["metadata"] = md;
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return;
   }
   fmt::print("model      {}\n", path);
@@ -174,26 +175,38 @@ Tensor RandomTensor(const ValueInfo& v, const std::map<std::string, int64_t>& di
   return t;
 }
 
+// min, max, mean over the finite values and the first six, read in place (outputs can be large).
+struct OutputStats {
+  double min = 0, max = 0, sum = 0;
+  int64_t finite = 0, nonfinite = 0;
+};
+
+OutputStats Stats(const Tensor& t) {
+  OutputStats st;
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double x = t.DoubleAt(i);
+    if (!std::isfinite(x)) {
+      ++st.nonfinite;
+      continue;
+    }
+    st.min = st.finite ? std::min(st.min, x) : x;
+    st.max = st.finite ? std::max(st.max, x) : x;
+    st.sum += x;
+    ++st.finite;
+  }
+  return st;
+}
+
 std::string Summarize(const Tensor& t) {
   std::string s = fmt::format("{}{}", DataTypeName(t.dtype()), ShapeToString(t.shape()));
   if (t.numel() == 0 || t.dtype() == DataType::kString) return s;
-  std::vector<double> v = t.ToDoubles();
-  double mn = v[0], mx = v[0], sum = 0;
-  size_t nonfinite = 0;
-  for (double x : v) {
-    if (!std::isfinite(x)) {
-      ++nonfinite;
-      continue;
-    }
-    mn = std::min(mn, x);
-    mx = std::max(mx, x);
-    sum += x;
-  }
+  const OutputStats st = Stats(t);
   std::vector<std::string> head;
-  for (size_t i = 0; i < std::min<size_t>(v.size(), 6); ++i) head.push_back(fmt::format("{:.6g}", v[i]));
-  s += fmt::format("  min {:.6g}  max {:.6g}  mean {:.6g}  first [{}{}]", mn, mx, sum / static_cast<double>(v.size()),
-                   fmt::join(head, ", "), v.size() > 6 ? ", ..." : "");
-  if (nonfinite) s += fmt::format("  ({} non-finite)", nonfinite);
+  for (int64_t i = 0; i < std::min<int64_t>(t.numel(), 6); ++i) head.push_back(fmt::format("{:.6g}", t.DoubleAt(i)));
+  s += fmt::format("  min {:.6g}  max {:.6g}  mean {:.6g}  first [{}{}]", st.min, st.max,
+                   st.finite ? st.sum / static_cast<double>(st.finite) : 0.0, fmt::join(head, ", "),
+                   t.numel() > 6 ? ", ..." : "");
+  if (st.nonfinite) s += fmt::format("  ({} non-finite)", st.nonfinite);
   return s;
 }
 
@@ -210,6 +223,7 @@ struct RunArgs {
 };
 
 void RunRun(const RunArgs& a) {
+  if (!a.output_dir.empty()) CheckOutputDir(a.output_dir, "-o");
   Model m = LoadModel(a.model);
   SessionOptions so;
   so.num_threads = a.threads;
@@ -243,8 +257,15 @@ void RunRun(const RunArgs& a) {
   std::map<std::string, Tensor> feeds;
   for (const ValueInfo& v : session.inputs()) {
     auto it = specs.find(v.name);
-    if (it == specs.end() || it->second == "random") feeds[v.name] = RandomTensor(v, dim_values, rng);
-    else feeds[v.name] = LoadTensorFile(it->second);
+    if (it != specs.end() && it->second != "random") {
+      feeds[v.name] = LoadTensorFile(it->second);
+      continue;
+    }
+    try {
+      feeds[v.name] = RandomTensor(v, dim_values, rng);
+    } catch (const Error& e) {
+      throw Error(fmt::format("input '{}': {}", v.name, e.what()));
+    }
   }
   std::vector<double> times;
   std::vector<Tensor> outs;
@@ -256,13 +277,15 @@ void RunRun(const RunArgs& a) {
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
   double median = sorted[sorted.size() / 2];
+  std::vector<std::string> written;  // "name -> file" where the file name differs from the output's
   if (!a.output_dir.empty()) {
     fs::create_directories(a.output_dir);
+    std::vector<std::string> taken;
     for (size_t i = 0; i < outs.size(); ++i) {
-      std::string fname = session.outputs()[i].name;
-      for (char& c : fname)
-        if (c == '/' || c == '\\' || c == ':') c = '_';
-      SaveNpy(outs[i], (fs::path(a.output_dir) / (fname + ".npy")).string());
+      const std::string& name = session.outputs()[i].name;
+      const std::string fname = DistinctFileName(name, taken) + ".npy";
+      SaveNpy(outs[i], (fs::path(a.output_dir) / fname).string());
+      if (fname != name + ".npy") written.push_back(fmt::format("{} -> {}", name, fname));
     }
   }
   if (a.json) {
@@ -274,20 +297,25 @@ void RunRun(const RunArgs& a) {
     for (size_t i = 0; i < outs.size(); ++i) {
       json o{{"name", session.outputs()[i].name}, {"type", DataTypeName(outs[i].dtype())}, {"shape", outs[i].shape()}};
       if (outs[i].numel() > 0 && outs[i].dtype() != DataType::kString) {
-        auto v = outs[i].ToDoubles();
-        double mn = *std::min_element(v.begin(), v.end()), mx = *std::max_element(v.begin(), v.end());
-        o["min"] = mn;
-        o["max"] = mx;
+        const OutputStats st = Stats(outs[i]);
+        if (st.finite) {
+          o["min"] = st.min;
+          o["max"] = st.max;
+        }
+        if (st.nonfinite) o["non_finite"] = st.nonfinite;
       }
       j["outputs"].push_back(o);
     }
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return;
   }
   fmt::print("ran {} in {:.3f} ms (median of {} run{}, {} thread(s))\n", a.model, median * 1e3, times.size(),
              times.size() == 1 ? "" : "s", a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency()));
   for (size_t i = 0; i < outs.size(); ++i) fmt::print("  {:<24} {}\n", session.outputs()[i].name, Summarize(outs[i]));
-  if (!a.output_dir.empty()) fmt::print("outputs written to {}/ as .npy\n", a.output_dir);
+  if (!a.output_dir.empty()) {
+    fmt::print("outputs written to {}/ as .npy\n", a.output_dir);
+    for (const std::string& w : written) fmt::print("  {}\n", w);
+  }
   if (a.profile) {
     fmt::print("time per op type (all runs):\n");
     for (const OpProfile& p : session.Profile())

@@ -19,6 +19,7 @@
 #include "models/generate.h"
 #include "onnx_io/npy.h"
 #include "onnx_io/onnx_io.h"
+#include "ir/output_file.h"
 
 namespace gaf::cli {
 
@@ -50,6 +51,7 @@ struct CompileArgs {
 
 void RunCompile(const CompileArgs& a) {
   GAF_CHECK(!a.output.empty(), "compile needs an output folder (-o DIR)");
+  CheckOutputDir(a.output, "-o");
   Model m = LoadModel(a.model);
   if (HasFusedOperators(m)) {
     KernelCompiler compiler(a.output);
@@ -113,7 +115,7 @@ void RunVerify(const VerifyArgs& a) {
     if (a.repeat > 0)
       j["performance"] = {{"baseline_ms", perf.baseline_ms}, {"fused_ms", perf.fused_ms}, {"speedup", perf.speedup},
                           {"repeats", perf.repeats}, {"source", "measured: medians of interleaved runs"}};
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
   } else {
     fmt::print("reference: {}\n", a.original.empty() ? "the fused model's function bodies (the unfused operators)" : a.original);
     fmt::print("{:<36} {:>12} {:>14} {:>14}\n", "output", "cosine", "max abs error", "max |ref|");
@@ -241,7 +243,7 @@ void RunBench(const BenchArgs& a) {
       if (decoder) s["same_tokens_as_baseline"] = st->tokens == stages[0]->tokens;
       j["stages"].push_back(s);
     }
-    fmt::print("{}\n", j.dump(2));
+    fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return;
   }
   fmt::print("{} — {} thread(s), medians of {} interleaved runs{}\n", a.model, threads, a.repeat,

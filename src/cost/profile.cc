@@ -14,6 +14,7 @@
 
 #include "cost/cost_model.h"
 #include "ir/error.h"
+#include "ir/output_file.h"
 
 #ifndef GAF_PROFILES_DIR
 #define GAF_PROFILES_DIR "profiles"
@@ -39,7 +40,7 @@ double GetNumber(const json& j, const char* field, const std::string& origin, bo
   }
   const json& v = j.at(field);
   GAF_CHECK(v.is_number(), "hardware profile {}: field '{}' must be a number, got {}", origin, field,
-            v.dump());
+            v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   const double d = v.get<double>();
   if (strictly_positive) {
     GAF_CHECK(d > 0, "hardware profile {}: field '{}' must be positive, got {}", origin, field, d);
@@ -57,7 +58,7 @@ std::string GetString(const json& j, const char* field, const std::string& origi
   }
   const json& v = j.at(field);
   GAF_CHECK(v.is_string(), "hardware profile {}: field '{}' must be a string, got {}", origin, field,
-            v.dump());
+            v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   return v.get<std::string>();
 }
 
@@ -67,10 +68,10 @@ std::map<std::string, double> GetNumberMap(const json& j, const char* field, con
   if (!j.contains(field)) return out;
   const json& v = j.at(field);
   GAF_CHECK(v.is_object(), "hardware profile {}: field '{}' must be an object of numbers, got {}", origin,
-            field, v.dump());
+            field, v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   for (const auto& [k, x] : v.items()) {
     GAF_CHECK(x.is_number(), "hardware profile {}: field '{}.{}' must be a number, got {}", origin, field, k,
-              x.dump());
+              x.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     const double d = x.get<double>();
     GAF_CHECK(!positive || d > 0, "hardware profile {}: field '{}.{}' must be positive, got {}", origin,
               field, k, d);
@@ -138,7 +139,7 @@ std::string HardwareProfile::ToJson() const {
   j["kernel_overhead_us"] = kernel_overhead_us;
   if (threads > 0) j["threads"] = threads;
   if (!measurements.empty()) j["measurements"] = measurements;
-  return j.dump(2) + "\n";
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 HardwareProfile HardwareProfile::Load(const std::string& path) {
@@ -155,17 +156,12 @@ void HardwareProfile::Save(const std::string& path) const {
     std::error_code ec;
     fs::create_directories(p.parent_path(), ec);
   }
-  // Write to a temporary file and rename, so an interrupted save never leaves half a profile.
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    GAF_CHECK(out.good(), "hardware profile {}: cannot write the file", path);
-    out << ToJson();
-    GAF_CHECK(out.good(), "hardware profile {}: write failed", path);
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  GAF_CHECK(!ec, "hardware profile {}: cannot replace the file ({})", path, ec.message());
+  // Through a temporary file and a rename, so an interrupted save never leaves half a profile.
+  CheckOutputPath(path, {}, true, "hardware profile");
+  TempFile out(path);
+  const std::string text = ToJson();
+  out.Write(text.data(), text.size());
+  out.Commit();
 }
 
 std::string HardwareProfile::ProfilesDir() {

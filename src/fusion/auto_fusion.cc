@@ -257,7 +257,7 @@ Model GraphAutoFusion::RollBack(const std::map<int, std::pair<Verdict, std::stri
 
 void GraphAutoFusion::Save(const std::string& path) {
   if (!fused_done_) Fuse();
-  // Large weights go to "<file>.data" beside the model (as exporters do): protobuf cannot hold
+  // Large weights go to "<file>.<hash>.data" beside the model (as exporters do): protobuf cannot hold
   // over 2 GiB, and loading external data places big tensors in aligned, huge-page memory.
   size_t bytes = 0;
   for (const auto& [name, t] : fused_.graph.initializers) bytes += t.nbytes();

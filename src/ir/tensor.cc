@@ -362,6 +362,8 @@ std::vector<double> Tensor::ToDoubles() const {
   return out;
 }
 
+double Tensor::DoubleAt(int64_t i) const { return ElementAsDouble(dtype_, data_, i); }
+
 double Tensor::ScalarAsDouble() const {
   GAF_CHECK(numel_ == 1, "expected a single value, got shape {}", ShapeToString(shape_));
   return ElementAsDouble(dtype_, data_, 0);

@@ -146,6 +146,8 @@ class Tensor {
   std::vector<int64_t> ToInt64s() const;
   // Element values as double (any numeric type, incl. float16).
   std::vector<double> ToDoubles() const;
+  // Element i (flat index) as a double, without copying the tensor.
+  double DoubleAt(int64_t i) const;
   // Single element as double / int64 (requires numel()==1).
   double ScalarAsDouble() const;
   int64_t ScalarAsInt64() const;

@@ -1,4 +1,5 @@
 #include "onnx_io/npy.h"
+#include "ir/output_file.h"
 
 #include <unistd.h>
 
@@ -126,24 +127,15 @@ void SaveNpy(const Tensor& t, const std::string& path) {
   size_t total = 10 + header.size() + 1;
   header.append((64 - total % 64) % 64, ' ');
   header.push_back('\n');
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    GAF_CHECK(out.good(), "{}: cannot open for writing", tmp);
-    out.write("\x93NUMPY\x01\x00", 8);
-    uint16_t hl = static_cast<uint16_t>(header.size());
-    char b[2] = {static_cast<char>(hl & 0xff), static_cast<char>(hl >> 8)};
-    out.write(b, 2);
-    out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    out.write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
-    if (!out.good()) {
-      std::remove(tmp.c_str());
-      throw Error(fmt::format("{}: write failed", path));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  GAF_CHECK(!ec, "{}: cannot rename into place: {}", path, ec.message());
+  CheckOutputPath(path, {}, true);
+  TempFile out(path);
+  out.Write("\x93NUMPY\x01\x00", 8);
+  const uint16_t hl = static_cast<uint16_t>(header.size());
+  const char b[2] = {static_cast<char>(hl & 0xff), static_cast<char>(hl >> 8)};
+  out.Write(b, 2);
+  out.Write(header.data(), header.size());
+  out.Write(t.raw(), t.nbytes());
+  out.Commit();
 }
 
 Tensor LoadTensorFile(const std::string& path) {

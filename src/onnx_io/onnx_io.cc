@@ -1,4 +1,6 @@
 #include "onnx_io/onnx_io.h"
+#include "ir/limits.h"
+#include "ir/output_file.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -9,6 +11,7 @@
 #include <onnx/shape_inference/implementation.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -17,6 +20,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 namespace gaf {
@@ -44,8 +48,13 @@ void ParseProto(google::protobuf::MessageLite& msg, const std::string& bytes, co
   google::protobuf::io::ArrayInputStream raw(bytes.data(), static_cast<int>(bytes.size()));
   google::protobuf::io::CodedInputStream coded(&raw);
   coded.SetTotalBytesLimit(INT_MAX);
+  // Each level of subgraph (Graph -> Node -> Attribute -> Graph) is three protobuf levels; the
+  // runtime refuses nesting past the limit with its own message, so let the parser go a bit further.
+  const int depth = GlobalLimits().max_nesting_depth;
+  coded.SetRecursionLimit(3 * depth + 16);
   GAF_CHECK(msg.ParseFromCodedStream(&coded) && coded.ConsumedEntireMessage(),
-            "{}: not a valid ONNX protobuf (truncated or corrupted file?)", what);
+            "{}: not a valid ONNX protobuf (truncated or corrupted file, or subgraphs nested more than {} levels deep?)",
+            what, depth);
 }
 
 // ---------------- import ----------------
@@ -315,8 +324,10 @@ Graph GraphFromProto(const onnx::GraphProto& gp, const ImportContext& ctx) {
 
 struct ExportContext {
   const SaveOptions* options = nullptr;
-  std::ofstream* external = nullptr;
+  TempFile* external = nullptr;
   std::string external_location;
+  // The "location" entries written, renamed once the data file's content hash is known.
+  std::vector<std::string*> locations;
   int64_t external_offset = 0;
 };
 
@@ -333,10 +344,10 @@ void TensorToProto(const Tensor& t, const std::string& name, onnx::TensorProto* 
     int64_t pad = (4096 - ectx->external_offset % 4096) % 4096;
     if (pad) {
       std::string zeros(static_cast<size_t>(pad), '\0');
-      ectx->external->write(zeros.data(), pad);
+      ectx->external->Write(zeros.data(), static_cast<size_t>(pad));
       ectx->external_offset += pad;
     }
-    ectx->external->write(static_cast<const char*>(t.raw()), static_cast<std::streamsize>(t.nbytes()));
+    ectx->external->Write(t.raw(), t.nbytes());
     tp->set_data_location(onnx::TensorProto::EXTERNAL);
     auto add = [&](const std::string& k, const std::string& v) {
       auto* e = tp->add_external_data();
@@ -344,6 +355,7 @@ void TensorToProto(const Tensor& t, const std::string& name, onnx::TensorProto* 
       e->set_value(v);
     };
     add("location", ectx->external_location);
+    ectx->locations.push_back(tp->mutable_external_data(tp->external_data_size() - 1)->mutable_value());
     add("offset", std::to_string(ectx->external_offset));
     add("length", std::to_string(t.nbytes()));
     ectx->external_offset += static_cast<int64_t>(t.nbytes());
@@ -513,53 +525,69 @@ std::string ModelToBytes(const Model& model) {
 }
 
 void WriteFileAtomic(const std::string& path, const std::string& bytes) {
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    GAF_CHECK(out.good(), "{}: cannot open for writing", tmp);
-    out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-    out.flush();
-    if (!out.good()) {
-      std::remove(tmp.c_str());
-      throw Error(fmt::format("{}: write failed (disk full?)", tmp));
-    }
-  }
+  CheckOutputPath(path, {}, true);
+  TempFile out(path);
+  out.Write(bytes.data(), bytes.size());
+  out.Commit();
+}
+
+namespace {
+
+// "m.onnx.0123456789abcdef.data": the data files SaveModel writes for the model file `model_name`.
+bool IsOwnDataFile(const std::string& file, const std::string& model_name) {
+  const std::string prefix = model_name + ".", suffix = ".data";
+  if (file.size() != prefix.size() + 16 + suffix.size() || file.compare(0, prefix.size(), prefix) != 0 ||
+      file.compare(file.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return false;
+  for (size_t i = prefix.size(); i < prefix.size() + 16; ++i)
+    if (!std::isxdigit(static_cast<unsigned char>(file[i]))) return false;
+  return true;
+}
+
+// After the model is in place: earlier data files of the same model that it no longer names.
+void RemoveOldDataFiles(const fs::path& model_path, const std::string& keep) {
   std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    throw Error(fmt::format("{}: cannot rename temporary file into place: {}", path, ec.message()));
+  const fs::path dir = model_path.parent_path().empty() ? fs::path(".") : model_path.parent_path();
+  const std::string model_name = model_path.filename().string();
+  fs::directory_iterator it(dir, ec), end;
+  for (int seen = 0; !ec && it != end && seen < 100000; it.increment(ec), ++seen) {
+    const std::string name = it->path().filename().string();
+    if (name != keep && IsOwnDataFile(name, model_name)) fs::remove(it->path(), ec);
   }
 }
 
-void SaveModel(const Model& model, const std::string& path, const SaveOptions& options) {
+}  // namespace
+
+std::string SaveModel(const Model& model, const std::string& path, const SaveOptions& options) {
+  CheckOutputPath(path, {}, true);
   onnx::ModelProto mp;
   ExportContext ectx;
   ectx.options = &options;
-  std::ofstream ext;
-  std::string ext_tmp, ext_path;
+  const fs::path model_path(path);
+  // The weights go to a file named by their content hash ("<model>.<hash>.data"), written before
+  // the model: a crash at any point leaves the old model with its old data file, or the new model
+  // with its new one, never one with the other's (an explicit external_file keeps its name).
+  std::unique_ptr<TempFile> ext;
   if (options.external_data) {
-    ectx.external_location =
-        options.external_file.empty() ? fs::path(path).filename().string() + ".data" : options.external_file;
-    ext_path = (fs::path(path).parent_path() / ectx.external_location).string();
-    ext_tmp = ext_path + ".tmp." + std::to_string(::getpid());
-    ext.open(ext_tmp, std::ios::binary | std::ios::trunc);
-    GAF_CHECK(ext.good(), "{}: cannot open for writing", ext_tmp);
-    ectx.external = &ext;
+    ectx.external_location = options.external_file.empty() ? model_path.filename().string() + ".pending.data"
+                                                            : options.external_file;
+    ext = std::make_unique<TempFile>((model_path.parent_path() / ectx.external_location).string());
+    ectx.external = ext.get();
   }
   ModelToProto(model, &mp, &ectx);
+  std::string data_name;
+  if (ext) {
+    data_name = ectx.external_location;
+    if (options.external_file.empty())
+      data_name = fmt::format("{}.{:016x}.data", model_path.filename().string(), ext->hash());
+    for (std::string* loc : ectx.locations) *loc = data_name;
+  }
   std::string bytes;
-  if (!mp.SerializeToString(&bytes)) {
-    if (!ext_tmp.empty()) std::remove(ext_tmp.c_str());
-    throw Error(fmt::format("{}: cannot serialize the model (over 2 GiB? use external data)", path));
-  }
-  if (options.external_data) {
-    ext.close();
-    std::error_code ec;
-    fs::rename(ext_tmp, ext_path, ec);
-    GAF_CHECK(!ec, "{}: cannot rename temporary file into place: {}", ext_path, ec.message());
-  }
+  GAF_CHECK(mp.SerializeToString(&bytes), "{}: cannot serialize the model (over 2 GiB? use external data)", path);
+  if (ext) ext->Commit((model_path.parent_path() / data_name).string());
   WriteFileAtomic(path, bytes);
+  if (ext && options.external_file.empty()) RemoveOldDataFiles(model_path, data_name);
+  return data_name.empty() ? "" : (model_path.parent_path() / data_name).string();
 }
 
 Tensor LoadTensorPb(const std::string& path) {

@@ -17,13 +17,16 @@ Model ModelFromBytes(const std::string& bytes, const std::string& base_dir, cons
 
 struct SaveOptions {
   // Write initializers of at least `external_threshold` bytes to `external_file` (relative to the
-  // model's folder; default "<model file name>.data"). Needed for models over 2 GiB.
+  // model's folder; default "<model file name>.<content hash>.data"). Needed for models over 2 GiB.
   bool external_data = false;
   size_t external_threshold = 1024;
   std::string external_file;
 };
-// Writes atomically: a temporary file in the same folder, then rename.
-void SaveModel(const Model& model, const std::string& path, const SaveOptions& options = {});
+// Writes atomically: a temporary file in the same folder, then rename. With external data the
+// weights go first to "<model file>.<content hash>.data" (unless external_file names the file),
+// then the model; earlier data files of the same model are removed. Returns the data file's path
+// ("" without external data). Refuses a destination that is not a regular file.
+std::string SaveModel(const Model& model, const std::string& path, const SaveOptions& options = {});
 std::string ModelToBytes(const Model& model);
 // Writes a file through a temporary name and a rename: readers never see a half-written file.
 void WriteFileAtomic(const std::string& path, const std::string& bytes);

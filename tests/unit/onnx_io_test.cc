@@ -85,8 +85,10 @@ TEST(OnnxIo, ExternalDataSaveAndLoad) {
   m.graph.initializers.emplace_back("unused_big", Tensor::FromVector<float>(big, {4096}));
   SaveOptions opts;
   opts.external_data = true;
-  SaveModel(m, (dir / "m.onnx").string(), opts);
-  EXPECT_TRUE(fs::exists(dir / "m.onnx.data"));
+  const std::string data = SaveModel(m, (dir / "m.onnx").string(), opts);
+  EXPECT_EQ(fs::path(data).parent_path(), dir);
+  EXPECT_TRUE(fs::exists(data)) << data;
+  EXPECT_EQ(fs::path(data).filename().string().rfind("m.onnx.", 0), 0u) << data;
   EXPECT_LT(fs::file_size(dir / "m.onnx"), 4096u);
   Model r = LoadModel((dir / "m.onnx").string());
   const Tensor* t = r.graph.FindInitializer("unused_big");
