@@ -339,7 +339,7 @@ std::string SafeFusionReport::ToJson() const {
                          {"max_abs_error", std::isfinite(half_weights_max_abs_error) ? half_weights_max_abs_error : -1.0},
                          {"reason", half_weights_reason},
                          {"source", "measured: original vs fused with every constant-weight product on float16 weights"}};
-  return j.dump(2);
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string GraphAutoFusion::CompileFusedOperators(const std::string& dir) {

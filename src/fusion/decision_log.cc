@@ -80,7 +80,7 @@ std::string DecisionLog::ToJson(const std::vector<DecisionRecord>& records, int 
     }
     arr.push_back(std::move(j));
   }
-  return arr.dump(indent);
+  return arr.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace gaf

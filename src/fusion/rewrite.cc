@@ -222,8 +222,8 @@ Model RewriteFusedGroups(const Model& model, const std::vector<RewriteGroup>& gr
                         {"groups", summary}};
     auto it = std::find_if(out.metadata_props.begin(), out.metadata_props.end(),
                            [](const auto& kv) { return kv.first == "graph_autofusion"; });
-    if (it != out.metadata_props.end()) it->second = meta.dump();
-    else out.metadata_props.emplace_back("graph_autofusion", meta.dump());
+    if (it != out.metadata_props.end()) it->second = meta.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    else out.metadata_props.emplace_back("graph_autofusion", meta.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   }
   return out;
 }

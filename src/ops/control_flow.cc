@@ -125,7 +125,12 @@ void LoopKernel(KernelContext& ctx) {
               n.Describe(), i);
     carried.push_back(*ctx.inputs[2 + i]);
   }
+  GAF_CHECK(ctx.num_outputs() >= num_carried, "{}: has {} outputs but {} loop-carried inputs", n.Describe(),
+            ctx.num_outputs(), num_carried);
   size_t num_scan = ctx.num_outputs() - num_carried;
+  GAF_CHECK(body->outputs.size() == 1 + num_carried + num_scan,
+            "{}: the body declares {} outputs, expected {} (condition, {} carried, {} scan outputs)", n.Describe(),
+            body->outputs.size(), 1 + num_carried + num_scan, num_carried, num_scan);
   std::vector<std::vector<Tensor>> scans(num_scan);
   for (int64_t it = 0; it < max_trip && cond; ++it) {
     if (it == limit)
@@ -190,16 +195,27 @@ void ScanKernel(KernelContext& ctx) {
   GAF_CHECK(num_scan_in >= 0 && num_scan_in <= static_cast<int64_t>(ctx.num_inputs()),
             "{}: invalid num_scan_inputs", n.Describe());
   size_t num_state = ctx.num_inputs() - static_cast<size_t>(num_scan_in);
+  GAF_CHECK(ctx.num_outputs() >= num_state, "{}: has {} outputs but {} state variables", n.Describe(),
+            ctx.num_outputs(), num_state);
   size_t num_scan_out = ctx.num_outputs() - num_state;
+  GAF_CHECK(body->inputs.size() == num_state + static_cast<size_t>(num_scan_in) &&
+                body->outputs.size() == num_state + num_scan_out,
+            "{}: the body has {} inputs and {} outputs, expected {} and {}", n.Describe(), body->inputs.size(),
+            body->outputs.size(), num_state + static_cast<size_t>(num_scan_in), num_state + num_scan_out);
   std::vector<int64_t> in_axes = n.GetInts("scan_input_axes", std::vector<int64_t>(num_scan_in, 0));
   std::vector<int64_t> in_dirs = n.GetInts("scan_input_directions", std::vector<int64_t>(num_scan_in, 0));
   std::vector<int64_t> out_axes = n.GetInts("scan_output_axes", std::vector<int64_t>(num_scan_out, 0));
   std::vector<int64_t> out_dirs = n.GetInts("scan_output_directions", std::vector<int64_t>(num_scan_out, 0));
+  GAF_CHECK(in_axes.size() == static_cast<size_t>(num_scan_in) && in_dirs.size() == static_cast<size_t>(num_scan_in) &&
+                out_axes.size() == num_scan_out && out_dirs.size() == num_scan_out,
+            "{}: scan_input_axes/directions need {} values and scan_output_axes/directions {}", n.Describe(),
+            num_scan_in, num_scan_out);
   std::vector<Tensor> state;
   for (size_t i = 0; i < num_state; ++i) state.push_back(ctx.input(i));
   int64_t steps = -1;
   for (int64_t k = 0; k < num_scan_in; ++k) {
     const Tensor& t = ctx.input(num_state + k);
+    GAF_CHECK(t.rank() >= 1, "{}: scan input {} is a scalar; it needs an axis to scan", n.Describe(), k);
     in_axes[k] = NormalizeAxis(in_axes[k], t.rank(), n);
     int64_t len = t.shape()[in_axes[k]];
     GAF_CHECK(steps < 0 || steps == len, "{}: scan inputs have different lengths", n.Describe());

@@ -48,7 +48,10 @@ T FromDouble(double v) {
 inline float FastExp(float x) {
   float xc = std::min(std::max(x, -87.0f), 88.0f);
   float fx = xc * 1.44269504088896341f;
-  float n = (fx + 12582912.0f) - 12582912.0f;  // round to nearest
+  // Round to nearest by the 1.5 * 2^23 trick; the integer is read from the sum's low mantissa bits
+  // (no float-to-int conversion, which would be undefined for a NaN input).
+  const float shifted = fx + 12582912.0f;
+  float n = shifted - 12582912.0f;
   float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
   float p = 1.9875691500E-4f;
   p = p * r + 1.3981999507E-3f;
@@ -57,7 +60,7 @@ inline float FastExp(float x) {
   p = p * r + 1.6666665459E-1f;
   p = p * r + 5.0000001201E-1f;
   float y = p * r * r + r + 1.0f;
-  int32_t e = (static_cast<int32_t>(n) + 127) << 23;
+  const uint32_t e = (std::bit_cast<uint32_t>(shifted) - 0x4B400000u + 127u) << 23;
   y *= std::bit_cast<float>(e);
   return x < -87.0f ? 0.0f : y;
 }
