@@ -1,4 +1,4 @@
-// The bodies of the libFuzzer harnesses (tests/fuzz/fuzz_*.cc), shared with the unit test that
+// The bodies of the libFuzzer harnesses (tests/fuzz/fuzz_main.cc), shared with the unit test that
 // replays every saved crash input (tests/fuzz/regressions/HARNESS/*) in the normal suite. Each
 // takes the raw input; a gaf::Error is the expected outcome for a bad one, anything else (a
 // signal, a sanitizer report, another exception type) is a bug.
