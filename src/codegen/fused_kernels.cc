@@ -27,6 +27,26 @@ void NameStages(StagedKernel& k, std::map<std::string, std::string>& symbol_of_s
   }
 }
 
+// How often each node name occurs in the model's graph and all its subgraphs (and function
+// bodies): kernels are found by the call's node name, so a call whose name is empty or shared
+// gets none (it runs its body) instead of another call's kernel and constants.
+std::map<std::string, int> NodeNameCounts(const Model& model) {
+  std::map<std::string, int> counts;
+  std::vector<const Graph*> todo = {&model.graph};
+  for (const Function& f : model.functions)
+    for (const Node& n : f.nodes) ++counts[n.name];
+  for (size_t i = 0; i < todo.size(); ++i) {  // a work list: no recursion a file can drive deep
+    for (const Node& n : todo[i]->nodes) {
+      ++counts[n.name];
+      for (const Attribute& a : n.attributes) {
+        if (a.g) todo.push_back(a.g.get());
+        for (const auto& sg : a.graphs) todo.push_back(sg.get());
+      }
+    }
+  }
+  return counts;
+}
+
 }  // namespace
 
 std::shared_ptr<FusedKernelSet> FusedKernelSet::Build(const Model& model, const std::map<std::string, ValueType>& shapes,
@@ -38,6 +58,7 @@ std::shared_ptr<FusedKernelSet> FusedKernelSet::Build(const Model& model, const 
   std::vector<KernelSource> sources;
   std::map<std::string, std::string> symbol_of_source;
   std::map<std::string, Graph> bodies;
+  const std::map<std::string, int> name_counts = NodeNameCounts(model);
   for (const Node& call : model.graph.nodes) {
     if (call.domain != domain) continue;
     const Function* f = model.FindFunction(call.domain, call.op_type);
@@ -73,14 +94,17 @@ std::shared_ptr<FusedKernelSet> FusedKernelSet::Build(const Model& model, const 
       req.input_types.push_back(it->second.dtype);
       req.input_shapes.push_back(it->second.shape);
     }
-    if (!shapes_known) {
+    const bool unique_name = !call.name.empty() && name_counts.at(call.name) == 1;
+    if (!unique_name) {
+      e.status = "not generated: the call node has no unique name (it runs its body)";
+    } else if (!shapes_known) {
       e.status = "input shapes unknown (no recorded run)";
     } else {
       e.kernel = GenerateStagedKernel(req, kTemporarySymbol, model.OpsetVersion(""));
       if (e.kernel.ok) NameStages(e.kernel, symbol_of_source, sources);
       else e.status = "not generated: " + e.kernel.reason;
     }
-    set->by_node_[call.name] = set->entries_.size();
+    if (unique_name) set->by_node_[call.name] = set->entries_.size();
     set->entries_.push_back(std::move(e));
   }
   set->library_ = compiler.Compile(sources);
@@ -100,7 +124,7 @@ const FusedKernelSet::Entry* FusedKernelSet::EntryForNode(const std::string& nod
 std::function<std::optional<KernelInfo>(const Node&, const Function&)> FusedKernelSet::Provider() {
   return [this](const Node& call, const Function& f) -> std::optional<KernelInfo> {
     const Entry* e = EntryForNode(call.name);
-    if (e == nullptr) return std::nullopt;
+    if (e == nullptr || e->function != f.name) return std::nullopt;
     if (!e->bound) return std::nullopt;  // runs inlined, through the reference kernels
     KernelInfo info;
     info.domain = call.domain;

@@ -220,6 +220,34 @@ TEST(CodegenSecurity, HostileNamesDoNotChangeTheGeneratedSources) {
   EXPECT_GT(files, 1);
 }
 
+// Kernels are found by the call's node name: calls with a shared or empty name get no kernel (they
+// run their bodies) instead of each other's kernel and constants.
+TEST(CodegenSecurity, CallsWithoutAUniqueNameGetNoKernel) {
+  FusionOptions o;
+  o.benefit_threshold = 0;
+  GraphAutoFusion fusion(SmallDecoderBlock(), o);
+  Model fused = fusion.Fuse();
+  std::map<std::string, ValueType> shapes;
+  for (const auto& [name, vs] : RecordShapes(fused))
+    if (vs.known) shapes[name] = ValueType{vs.dtype, vs.shape};
+  std::vector<Node*> calls;
+  for (Node& n : fused.graph.nodes)
+    if (n.domain == kFusedDomain) calls.push_back(&n);
+  ASSERT_GE(calls.size(), 2u);
+  calls[0]->name = "same";
+  calls[1]->name = "same";
+  if (calls.size() > 2) calls[2]->name = "";
+  TempRoot root;
+  Built b = BuildKernels(fused, shapes, kFusedDomain, root.path);
+  ASSERT_EQ(b.set->entries().size(), calls.size());
+  for (size_t i = 0; i < std::min<size_t>(3, b.set->entries().size()); ++i) {
+    const auto& e = b.set->entries()[i];
+    EXPECT_FALSE(e.bound) << i << ": " << e.status;
+    EXPECT_NE(e.status.find("unique name"), std::string::npos) << e.status;
+  }
+  EXPECT_EQ(b.set->EntryForNode("same"), nullptr);
+}
+
 TEST(CodegenSecurity, RowKernelSourceIgnoresFunctionAndValueNames) {
   auto make = [](const std::function<std::string(const std::string&)>& rename) {
     Function f;
