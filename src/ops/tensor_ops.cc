@@ -500,6 +500,7 @@ void SliceKernel(KernelContext& ctx) {
   if (steps.empty()) steps.assign(starts.size(), 1);
   GAF_CHECK(axes.size() == starts.size() && steps.size() == starts.size(),
             "{}: starts, ends, axes and steps have different lengths", node.Describe());
+  GAF_CHECK(r >= 1 || axes.empty(), "{}: cannot slice a scalar", node.Describe());
   std::vector<int64_t> st(r, 0), sp(r, 1);
   Shape out = x.shape();
   std::vector<bool> seen(r, false);
