@@ -3,7 +3,8 @@
 # build-fuzz/, and runs each for SECONDS (default 60) on seed corpora made from the repository's
 # test models, rule files and tensors (plus ONNX's node tests when installed). Prints each
 # harness's executions per second and coverage; exits 1 on the first crash, leak or timeout,
-# leaving the input in build-fuzz/artifacts/ (add it to tests/fuzz/regressions/HARNESS/ with the fix).
+# leaving the input in build-fuzz/artifacts/ (add it to tests/fuzz/regressions/HARNESS/ with the fix);
+# exits 98 when clang and libFuzzer cannot be installed.
 #
 #   scripts/fuzz.sh [SECONDS] [HARNESS...]      harnesses: model rules tensor fuse (default all)
 set -euo pipefail
@@ -18,7 +19,8 @@ for p in clang libclang-rt-14-dev libomp-14-dev; do
 done
 if [ ${#need[@]} -gt 0 ]; then
   scripts/install-deps.sh
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"; } \
+    || { echo "fuzz.sh: cannot install ${need[*]} (clang and libFuzzer); no fuzzing" >&2; exit 98; }
 fi
 B=build-fuzz
 [ -f $B/build.ninja ] || CC=clang CXX=clang++ cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DGAF_FUZZ=ON \
