@@ -306,6 +306,8 @@ const Session::Plan& Session::PlanFor(const Graph& g) {
       std::string dom = node.domain.empty() ? "ai.onnx" : node.domain;
       throw UnsupportedError(fmt::format("unsupported operator {}::{} ({})", dom, node.op_type, node.Describe()));
     }
+    // Every ONNX operator has at least one output, and kernels write output 0.
+    GAF_CHECK(!node.outputs.empty(), "{}: has no outputs", node.Describe());
     st.opset = model_.OpsetVersion(node.domain);
     for (const std::string& i : node.inputs) st.in_slots.push_back(i.empty() ? -1 : slot(i));
     for (const std::string& o : node.outputs) st.out_slots.push_back(o.empty() ? -1 : slot(o));
