@@ -7,6 +7,7 @@
 # exits 98 when clang and libFuzzer cannot be installed.
 #
 #   scripts/fuzz.sh [SECONDS] [HARNESS...]      harnesses: model rules tensor fuse (default all)
+#   FUZZ_SEED=N: libFuzzer's random seed (CI sets 1, so that a run is repeatable; default: random)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
@@ -56,7 +57,7 @@ for h in "${harnesses[@]}"; do
   log=$B/fuzz_$h.log
   echo "== fuzz_$h: ${secs}s, $(ls "$corpus" | wc -l) corpus inputs"
   if ! $B/tests/fuzz/fuzz_$h "$corpus" -max_total_time="$secs" -timeout=20 -rss_limit_mb=3072 -max_len=262144 \
-      -artifact_prefix=$B/artifacts/${h}- -print_final_stats=1 >"$log" 2>&1; then
+      -artifact_prefix=$B/artifacts/${h}- -print_final_stats=1 ${FUZZ_SEED:+-seed=$FUZZ_SEED} >"$log" 2>&1; then
     tail -40 "$log"
     echo "== fuzz_$h: FAILED (input in $B/artifacts/)"
     exit 1
