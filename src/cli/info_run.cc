@@ -280,7 +280,7 @@ void RunRun(const RunArgs& a) {
   std::vector<std::string> written;  // "name -> file" where the file name differs from the output's
   if (!a.output_dir.empty()) {
     fs::create_directories(a.output_dir);
-    std::vector<std::string> taken;
+    std::set<std::string> taken;
     for (size_t i = 0; i < outs.size(); ++i) {
       const std::string& name = session.outputs()[i].name;
       const std::string fname = DistinctFileName(name, taken) + ".npy";

@@ -165,15 +165,14 @@ void TempFile::Commit(const std::string& rename_to) {
   Unregister(slot_);
 }
 
-std::string DistinctFileName(const std::string& name, std::vector<std::string>& taken) {
+std::string DistinctFileName(const std::string& name, std::set<std::string>& taken) {
   std::string base;
   for (unsigned char c : name) base += (std::isalnum(c) || c == '_' || c == '-' || c == '.') ? static_cast<char>(c) : '_';
   if (base.empty() || base[0] == '.') base = "_" + base;
   if (base.size() > 200) base.resize(200);
   std::string candidate = base;
-  for (int k = 2; std::find(taken.begin(), taken.end(), candidate) != taken.end(); ++k)
-    candidate = base + "_" + std::to_string(k);
-  taken.push_back(candidate);
+  for (int64_t k = 2; taken.count(candidate); ++k) candidate = base + "_" + std::to_string(k);
+  taken.insert(candidate);
   return candidate;
 }
 

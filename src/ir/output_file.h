@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <fstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,6 @@ void InstallTempFileCleanup();
 
 // "a/b" -> "a_b": a file name for a tensor name, distinct from every name already in `taken`
 // (suffix _2, _3, ... on a collision); the result is added to `taken`.
-std::string DistinctFileName(const std::string& name, std::vector<std::string>& taken);
+std::string DistinctFileName(const std::string& name, std::set<std::string>& taken);
 
 }  // namespace gaf

@@ -36,16 +36,9 @@ HardwareProfile TestProfile() {
   return p;
 }
 
-ValueShape F32(Shape s) { return ValueShape{DataType::kFloat, std::move(s), true}; }
+using testing::ErrorOf;
 
-std::string ErrorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+ValueShape F32(Shape s) { return ValueShape{DataType::kFloat, std::move(s), true}; }
 
 std::string TempPath(const std::string& name) {
   return (std::filesystem::temp_directory_path() / ("gaf_cost_test_" + name)).string();

@@ -24,6 +24,7 @@
 namespace gaf {
 namespace {
 namespace fs = std::filesystem;
+using testing::ErrorOf;
 using testing::FloatValue;
 using testing::IntsAttr;
 using testing::MakeModel;
@@ -93,15 +94,6 @@ Graph OneNode(const std::string& op, std::vector<std::pair<std::string, Tensor>>
   g.outputs.push_back(FloatValue("y", {}));
   g.outputs.back().has_shape = false;
   return g;
-}
-
-std::string ErrorOf(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
 }
 
 // Runs the graph made of `nodes` over `g`'s inputs and initializers, output `out`.

@@ -148,7 +148,7 @@ TEST(OutputFile, ModelAndExternalDataNeverMismatch) {
 }
 
 TEST(OutputFile, DistinctFileNamesForDistinctTensorNames) {
-  std::vector<std::string> taken;
+  std::set<std::string> taken;
   const std::string a = DistinctFileName("a/b", taken), b = DistinctFileName("a_b", taken),
                     c = DistinctFileName("../x", taken), e = DistinctFileName("", taken);
   EXPECT_NE(a, b);

@@ -3,9 +3,11 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
+#include "ir/error.h"
 #include "ir/graph.h"
 
 namespace gaf::testing {
@@ -63,6 +65,16 @@ inline Model MakeModel(Graph g, int64_t opset = 17) {
   m.opset_imports.push_back({"", opset});
   m.graph = std::move(g);
   return m;
+}
+
+// The message of the gaf::Error `fn` throws, "" when it throws none.
+inline std::string ErrorOf(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
 }
 
 // Test data that lives outside the repository: ../shared beside the checkout (ONNX Runtime's fusion
