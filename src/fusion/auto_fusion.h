@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cost/cost_model.h"
+#include "cost/workload.h"
 #include "fusion/decision_log.h"
 #include "fusion/rules.h"
 #include "ir/graph.h"
@@ -32,6 +33,9 @@ struct FusionOptions {
   double benefit_threshold = -1;               // overrides every rule's threshold when >= 0
   std::string profile = "host-cpu";            // hardware profile name or JSON file
   std::map<std::string, int64_t> dims;         // bindings of symbolic dims for the cost model
+  // The user's sample inputs (or a decoder's generation trace): shapes for the cost model come
+  // from its first sample, safe fusion measures on all of them. Empty: random inputs (dims).
+  Workload workload;
 };
 
 enum class Verdict { kFuse, kSkipLowBenefit, kSkipLocalMemory, kSkipPrecision, kSkipSpeed, kSkipCompile,
