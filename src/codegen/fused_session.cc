@@ -9,12 +9,66 @@
 
 namespace gaf {
 
+std::vector<CallShapes> RecordCallShapes(const Model& model, const Workload& workload, int num_threads) {
+  std::vector<CallShapes> out;
+  SessionOptions so;
+  so.num_threads = num_threads;
+  CallShapes* cur = nullptr;
+  so.observer = [&cur](const std::string& name, const Tensor& t) {
+    ValueType v{t.dtype(), t.shape(), nullptr};
+    const bool integer = t.dtype() == DataType::kInt64 || t.dtype() == DataType::kInt32;
+    if (integer && t.numel() <= kMaxShapeDataElements) v.value = std::make_shared<const Tensor>(t);
+    (*cur)[name] = std::move(v);
+  };
+  Session session(model, so);
+  for (size_t k = 0; k < workload.samples.size(); ++k) {
+    out.emplace_back();
+    cur = &out.back();
+    for (const auto& [name, t] : workload.samples[k]) {
+      ValueType v{t.dtype(), t.shape(), nullptr};
+      if ((t.dtype() == DataType::kInt64 || t.dtype() == DataType::kInt32) && t.numel() <= kMaxShapeDataElements)
+        v.value = std::make_shared<const Tensor>(t);
+      (*cur)[name] = std::move(v);
+    }
+    try {
+      session.Run(workload.samples[k]);
+    } catch (const Error& e) {
+      throw Error(fmt::format("recording the shapes of the fused calls: run {} of {} ({}) failed: {}", k + 1,
+                              workload.samples.size(), workload.source.empty() ? "workload" : workload.source, e.what()));
+    }
+  }
+  return out;
+}
+
+std::shared_ptr<FusedKernelSet> CompileFusedKernels(const Model& model, KernelCompiler& compiler, const Workload& workload,
+                                                    const std::string& domain, HalfWeights half_weights) {
+  return FusedKernelSet::Build(model, RecordCallShapes(model, workload), compiler, domain, half_weights);
+}
+
+FusedRuntime MakeFusedRuntime(const Model& model, SessionOptions options, KernelCompiler& compiler,
+                              const Workload& workload, const std::string& domain, HalfWeights half_weights) {
+  FusedRuntime rt;
+  rt.kernels = CompileFusedKernels(model, compiler, workload, domain, half_weights);
+  options.function_kernels = rt.kernels->Provider();
+  if (half_weights != HalfWeights::kOff) options.node_kernels = HalfWeightProvider(half_weights);
+  rt.session = std::make_unique<Session>(model, options);
+  return rt;
+}
+
 std::shared_ptr<FusedKernelSet> CompileFusedKernels(const Model& model, KernelCompiler& compiler,
                                                     const std::map<std::string, int64_t>& dims,
                                                     const std::string& domain, HalfWeights half_weights) {
-  std::map<std::string, ValueType> shapes;
-  for (const auto& [name, vs] : RecordShapes(model, dims))
-    if (vs.known) shapes[name] = ValueType{vs.dtype, vs.shape};
+  // Random inputs may not run a model whose dims were not bound (the caller has no inputs to give):
+  // then no shapes are recorded and each call site generates its variants when first called.
+  Workload w;
+  w.samples.push_back(RandomFeeds(model, dims));
+  w.source = "random inputs";
+  std::vector<CallShapes> shapes;
+  try {
+    shapes = RecordCallShapes(model, w);
+  } catch (const Error&) {
+    shapes.clear();
+  }
   return FusedKernelSet::Build(model, shapes, compiler, domain, half_weights);
 }
 
@@ -29,36 +83,45 @@ FusedRuntime MakeFusedRuntime(const Model& model, SessionOptions options, Kernel
   return rt;
 }
 
-std::string DescribeFusedKernels(const FusedKernelSet& set) {
-  // One line per function: its call sites summed; the status and stages of its first call site
-  // (call sites that differ are listed separately).
-  struct Row {
-    std::string function, state, status, last_fallback;
-    int sites = 0;
-    int64_t calls = 0, fallbacks = 0;
-  };
-  std::vector<Row> rows;
+std::vector<FusedCallStats> FusedCallSummary(const FusedKernelSet& set) {
+  // One row per function and status: its call sites summed (call sites that differ are listed
+  // separately).
+  std::vector<FusedCallStats> rows;
   for (const auto& e : set.entries()) {
+    const bool kernel = e.bound || e.generate_when_called;
     std::string status = e.bound ? e.status + ": " + e.kernel.Describe() : e.status;
-    std::string state = e.bound ? "kernel" : "body";
-    auto it = std::find_if(rows.begin(), rows.end(), [&](const Row& r) {
-      return r.function == e.function && r.status == status && r.state == state;
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const FusedCallStats& r) {
+      return r.function == e.function && r.status == status && r.kernel == kernel;
     });
     if (it == rows.end()) {
-      rows.push_back({e.function, state, status});
+      FusedCallStats r;
+      r.function = e.function;
+      r.kernel = kernel;
+      r.status = status;
+      r.variants = e.Bound().size();
+      rows.push_back(r);
       it = rows.end() - 1;
     }
     it->sites++;
     it->calls += e.calls->load();
     it->fallbacks += e.fallbacks->load();
+    it->generated_at_run_time += e.JitCompiles();
+    it->generation_seconds += e.JitSeconds();
     std::lock_guard<std::mutex> lock(e.last_fallback->mu);
     if (!e.last_fallback->reason.empty()) it->last_fallback = e.last_fallback->reason;
   }
+  return rows;
+}
+
+std::string DescribeFusedKernels(const FusedKernelSet& set) {
   std::string s;
-  for (const Row& r : rows)
-  {
-    s += fmt::format("  {:<28} {:<6} sites {:>3}  calls {:>6}  fallbacks {:>4}  {}\n", r.function, r.state, r.sites, r.calls,
-                     r.fallbacks, r.status);
+  for (const FusedCallStats& r : FusedCallSummary(set)) {
+    std::string extra;
+    if (r.variants > 1) extra += fmt::format(" [{} variants]", r.variants);
+    if (r.generated_at_run_time > 0)
+      extra += fmt::format(" [{} variant(s) generated at run time, {:.1f} s]", r.generated_at_run_time, r.generation_seconds);
+    s += fmt::format("  {:<28} {:<6} sites {:>3}  calls {:>6}  fallbacks {:>4}  {}{}\n", r.function,
+                     r.kernel ? "kernel" : "body", r.sites, r.calls, r.fallbacks, r.status, extra);
     if (!r.last_fallback.empty()) s += fmt::format("      last fallback: {}\n", r.last_fallback.substr(0, 300));
   }
   return s;

@@ -1,7 +1,8 @@
-// A session that runs a fused model's fused operators with generated kernels: records the shapes
-// of one run (cost/RecordShapes), generates one kernel per fused function, compiles them all in one
-// batch (cached), and plugs them into a Session. `CompileFusedOperators` of the API is this without
-// the session.
+// A session that runs a fused model's fused operators with generated kernels: records the types
+// and shapes of the workload's runs (one or more samples: the user's inputs, a decoder's prefill and
+// decode steps), generates the variants of every fused call site, compiles them all in one batch
+// (cached), and plugs them into a Session. `CompileFusedOperators` of the API is this without the
+// session.
 #pragma once
 
 #include <map>
@@ -10,6 +11,7 @@
 
 #include "codegen/compiler.h"
 #include "codegen/fused_kernels.h"
+#include "cost/workload.h"
 #include "runtime/session.h"
 
 namespace gaf {
@@ -19,7 +21,21 @@ struct FusedRuntime {
   std::unique_ptr<Session> session;
 };
 
-// Generates and compiles the kernels of every fused operator (domain `domain`) of `model`.
+// Types, shapes and small integer values (shape data) of every value of `model` in each run of
+// `workload`, on the reference path (fused calls run their bodies). gaf::Error naming the sample
+// when a run fails.
+std::vector<CallShapes> RecordCallShapes(const Model& model, const Workload& workload, int num_threads = 0);
+
+// Generates and compiles the kernels of every fused operator (domain `domain`) of `model`, with a
+// variant for each broadcast class its calls take in `workload`.
+std::shared_ptr<FusedKernelSet> CompileFusedKernels(const Model& model, KernelCompiler& compiler, const Workload& workload,
+                                                    const std::string& domain = "ai.graph_autofusion",
+                                                    HalfWeights half_weights = HalfWeights::kOff);
+FusedRuntime MakeFusedRuntime(const Model& model, SessionOptions options, KernelCompiler& compiler,
+                              const Workload& workload, const std::string& domain = "ai.graph_autofusion",
+                              HalfWeights half_weights = HalfWeights::kOff);
+
+// As above on one sample of random inputs (symbolic dims from `dims`, cost/RandomFeeds).
 std::shared_ptr<FusedKernelSet> CompileFusedKernels(const Model& model, KernelCompiler& compiler,
                                                     const std::map<std::string, int64_t>& dims = {},
                                                     const std::string& domain = "ai.graph_autofusion",
@@ -31,7 +47,25 @@ FusedRuntime MakeFusedRuntime(const Model& model, SessionOptions options, Kernel
                               const std::map<std::string, int64_t>& dims = {},
                               const std::string& domain = "ai.graph_autofusion", HalfWeights half_weights = HalfWeights::kOff);
 
-// One line per fused function: name, status (compiled / cached / why not), calls and fallbacks.
+// Per fused function (call sites with the same status summed): how its calls ran.
+struct FusedCallStats {
+  std::string function;
+  bool kernel = false;      // a kernel exists (else every call runs the body, inlined)
+  std::string status;       // "compiled: <stages>", "cached: ...", or why there is no kernel
+  int sites = 0;
+  size_t variants = 0;      // of the first site
+  int64_t calls = 0;        // calls that reached the kernel hook
+  int64_t fallbacks = 0;    // ... of which ran the body
+  int64_t generated_at_run_time = 0;
+  double generation_seconds = 0;
+  std::string last_fallback;  // why the last call that ran the body did
+  // Calls that ran a kernel; a site without a kernel counts none.
+  int64_t KernelCalls() const { return calls - fallbacks; }
+};
+std::vector<FusedCallStats> FusedCallSummary(const FusedKernelSet& set);
+
+// One line per fused function: name, status (compiled / cached / why not), variants, calls and
+// fallbacks (calls that ran the body), variants generated at run time.
 std::string DescribeFusedKernels(const FusedKernelSet& set);
 
 }  // namespace gaf

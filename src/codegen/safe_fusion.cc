@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -23,6 +24,258 @@ double Micros(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The values one run of the workload gave the fused calls' inputs, per sample.
+struct RecordedRuns {
+  std::vector<CallShapes> shapes;                          // per sample, every value
+  std::vector<std::map<std::string, Tensor>> call_inputs;  // per sample, the fused calls' inputs
+};
+
+RecordedRuns RecordRuns(const Model& fused, const Workload& w, int threads) {
+  std::set<std::string> wanted;
+  for (const Node& n : fused.graph.nodes)
+    if (n.domain == kFusedDomain)
+      for (const auto& in : n.inputs)
+        if (!in.empty() && fused.graph.FindInitializer(in) == nullptr) wanted.insert(in);
+  RecordedRuns r;
+  SessionOptions so;
+  so.num_threads = threads;
+  std::map<std::string, Tensor>* values = nullptr;
+  CallShapes* shapes = nullptr;
+  auto note = [&](const std::string& name, const Tensor& t) {
+    ValueType v{t.dtype(), t.shape(), nullptr};
+    if ((t.dtype() == DataType::kInt64 || t.dtype() == DataType::kInt32) && t.numel() <= kMaxShapeDataElements)
+      v.value = std::make_shared<const Tensor>(t);
+    (*shapes)[name] = std::move(v);
+    if (wanted.count(name)) (*values)[name] = t;
+  };
+  so.observer = note;
+  Session s(fused, so);
+  for (size_t k = 0; k < w.samples.size(); ++k) {
+    r.shapes.emplace_back();
+    r.call_inputs.emplace_back();
+    shapes = &r.shapes.back();
+    values = &r.call_inputs.back();
+    for (const auto& [name, t] : w.samples[k]) note(name, t);
+    try {
+      s.Run(w.samples[k]);
+    } catch (const Error& e) {
+      throw Error(fmt::format("safe fusion tests each fused kernel on the values the model computes on its workload ({}), "
+                              "and run {} of {} failed: {} (give sample inputs with -i, bind symbolic dims with "
+                              "--dim NAME=N, or fuse without --safe)",
+                              w.source.empty() ? "random inputs" : w.source, k + 1, w.samples.size(), e.what()));
+    }
+  }
+  return r;
+}
+
+// A sign-test decision on paired timings: faster (wins >= needed), slower (losses >= needed), or
+// undecided.
+enum class PairVerdict { kFaster, kSlower, kUndecided };
+PairVerdict Decide(int wins, int pairs, int* needed) {
+  *needed = SignTestWins(pairs, 0.01);
+  if (wins >= *needed) return PairVerdict::kFaster;
+  if (pairs - wins >= *needed) return PairVerdict::kSlower;
+  return PairVerdict::kUndecided;
+}
+
+// One group's inputs in every sample: as given (the reference stages keep float16 roundings) and
+// widened (what the kernel stages take), and which variant serves each sample.
+struct GroupInputs {
+  std::vector<std::vector<const Tensor*>> given, widened;
+  std::deque<Tensor> storage;
+};
+
+// Precision and speed gates of one fused group on its inputs in every sample (fills r).
+void GateGroup(const FusedKernelSet::Entry& e, const Function& f, int64_t opset, const GroupInputs& in,
+               const SafeFusionOptions& safe, SafeKernelResult& r) {
+  r.kernel = e.kernel.Describe();
+  r.samples = static_cast<int>(in.given.size());
+  const int threads = safe.threads;
+  StagedKernel reference = ReferenceStagedKernel(f, opset);
+  std::vector<std::shared_ptr<const KernelVariant>> variants;
+  std::vector<size_t> used(in.given.size(), 0);
+  r.cosine = 1;
+  for (size_t s = 0; s < in.given.size(); ++s) {
+    std::vector<Tensor> want = RunStagedKernel(reference, in.given[s], threads), got;
+    std::string why;
+    if (!e.Run(in.given[s], threads, /*generate=*/false, &got, &why, &used[s])) {
+      r.reason_kind = "compile";
+      r.reason = fmt::format("no variant of the kernel runs sample {} of {}: {}", s + 1, in.given.size(), why);
+      return;
+    }
+    for (size_t o = 0; o < want.size(); ++o) {
+      double cs = -1, err = INFINITY;
+      if (o < got.size() && want[o].shape() == got[o].shape()) CompareTensors(want[o], got[o], &cs, &err);
+      r.cosine = std::min(r.cosine, cs);
+      r.max_abs_error = std::max(r.max_abs_error, err);
+    }
+  }
+  variants = e.Bound();
+  if (!(r.cosine >= safe.min_cosine) || !(r.max_abs_error <= safe.max_abs_error)) {
+    r.reason_kind = "precision";
+    r.reason = fmt::format("precision: cosine {:.6f} (gate >= {}), max abs error {:.3g} (gate <= {:.3g})", r.cosine,
+                           safe.min_cosine, r.max_abs_error, safe.max_abs_error);
+    return;
+  }
+  if (!safe.check_speed) return;
+  // One repeat: every sample through the reference, then through the kernel (the variant that
+  // serves it), back to back; the first pair is a warm-up.
+  std::vector<double> tu, tf;
+  auto pairs = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      auto t0 = std::chrono::steady_clock::now();
+      for (const auto& ins : in.given) RunStagedKernel(reference, ins, threads);
+      const double u = Micros(t0);
+      t0 = std::chrono::steady_clock::now();
+      for (size_t s = 0; s < in.widened.size(); ++s) {
+        if (safe.kernel_hook) safe.kernel_hook(e.function);
+        RunStagedKernel(variants[used[s]]->kernel, in.widened[s], threads);
+      }
+      tu.push_back(u);
+      tf.push_back(Micros(t0));
+    }
+  };
+  pairs(1);
+  tu.clear();
+  tf.clear();
+  pairs(safe.repeats);
+  auto wins = [&] {
+    int w = 0;
+    for (size_t i = 0; i < tu.size(); ++i) w += tf[i] < tu[i];
+    return w;
+  };
+  PairVerdict v = Decide(wins(), static_cast<int>(tu.size()), &r.pairs_needed);
+  if (v == PairVerdict::kUndecided) {  // measure again, longer, before deciding
+    pairs(2 * safe.repeats);
+    v = Decide(wins(), static_cast<int>(tu.size()), &r.pairs_needed);
+  }
+  r.pairs = static_cast<int>(tu.size());
+  r.pairs_won = wins();
+  r.measured_unfused_us = Median(tu);
+  r.measured_fused_us = Median(tf);
+  r.noise = std::min(0.5, std::max(RelativeIqr(tu), RelativeIqr(tf)));
+  if (v != PairVerdict::kFaster) {
+    r.reason_kind = "speed";
+    r.reason = fmt::format("speed: fused kernel faster in {} of {} interleaved pairs, {} needed (sign test, p <= 1%); "
+                           "medians {:.2f} us fused, {:.2f} us unfused",
+                           r.pairs_won, r.pairs, r.pairs_needed, r.measured_fused_us, r.measured_unfused_us);
+  }
+}
+
+// The key under which identical groups (same function, variants, shapes in every sample and, for
+// kernels that fold constants into their own, the constants) are measured once.
+std::string GroupKey(const Node& call, const FusedKernelSet::Entry* e, const Model& fused,
+                     const std::vector<std::map<std::string, Tensor>>& call_inputs) {
+  std::string key = call.op_type;
+  if (e != nullptr)
+    for (const auto& v : e->Bound())
+      for (const auto& st : v->kernel.stages) key += "|" + (st.library ? st.node.op_type : st.row.symbol);
+  for (const auto& in : call.inputs) {
+    const bool constant = !in.empty() && fused.graph.FindInitializer(in) != nullptr;
+    if (constant) {
+      if (e == nullptr || !e->kernel.owned_constants.empty()) key += "=" + in;
+      continue;
+    }
+    for (const auto& values : call_inputs) {
+      auto it = values.find(in);
+      key += "|" + (it != values.end() ? ShapeToString(it->second.shape()) : std::string("-"));
+    }
+  }
+  return key;
+}
+
+// The end-to-end gate: the fused model (with its kernels, in the session `run` and `generate`
+// use) against the model as given, on the workload, interleaved pairs and a sign test. Not faster:
+// roll back the kept groups that gained least (measured per group: unfused minus fused time over
+// the workload), half of them at a time, and measure again; when nothing fused is faster, the
+// model as given is the result. Also rolls back groups whose kernel never ran end to end.
+Model GateEndToEnd(GraphAutoFusion& g, Model fused, const Model& original, SafeFusionReport& rep,
+                   const SafeFusionOptions& safe, const VerifyOptions& vo,
+                   std::map<int, std::pair<Verdict, std::string>>& rollbacks) {
+  VerifyOptions po = vo;
+  po.original = &original;
+  auto kept = [&] {
+    std::vector<SafeKernelResult*> k;
+    for (SafeKernelResult& r : rep.kernels)
+      if (r.fused && r.candidate >= 0 && !rollbacks.count(r.candidate)) k.push_back(&r);
+    return k;
+  };
+  for (int round = 0; round < 4; ++round) {
+    std::vector<SafeKernelResult*> groups = kept();
+    if (groups.empty()) break;
+    PerformanceReport perf = VerifyPerformance(fused, po);
+    ++rep.end_to_end_rounds;
+    rep.time_original_ms = perf.baseline_ms;
+    rep.time_fused_ms = perf.fused_ms;
+    rep.measured_speedup = perf.speedup;
+    rep.end_to_end_pairs = perf.repeats;
+    rep.end_to_end_pairs_won = perf.pairs_won;
+    rep.end_to_end_pairs_needed = perf.pairs_needed;
+    // A kept group whose kernel never ran end to end is not fused: roll it back and measure again.
+    std::set<std::string> idle;
+    for (const FusedCallStats& c : perf.calls)
+      if (c.calls > 0 && c.KernelCalls() == 0) idle.insert(c.function);
+    bool changed = false;
+    for (SafeKernelResult* r : groups)
+      if (idle.count(r->function)) {
+        r->fused = false;
+        r->rolled_back_end_to_end = true;
+        r->reason_kind = "compile";
+        r->reason = "end to end: the kernel never ran (every call ran the body)";
+        rollbacks[r->candidate] = {Verdict::kSkipCompile, r->reason};
+        changed = true;
+      }
+    if (!changed && !safe.check_speed) {
+      rep.end_to_end_verdict = "not gated for speed (speed gate off)";
+      return fused;
+    }
+    if (!changed && perf.pairs_won >= perf.pairs_needed) {
+      rep.end_to_end_verdict = round == 0 ? "faster" : fmt::format("faster after {} end-to-end round(s) of rollback", round);
+      return fused;
+    }
+    if (!changed) {
+      // Roll back the half of the kept groups that gained least (at least one).
+      std::sort(groups.begin(), groups.end(), [](const SafeKernelResult* a, const SafeKernelResult* b) {
+        return a->measured_unfused_us - a->measured_fused_us < b->measured_unfused_us - b->measured_fused_us;
+      });
+      const size_t n = std::max<size_t>(1, groups.size() / 2);
+      for (size_t i = 0; i < n; ++i) {
+        SafeKernelResult* r = groups[i];
+        r->fused = false;
+        r->rolled_back_end_to_end = true;
+        r->reason_kind = "speed";
+        r->reason = fmt::format("end to end: the fused model was faster in only {} of {} pairs ({} needed) against the "
+                                "model as given; this group gained least ({:.2f} us -> {:.2f} us)",
+                                perf.pairs_won, perf.repeats, perf.pairs_needed, r->measured_unfused_us,
+                                r->measured_fused_us);
+        rollbacks[r->candidate] = {Verdict::kSkipSpeed, r->reason};
+      }
+    }
+    // Identical groups measured once share the verdict.
+    for (SafeKernelResult& r : rep.kernels)
+      if (r.fused && r.candidate >= 0 && rollbacks.count(r.candidate)) r.fused = false;
+    fused = g.RollBack(rollbacks);
+  }
+  if (kept().empty() || safe.check_speed) {  // conservative: what was not shown faster is not kept
+    rep.original_kept = true;
+    rep.end_to_end_verdict = kept().empty()
+                                 ? "original kept: no fused group passed its gates"
+                                 : fmt::format("original kept: the fused model was not faster than the model as given "
+                                               "(faster in {} of {} pairs, {} needed) after {} rounds of rollback",
+                                               rep.end_to_end_pairs_won, rep.end_to_end_pairs,
+                                               rep.end_to_end_pairs_needed, rep.end_to_end_rounds);
+    for (SafeKernelResult& r : rep.kernels)
+      if (r.fused) {
+        r.fused = false;
+        r.rolled_back_end_to_end = true;
+        r.reason_kind = "speed";
+        r.reason = "end to end: the model as given was kept";
+      }
+    return original;
+  }
+  return fused;
+}
+
 }  // namespace
 
 Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
@@ -34,44 +287,25 @@ Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
   Model fused = Fuse();
   const int threads = safe.threads;
 
-  // One run of the fused model (reference path) on random inputs, keeping the actual inputs of
-  // every fused call: the gates test each kernel on the values it meets in the model.
-  std::set<std::string> wanted;
-  for (const Node& n : fused.graph.nodes)
-    if (n.domain == kFusedDomain)
-      for (const auto& in : n.inputs)
-        if (!in.empty() && fused.graph.FindInitializer(in) == nullptr) wanted.insert(in);
-  std::map<std::string, Tensor> values;
-  std::map<std::string, ValueType> shapes;
-  std::map<std::string, Tensor> feeds = RandomFeeds(fused, options_.dims, safe.seed);
-  {
-    SessionOptions so;
-    so.num_threads = threads;
-    so.observer = [&](const std::string& name, const Tensor& t) {
-      shapes[name] = ValueType{t.dtype(), t.shape()};
-      if (wanted.count(name)) values[name] = t;
-    };
-    try {
-      Session s(fused, so);
-      s.Run(feeds);
-    } catch (const Error& e) {
-      throw Error(fmt::format("safe fusion tests each fused kernel on the values of one run of the model on random "
-                              "inputs, and that run failed: {} (bind symbolic dims with --dim NAME=N, or fuse without --safe)",
-                              e.what()));
-    }
-    for (const auto& [name, t] : feeds) {
-      shapes[name] = ValueType{t.dtype(), t.shape()};
-      if (wanted.count(name)) values[name] = t;
-    }
+  // The workload: the user's samples, else one sample of random inputs.
+  Workload work = options_.workload;
+  if (work.empty()) {
+    work.samples.push_back(RandomFeeds(fused, options_.dims, safe.seed));
+    work.source = "random inputs";
   }
+  rep.workload = work.source;
+  rep.samples = static_cast<int>(work.samples.size());
+  // Runs of the fused model (reference path) on the workload, keeping the actual inputs of every
+  // fused call: the gates test each kernel on the values it meets in the model.
+  RecordedRuns runs = RecordRuns(fused, work, threads);
   KernelCompiler compiler(safe.kernel_cache);
-  std::shared_ptr<FusedKernelSet> kernels = FusedKernelSet::Build(fused, shapes, compiler, kFusedDomain);
+  std::shared_ptr<FusedKernelSet> kernels = FusedKernelSet::Build(fused, runs.shapes, compiler, kFusedDomain);
   if (kernels->library()) rep.kernel_library = kernels->library()->directory();
 
   std::map<std::string, int> candidate_of_node(fused_nodes_.begin(), fused_nodes_.end());
   std::map<int, const FusionCandidate*> cand;
   for (const FusionCandidate& c : candidates_) cand[c.id] = &c;
-  std::map<std::string, size_t> measured;  // function + input shapes -> index in rep.kernels
+  std::map<std::string, size_t> measured;  // GroupKey -> index in rep.kernels
   std::map<int, std::pair<Verdict, std::string>> rollbacks;
   const int64_t opset = fused.OpsetVersion("");
 
@@ -90,30 +324,7 @@ Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
     }
     const FusedKernelSet::Entry* e = kernels->EntryForNode(call.name);
     const Function* f = fused.FindFunction(call.domain, call.op_type);
-    std::vector<const Tensor*> ins;
-    // Call sites with the same generated code, shapes and constants are measured once.
-    std::string key = call.op_type;
-    if (e != nullptr)
-      for (const auto& st : e->kernel.stages) key += "|" + (st.library ? st.node.op_type : st.row.symbol);
-    for (const auto& in : call.inputs) {
-      const Tensor* t = in.empty() ? nullptr : fused.graph.FindInitializer(in);
-      const bool constant = t != nullptr;
-      if (t == nullptr && values.count(in)) t = &values[in];
-      ins.push_back(t);
-      key += "|" + (t ? ShapeToString(t->shape()) : std::string("-"));
-      if (constant && (e == nullptr || !e->kernel.owned_constants.empty())) key += "=" + in;
-    }
-    // Half-precision values are widened as the fused kernel's entry does; the reference stages get
-    // the values as they are (each operator widens and narrows like the session, so the reference
-    // keeps the graph's float16 roundings).
-    const std::vector<const Tensor*> as_given = ins;
-    std::vector<Tensor> widened;
-    widened.reserve(ins.size());
-    for (const Tensor*& t : ins)
-      if (t != nullptr && (t->dtype() == DataType::kFloat16 || t->dtype() == DataType::kBFloat16)) {
-        widened.push_back(t->CastTo(DataType::kFloat));
-        t = &widened.back();
-      }
+    const std::string key = GroupKey(call, e, fused, runs.call_inputs);
     auto same = measured.find(key);
     if (same != measured.end()) {
       const SafeKernelResult& m = rep.kernels[same->second];
@@ -124,66 +335,35 @@ Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
       std::tie(r.candidate, r.rule, r.original_nodes, r.predicted_unfused_us, r.predicted_fused_us) = keep;
       r.same_as = m.node;
     } else {
+      GroupInputs gi;
+      bool complete = true;
+      for (const auto& values : runs.call_inputs) {
+        std::vector<const Tensor*> ins;
+        for (const auto& in : call.inputs) {
+          const Tensor* t = in.empty() ? nullptr : fused.graph.FindInitializer(in);
+          auto it = values.find(in);
+          if (t == nullptr && it != values.end()) t = &it->second;
+          complete &= t != nullptr || in.empty();
+          ins.push_back(t);
+        }
+        std::vector<const Tensor*> wide = ins;
+        for (const Tensor*& t : wide)
+          if (t != nullptr && IsHalf(t->dtype())) {
+            gi.storage.push_back(t->CastTo(DataType::kFloat));
+            t = &gi.storage.back();
+          }
+        gi.given.push_back(std::move(ins));
+        gi.widened.push_back(std::move(wide));
+      }
       if (e == nullptr || f == nullptr || !e->bound) {
         r.reason_kind = "compile";
         r.reason = e == nullptr ? "no kernel entry" : "no generated kernel: " + e->status;
-      } else if (std::find(ins.begin(), ins.end(), nullptr) != ins.end()) {
+      } else if (!complete) {
         r.reason_kind = "compile";
-        r.reason = "an input of the group was not produced by the test run";
+        r.reason = "an input of the group was not produced by the recording runs";
       } else {
-        r.kernel = e->kernel.Describe();
-        StagedKernel reference = ReferenceStagedKernel(*f, opset);
         try {
-          std::vector<Tensor> want = RunStagedKernel(reference, as_given, threads);
-          std::vector<Tensor> got = RunStagedKernel(e->kernel, ins, threads);
-          r.cosine = 1;
-          for (size_t o = 0; o < want.size(); ++o) {
-            double cs = 0, err = 0;
-            if (want[o].shape() != got[o].shape()) {
-              cs = -1;
-              err = INFINITY;
-            } else {
-              CompareTensors(want[o], got[o], &cs, &err);
-            }
-            r.cosine = std::min(r.cosine, cs);
-            r.max_abs_error = std::max(r.max_abs_error, err);
-          }
-          if (safe.check_speed) {
-            std::vector<double> tu, tf;
-            for (int i = 0; i < safe.repeats + 1; ++i) {  // first pair is a warm-up
-              auto t0 = std::chrono::steady_clock::now();
-              RunStagedKernel(reference, as_given, threads);
-              double u = Micros(t0);
-              t0 = std::chrono::steady_clock::now();
-              RunStagedKernel(e->kernel, ins, threads);
-              double fu = Micros(t0);
-              if (i > 0) {
-                tu.push_back(u);
-                tf.push_back(fu);
-              }
-            }
-            r.measured_unfused_us = Median(tu);
-            r.measured_fused_us = Median(tf);
-            // The spread of each side (reported): the larger relative inter-quartile range.
-            r.noise = std::min(0.5, std::max(RelativeIqr(tu), RelativeIqr(tf)));
-            // The decision is paired: each repeat runs both sides back to back, so load from other
-            // processes hits both alike; the kernel must win in enough pairs that chance (a fair
-            // coin per pair) would give that many wins with probability <= 1% (one-sided sign test).
-            r.pairs = static_cast<int>(tu.size());
-            r.pairs_won = 0;
-            for (size_t i = 0; i < tu.size(); ++i) r.pairs_won += tf[i] < tu[i];
-            r.pairs_needed = SignTestWins(r.pairs, 0.01);
-          }
-          if (!(r.cosine >= safe.min_cosine) || !(r.max_abs_error <= safe.max_abs_error)) {
-            r.reason_kind = "precision";
-            r.reason = fmt::format("precision: cosine {:.6f} (gate >= {}), max abs error {:.3g} (gate <= {:.3g})", r.cosine,
-                                   safe.min_cosine, r.max_abs_error, safe.max_abs_error);
-          } else if (safe.check_speed && r.pairs_won < r.pairs_needed) {
-            r.reason_kind = "speed";
-            r.reason = fmt::format("speed: fused kernel faster in {} of {} interleaved pairs, {} needed (sign test, "
-                                   "p <= 1%); medians {:.2f} us fused, {:.2f} us unfused",
-                                   r.pairs_won, r.pairs, r.pairs_needed, r.measured_fused_us, r.measured_unfused_us);
-          }
+          GateGroup(*e, *f, opset, gi, safe, r);
         } catch (const Error& ex) {
           r.reason_kind = "compile";
           r.reason = std::string("the kernel does not run on the group's inputs: ") + ex.what();
@@ -202,31 +382,30 @@ Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
   }
   if (!rollbacks.empty()) fused = RollBack(rollbacks);
 
+  VerifyOptions vo;
+  vo.workload = work;
+  vo.threads = threads;
+  vo.repeats = safe.repeats;
+  vo.kernel_cache = safe.kernel_cache;
+  vo.kernel_hook = safe.kernel_hook;
+  fused = GateEndToEnd(*this, std::move(fused), original_, rep, safe, vo, rollbacks);
+
   rep.candidates = static_cast<int>(candidates_.size());
   for (const FusionCandidate& c : candidates_) {
     if (c.verdict == Verdict::kFuse) ++rep.fused;
     else rep.skipped_by_reason[VerdictName(c.verdict)]++;
   }
+  if (rep.original_kept) rep.fused = 0;
   FusionEstimate est = EstimateFusionBenefit();
-  rep.predicted_speedup = est.predicted_speedup;
+  rep.predicted_speedup = rep.original_kept ? 1.0 : est.predicted_speedup;
 
-  // End to end: the original (canonicalized) model against the final fused model with its kernels.
-  VerifyOptions vo;
-  vo.dims = options_.dims;
-  vo.seed = safe.seed;
-  vo.threads = threads;
-  vo.repeats = safe.repeats;
-  vo.kernel_cache = safe.kernel_cache;
-  PrecisionReport pr = VerifyPrecision(fused, model_, vo);
+  // End-to-end precision: the model as given against the result.
+  PrecisionReport pr = VerifyPrecision(fused, original_, vo);
   for (const auto& o : pr.outputs) {
     rep.outputs.push_back(o.name);
     rep.output_cosine.push_back(o.cosine);
     rep.output_max_abs_error.push_back(o.max_abs_error);
   }
-  PerformanceReport perf = VerifyPerformance(fused, vo);
-  rep.time_original_ms = perf.baseline_ms;
-  rep.time_fused_ms = perf.fused_ms;
-  rep.measured_speedup = perf.speedup;
 
   // float16 weight storage, gated end to end on the same inputs. Every product with a constant
   // weight runs on the float16 copy here (HalfWeights::kAll), although at run time only products
@@ -238,7 +417,7 @@ Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
   if (safe.half_weights) {
     VerifyOptions hv = vo;
     hv.half_weights = HalfWeights::kAll;
-    PrecisionReport hp = VerifyPrecision(fused, model_, hv);
+    PrecisionReport hp = VerifyPrecision(fused, original_, hv);
     rep.half_weights_tried = true;
     rep.half_weights_cosine = hp.min_cosine;
     rep.half_weights_max_abs_error = hp.max_abs_error;
@@ -253,7 +432,11 @@ Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
                                             hp.min_cosine, safe.min_cosine, hp.max_abs_error, safe.max_abs_error);
     }
   }
-  fused_.metadata_props = fused.metadata_props;  // what Save() writes
+  if (rep.original_kept) {
+    fused_ = fused;  // what Save() writes: the model as given
+  } else {
+    fused_.metadata_props = fused.metadata_props;
+  }
   return fused;
 }
 
@@ -277,12 +460,17 @@ std::string SafeFusionReport::ToText() const {
   }
   s += "  (pred gain: cost model time before/after, docs/cost_model.md; unfused/fused: measured medians on the group's "
        "real inputs)\n";
-  s += "End to end (original vs fused with generated kernels, same random inputs):\n";
+  s += fmt::format("Workload: {} ({} run(s)); each group was gated on every run\n",
+                   workload.empty() ? "random inputs" : workload, samples);
+  s += "End to end (the model as given vs fused with generated kernels, same workload):\n";
   for (size_t i = 0; i < outputs.size(); ++i)
     s += fmt::format("  {:<32} cosine {:.7f}  max abs error {:.3g}\n", outputs[i], output_cosine[i],
                      output_max_abs_error[i]);
-  s += fmt::format("  time: original {:.3f} ms, fused {:.3f} ms -> measured {:.2f}x (predicted {:.2f}x)\n",
-                   time_original_ms, time_fused_ms, measured_speedup, predicted_speedup);
+  s += fmt::format("  time: original {:.3f} ms, fused {:.3f} ms -> measured {:.2f}x (predicted {:.2f}x); fused faster in {} "
+                   "of {} interleaved pairs ({} needed)\n",
+                   time_original_ms, time_fused_ms, measured_speedup, predicted_speedup, end_to_end_pairs_won,
+                   end_to_end_pairs, end_to_end_pairs_needed);
+  if (!end_to_end_verdict.empty()) s += "  verdict: " + end_to_end_verdict + "\n";
   if (!kernel_library.empty()) s += "  kernels: " + kernel_library + "\n";
   if (half_weights_tried)
     s += half_weights_kept
@@ -319,7 +507,9 @@ std::string SafeFusionReport::ToJson() const {
                             {"pairs", k.pairs},
                             {"pairs_won", k.pairs_won},
                             {"pairs_needed", k.pairs_needed},
-                            {"same_as", k.same_as}});
+                            {"same_as", k.same_as},
+                            {"samples", k.samples},
+                            {"rolled_back_end_to_end", k.rolled_back_end_to_end}});
   nlohmann::json e = nlohmann::json::array();
   for (size_t i = 0; i < outputs.size(); ++i)
     e.push_back({{"output", outputs[i]},
@@ -330,9 +520,16 @@ std::string SafeFusionReport::ToJson() const {
                      {"time_fused_ms", time_fused_ms},
                      {"measured_speedup", measured_speedup},
                      {"predicted_speedup", predicted_speedup},
-                     {"time_source", "measured: medians of interleaved runs"},
+                     {"pairs", end_to_end_pairs},
+                     {"pairs_won", end_to_end_pairs_won},
+                     {"pairs_needed", end_to_end_pairs_needed},
+                     {"rounds", end_to_end_rounds},
+                     {"verdict", end_to_end_verdict},
+                     {"original_kept", original_kept},
+                     {"time_source", "measured: medians of interleaved runs over the workload"},
                      {"predicted_source", "cost model (docs/cost_model.md)"}};
   j["kernel_library"] = kernel_library;
+  j["workload"] = {{"source", workload}, {"samples", samples}};
   if (half_weights_tried)
     j["half_weights"] = {{"kept", half_weights_kept},
                          {"min_cosine", half_weights_cosine},

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+
+#include <fmt/format.h>
 #include <cmath>
 
 #include "codegen/fused_session.h"
@@ -70,62 +72,95 @@ void CompareTensors(const Tensor& ref, const Tensor& got, double* cosine, double
 
 namespace {
 
-std::map<std::string, Tensor> Feeds(const Model& m, const VerifyOptions& o) {
-  std::map<std::string, Tensor> feeds = RandomFeeds(m, o.dims, o.seed);
+Workload WorkloadOf(const Model& m, const VerifyOptions& o) {
+  if (!o.workload.empty()) return o.workload;
+  Workload w;
+  Feeds feeds = RandomFeeds(m, o.dims, o.seed);
   for (const auto& [name, t] : o.feeds) {
     GAF_CHECK(feeds.count(name), "input '{}' is not an input of the model", name);
     feeds[name] = t;
   }
-  return feeds;
+  w.samples.push_back(std::move(feeds));
+  w.source = o.feeds.empty() ? "random inputs" : "inputs given";
+  return w;
+}
+
+// The feeds of a sample that are inputs of session `s` (a fused model may have dropped one).
+Feeds InputsOf(const Session& s, const Feeds& sample, const char* which) {
+  Feeds out;
+  for (const ValueInfo& v : s.inputs()) {
+    auto it = sample.find(v.name);
+    GAF_CHECK(it != sample.end(), "the {} model's input '{}' is not in the workload", which, v.name);
+    out[v.name] = it->second;
+  }
+  return out;
 }
 
 }  // namespace
 
+std::vector<std::string> PrecisionReport::NeverRan() const {
+  std::vector<std::string> out;
+  for (const FusedCallStats& c : calls)
+    if (c.calls > 0 && c.KernelCalls() == 0)
+      out.push_back(fmt::format("{} ({} call(s), all ran the body: {})", c.function, c.calls,
+                                c.kernel ? c.last_fallback : c.status));
+    else if (c.calls == 0 && !c.kernel)
+      out.push_back(fmt::format("{} (no kernel: {})", c.function, c.status));
+  return out;
+}
+
 PrecisionReport VerifyPrecision(const Model& fused, const Model& original, const VerifyOptions& o) {
   PrecisionReport r;
-  std::map<std::string, Tensor> feeds = Feeds(original, o);
+  const Workload w = WorkloadOf(original, o);
+  r.samples = static_cast<int>(w.samples.size());
+  r.workload = w.source;
   SessionOptions so;
   so.num_threads = o.threads;
   Session ref(original, so);
-  std::vector<Tensor> want = ref.Run(feeds);
   FusedRuntime rt;
   std::unique_ptr<Session> plain;
   Session* s = nullptr;
   if (o.use_kernels) {
     KernelCompiler compiler(o.kernel_cache);
-    rt = MakeFusedRuntime(fused, so, compiler, o.dims, "ai.graph_autofusion", o.half_weights);
+    rt = MakeFusedRuntime(fused, so, compiler, w, "ai.graph_autofusion", o.half_weights);
     s = rt.session.get();
   } else {
     plain = std::make_unique<Session>(fused, so);
     s = plain.get();
   }
-  std::map<std::string, Tensor> ffeeds;
-  for (const ValueInfo& v : s->inputs()) {
-    GAF_CHECK(feeds.count(v.name), "the fused model's input '{}' is not an input of the original", v.name);
-    ffeeds[v.name] = feeds[v.name];
-  }
   std::vector<std::string> names;
   for (const ValueInfo& v : ref.outputs()) names.push_back(v.name);
-  std::vector<Tensor> got = s->Run(ffeeds, names);
-  for (size_t i = 0; i < names.size(); ++i) {
-    OutputPrecision p;
-    p.name = names[i];
-    p.same_shape = want[i].shape() == got[i].shape();
-    if (p.same_shape) {
-      CompareTensors(want[i], got[i], &p.cosine, &p.max_abs_error);
-      Tensor d = want[i].CastTo(DataType::kDouble);
-      for (int64_t k = 0; k < d.numel(); ++k)
-        if (std::isfinite(d.data<double>()[k]))
-          p.max_abs_reference = std::max(p.max_abs_reference, std::fabs(d.data<double>()[k]));
-    } else {
-      p.cosine = -1;
-      p.max_abs_error = INFINITY;
+  r.outputs.resize(names.size());
+  for (size_t i = 0; i < names.size(); ++i) r.outputs[i].name = names[i];
+  for (const Feeds& sample : w.samples) {
+    std::vector<Tensor> want = ref.Run(InputsOf(ref, sample, "original"));
+    std::vector<Tensor> got = s->Run(InputsOf(*s, sample, "fused"), names);
+    for (size_t i = 0; i < names.size(); ++i) {
+      OutputPrecision& p = r.outputs[i];
+      double cs = 1, err = 0;
+      if (want[i].shape() == got[i].shape()) {
+        CompareTensors(want[i], got[i], &cs, &err);
+        Tensor d = want[i].CastTo(DataType::kDouble);
+        for (int64_t k = 0; k < d.numel(); ++k)
+          if (std::isfinite(d.data<double>()[k]))
+            p.max_abs_reference = std::max(p.max_abs_reference, std::fabs(d.data<double>()[k]));
+      } else {
+        p.same_shape = false;
+        cs = -1;
+        err = INFINITY;
+      }
+      p.cosine = std::min(p.cosine, cs);
+      p.max_abs_error = std::max(p.max_abs_error, err);
     }
+  }
+  for (const OutputPrecision& p : r.outputs) {
     r.min_cosine = std::min(r.min_cosine, p.cosine);
     r.max_abs_error = std::max(r.max_abs_error, p.max_abs_error);
-    r.outputs.push_back(p);
   }
-  if (rt.kernels) r.kernels = DescribeFusedKernels(*rt.kernels);
+  if (rt.kernels) {
+    r.kernels = DescribeFusedKernels(*rt.kernels);
+    r.calls = FusedCallSummary(*rt.kernels);
+  }
   return r;
 }
 
@@ -133,30 +168,54 @@ PerformanceReport VerifyPerformance(const Model& fused, const VerifyOptions& o) 
   PerformanceReport r;
   r.repeats = std::max(1, o.repeats);
   r.threads = o.threads;
-  std::map<std::string, Tensor> feeds = Feeds(fused, o);
+  const Workload w = WorkloadOf(o.original != nullptr ? *o.original : fused, o);
   SessionOptions so;
   so.num_threads = o.threads;
-  Session baseline(fused, so);  // functions inlined: the unfused operators
+  // Baseline: the original model, or the fused model with its functions inlined (the unfused operators).
+  Session baseline(o.original != nullptr ? *o.original : fused, so);
+  r.baseline = o.original != nullptr ? "original model" : "fused model with its functions inlined";
   KernelCompiler compiler(o.kernel_cache);
-  FusedRuntime rt = MakeFusedRuntime(fused, so, compiler, o.dims, "ai.graph_autofusion", o.half_weights);
-  auto time = [&](Session& s) {
+  FusedRuntime rt;
+  rt.kernels = CompileFusedKernels(fused, compiler, w, "ai.graph_autofusion", o.half_weights);
+  if (o.kernel_hook) rt.kernels->SetCallHook(o.kernel_hook);
+  {
+    SessionOptions fo = so;
+    fo.function_kernels = rt.kernels->Provider();
+    if (o.half_weights != HalfWeights::kOff) fo.node_kernels = HalfWeightProvider(o.half_weights);
+    rt.session = std::make_unique<Session>(fused, fo);
+  }
+  std::vector<Feeds> base_feeds, fused_feeds;
+  for (const Feeds& sample : w.samples) {
+    base_feeds.push_back(InputsOf(baseline, sample, "baseline"));
+    fused_feeds.push_back(InputsOf(*rt.session, sample, "fused"));
+  }
+  auto time = [&](Session& s, const std::vector<Feeds>& feeds) {
     auto t0 = std::chrono::steady_clock::now();
-    s.Run(feeds);
+    for (const Feeds& f : feeds) s.Run(f);
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   };
-  time(baseline);  // warm-up
-  time(*rt.session);
+  time(baseline, base_feeds);  // warm-up (also generates any variant the recording missed)
+  time(*rt.session, fused_feeds);
   std::vector<double> b, f;
   for (int i = 0; i < r.repeats; ++i) {  // interleaved: load changes hit both sides alike
-    b.push_back(time(baseline));
-    f.push_back(time(*rt.session));
+    // Alternate which side goes first, so neither always runs on a cache the other warmed.
+    if (i % 2 == 0) {
+      b.push_back(time(baseline, base_feeds));
+      f.push_back(time(*rt.session, fused_feeds));
+    } else {
+      f.push_back(time(*rt.session, fused_feeds));
+      b.push_back(time(baseline, base_feeds));
+    }
   }
   r.baseline_ms = Median(b);
   r.fused_ms = Median(f);
   r.baseline_noise = RelativeIqr(b);
   r.fused_noise = RelativeIqr(f);
   r.speedup = r.fused_ms > 0 ? r.baseline_ms / r.fused_ms : 0;
+  for (size_t i = 0; i < b.size(); ++i) r.pairs_won += f[i] < b[i];
+  r.pairs_needed = SignTestWins(static_cast<int>(b.size()), 0.01);
   r.kernels = DescribeFusedKernels(*rt.kernels);
+  r.calls = FusedCallSummary(*rt.kernels);
   return r;
 }
 

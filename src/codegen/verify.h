@@ -1,31 +1,42 @@
 // Verification of a fused model: precision against the original and speed with and without the
-// generated kernels, both on the same inputs (given, or RandomFeeds of the model).
+// generated kernels, both on the same workload (the user's samples, a decoder's generation trace,
+// or one sample of RandomFeeds).
 //
-//   VerifyPrecision(fused, original): both run; per output cosine similarity and max abs error.
-//   VerifyPerformance(fused): the fused model's baseline (its functions inlined: exactly the
-//   unfused operators) against the fused model with its generated kernels, runs interleaved,
-//   medians of `repeats`.
+//   VerifyPrecision(fused, original): both run on every sample; per output the lowest cosine
+//   similarity and the largest abs error over the samples; per fused function the calls that ran
+//   a kernel and those that ran the body (a fallback).
+//   VerifyPerformance(fused): a baseline (the original model when given, else the fused model
+//   with its functions inlined: exactly the unfused operators) against the fused model with its
+//   generated kernels, in the session `run` and `generate` use; one repeat is one pass over the
+//   workload, repeats interleaved in pairs; medians, and how many pairs the fused side won.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "codegen/compiler.h"
+#include "codegen/fused_session.h"
 #include "codegen/half_weights.h"
+#include "cost/workload.h"
 #include "ir/graph.h"
 
 namespace gaf {
 
 struct VerifyOptions {
   std::map<std::string, int64_t> dims;   // symbolic dims of random inputs
-  std::map<std::string, Tensor> feeds;   // given inputs (missing ones are random)
+  std::map<std::string, Tensor> feeds;   // given inputs of one sample (missing ones are random)
+  Workload workload;                     // when not empty: the samples (`feeds` and `dims` unused)
+  const Model* original = nullptr;       // VerifyPerformance: time this model as the baseline
   uint32_t seed = 0;
   int threads = 0;
   int repeats = 10;
   bool use_kernels = true;               // run the fused model with its generated kernels
   HalfWeights half_weights = HalfWeights::kOff;  // ... and float16 weight storage (half_weights.h)
   std::string kernel_cache;              // "" = default cache
+  // Test hook for the fused runtime (FusedKernelSet::SetCallHook).
+  std::function<void(const std::string& function)> kernel_hook;
 };
 
 struct OutputPrecision {
@@ -38,14 +49,22 @@ struct PrecisionReport {
   std::vector<OutputPrecision> outputs;
   double min_cosine = 1, max_abs_error = 0;
   std::string kernels;  // fused kernels used (DescribeFusedKernels), empty without
+  std::vector<FusedCallStats> calls;  // per fused function: kernel calls and fallbacks
+  int samples = 0;                    // runs compared
+  std::string workload;               // how the inputs were obtained
   bool Passes(double min_cos, double max_abs) const { return min_cosine >= min_cos && max_abs_error <= max_abs; }
+  // Fused functions with a site whose kernel never ran (every call ran the body), with the reason.
+  std::vector<std::string> NeverRan() const;
 };
 
 struct PerformanceReport {
   int repeats = 0, threads = 0;
   double baseline_ms = 0, fused_ms = 0, speedup = 0;  // medians
   double baseline_noise = 0, fused_noise = 0;         // IQR / median
+  int pairs_won = 0, pairs_needed = 0;                // fused faster in pairs; sign test at 1%
   std::string kernels;
+  std::vector<FusedCallStats> calls;
+  std::string baseline;                               // "original model" or "functions inlined"
 };
 
 // Cosine similarity and max abs error of two tensors (any numeric type, compared as double).

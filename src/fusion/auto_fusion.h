@@ -10,6 +10,7 @@
 // reports and `autofusion explain` are views of it.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -69,18 +70,25 @@ struct FusionEstimate {
 };
 
 // Safe fusion (stage 4): each fused group's generated kernel is checked against the unfused
-// operators on the group's real inputs (values of one run of the model on random inputs):
-// precision (cosine similarity and max abs error over every output) and speed (median of repeats,
-// the fused kernel against the same operators run one after another by the reference kernels,
-// back to back in interleaved pairs; it must be faster in enough pairs to pass a one-sided sign
-// test at 1%: 13 of 15 pairs by default).
-// A group that fails is rolled back to its original operators with the reason; then the whole
-// model is checked end to end. Implemented in src/codegen/safe_fusion.cc (link gaf_codegen).
+// operators on the group's real inputs: the values it meets in runs of the model on the workload
+// (FusionOptions::workload: the user's samples or a decoder's prefill and decode steps; random
+// inputs when empty), every sample. Precision: cosine similarity and max abs error over every
+// output of every sample. Speed: one repeat runs the group over all samples, the fused kernel
+// against the same operators run one after another by the reference kernels, back to back in
+// interleaved pairs; the kernel must be faster in enough pairs to pass a one-sided sign test at
+// 1% (13 of 15 pairs by default); an undecided result (neither clearly faster nor clearly slower)
+// is measured again with twice as many pairs before it is decided, and stays rolled back if it
+// is still not clearly faster. A group that fails is rolled back to its original operators with
+// the reason. Then the whole fused model is timed against the model as given on the same
+// workload, in the session `run` and `generate` use, with the same sign test: if it is not
+// faster, the groups that gained least are rolled back and it is measured again, and when even
+// that is not faster the model as given is kept; the report says which.
+// Implemented in src/codegen/safe_fusion.cc (link gaf_codegen).
 struct SafeFusionOptions {
   double min_cosine = 0.999;
   double max_abs_error = 1e-3;   // absolute, per output element
   bool check_speed = true;
-  int repeats = 15;              // timed runs per side (median)
+  int repeats = 15;              // timed pairs per side (median); undecided results get 2x more
   int threads = 0;               // 0 = all cores
   std::string kernel_cache;      // "" = $GAF_KERNEL_CACHE or ~/.cache/graph-autofusion/kernels
   uint32_t seed = 0;             // random graph inputs
@@ -88,6 +96,9 @@ struct SafeFusionOptions {
   // with every such product on float16 weights, against the same thresholds. When it passes, the
   // fused model gets the graph_autofusion.half_weights metadata and `generate` runs it so.
   bool half_weights = false;
+  // Test hook: called with the fused function's name before every timed kernel call, in the group
+  // gates and end to end (a deliberately slow kernel, to test that the gates catch one).
+  std::function<void(const std::string& function)> kernel_hook;
 };
 
 struct SafeKernelResult {
@@ -103,6 +114,8 @@ struct SafeKernelResult {
   double noise = 0;                          // larger relative spread (IQR/median) of the two sides' timings
   int pairs = 0, pairs_won = 0, pairs_needed = 0;  // speed gate: interleaved pairs, kernel wins, wins needed
   std::string same_as;                       // measured once for identical kernel+shapes: that node
+  int samples = 0;                           // workload samples the group was checked on
+  bool rolled_back_end_to_end = false;       // passed its own gates, rolled back by the end-to-end gate
 };
 
 struct SafeFusionReport {
@@ -115,6 +128,13 @@ struct SafeFusionReport {
   double time_original_ms = 0, time_fused_ms = 0, measured_speedup = 0;  // medians of `repeats`
   double predicted_speedup = 1;                                           // cost model
   std::string kernel_library;                                              // where the compiled kernels are
+  std::string workload;                    // what the gates measured on (FusionOptions::workload.source)
+  int samples = 0;                         // runs in it
+  // The end-to-end gate: fused faster than the model as given in pairs_won of pairs (needed).
+  int end_to_end_pairs = 0, end_to_end_pairs_won = 0, end_to_end_pairs_needed = 0;
+  int end_to_end_rounds = 0;               // end-to-end measurements made (each after rollbacks)
+  std::string end_to_end_verdict;          // "faster", "faster after rolling back N groups", "original kept: ..."
+  bool original_kept = false;              // no fused model was faster: the model as given is the result
   // float16 weight storage gate (SafeFusionOptions::half_weights).
   bool half_weights_tried = false, half_weights_kept = false;
   double half_weights_cosine = 0, half_weights_max_abs_error = 0;  // measured, every product on float16 weights

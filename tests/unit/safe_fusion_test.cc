@@ -200,7 +200,7 @@ TEST(SafeFusion, ConvEpiloguesRunOnTiles) {
   GraphAutoFusion f(m, Preset("cnn"));
   Model fused = f.Fuse();
   KernelCompiler compiler;
-  auto set = CompileFusedKernels(fused, compiler, {}, "ai.graph_autofusion");
+  auto set = CompileFusedKernels(fused, compiler, std::map<std::string, int64_t>{}, "ai.graph_autofusion");
   int tiled = 0;
   for (const auto& e : set->entries()) {
     if (!e.bound) continue;
