@@ -128,7 +128,7 @@ void GateGroup(const FusedKernelSet::Entry& e, const Function& f, int64_t opset,
       const double u = Micros(t0);
       t0 = std::chrono::steady_clock::now();
       for (size_t s = 0; s < in.widened.size(); ++s) {
-        if (safe.kernel_hook) safe.kernel_hook(e.function);
+        if (safe.kernel_hook) safe.kernel_hook(e.function, false);
         RunStagedKernel(variants[used[s]]->kernel, in.widened[s], threads);
       }
       tu.push_back(u);
@@ -387,7 +387,10 @@ Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
   vo.threads = threads;
   vo.repeats = safe.repeats;
   vo.kernel_cache = safe.kernel_cache;
-  vo.kernel_hook = safe.kernel_hook;
+  if (safe.kernel_hook) {
+    auto hook = safe.kernel_hook;
+    vo.kernel_hook = [hook](const std::string& function) { hook(function, true); };
+  }
   fused = GateEndToEnd(*this, std::move(fused), original_, rep, safe, vo, rollbacks);
 
   rep.candidates = static_cast<int>(candidates_.size());

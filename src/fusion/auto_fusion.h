@@ -97,8 +97,9 @@ struct SafeFusionOptions {
   // fused model gets the graph_autofusion.half_weights metadata and `generate` runs it so.
   bool half_weights = false;
   // Test hook: called with the fused function's name before every timed kernel call, in the group
-  // gates and end to end (a deliberately slow kernel, to test that the gates catch one).
-  std::function<void(const std::string& function)> kernel_hook;
+  // gates (end_to_end false) and end to end (true): a deliberately slow kernel, to test that the
+  // gates catch one.
+  std::function<void(const std::string& function, bool end_to_end)> kernel_hook;
 };
 
 struct SafeKernelResult {
