@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "cost/workload.h"
 #include "ir/graph.h"
 
 namespace gaf {
@@ -63,13 +64,16 @@ struct ValueShape {
 };
 using ShapeMap = std::map<std::string, ValueShape>;
 
-// Records the concrete shapes of all values by running the model once on random inputs
-// (symbolic dims bound from `dims`, default 1 or as the name suggests). Exact for any model the
-// runtime runs.
+// Records the concrete shapes of all values by running the model once on random inputs whose
+// symbolic dims are bound consistently with the graph (cost/workload.cc: `dims` first, then
+// defaults and the relations the graph shows, e.g. total = past + sequence). Throws gaf::Error
+// naming the node and the dims when no binding found lets the model run.
 ShapeMap RecordShapes(const Model& model, const std::map<std::string, int64_t>& dims = {});
+// The same on given inputs (missing ones filled with the binding the given ones imply): one run;
+// gaf::Error when it fails.
+ShapeMap RecordShapes(const Model& model, const Feeds& feeds);
 
-// The random inputs RecordShapes uses: floats uniform in [-1, 1], integer ids/positions 0, masks 1;
-// symbolic dims from `dims`, else 8 for names that look like a sequence length, else 1.
+// The random inputs RecordShapes uses (CompleteFeeds of cost/workload.h with nothing given).
 std::map<std::string, Tensor> RandomFeeds(const Model& model, const std::map<std::string, int64_t>& dims = {},
                                           uint32_t seed = 0);
 

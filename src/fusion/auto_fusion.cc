@@ -101,11 +101,17 @@ void GraphAutoFusion::RecordShapesOnce() {
   if (shapes_done_) return;
   shapes_done_ = true;
   try {
-    shapes_ = RecordShapes(model_, options_.dims);
+    // The workload's first sample when there is one (the user's inputs, a decoder's prefill),
+    // else random inputs with consistently bound dims. A failed run is an error naming the node
+    // and the dims (cost/workload.cc), kept in shapes_error_: no shapes are made up.
+    shapes_ = options_.workload.empty() ? RecordShapes(model_, options_.dims)
+                                        : RecordShapes(model_, options_.workload.samples[0]);
     shapes_known_ = true;  // values whose shapes were not recorded make their candidates "Maybe"
   } catch (const std::exception& e) {
     shapes_known_ = false;
-    shapes_error_ = fmt::format("running the model to record shapes failed: {}", e.what());
+    shapes_ = {};
+    shapes_error_ = fmt::format("running the model to record shapes failed{}: {}",
+                                options_.workload.empty() ? "" : " on " + options_.workload.source, e.what());
   }
 }
 

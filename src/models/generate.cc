@@ -5,7 +5,9 @@
 #include <chrono>
 #include <map>
 #include <optional>
+#include <random>
 
+#include "cost/workload.h"
 #include "ir/error.h"
 
 namespace gaf {
@@ -45,16 +47,14 @@ const ValueInfo* FindByName(const std::vector<ValueInfo>& values, const std::str
   return nullptr;
 }
 
-// Integer tensor of the type the model declares for `name` (int64 unless it says int32).
+// Tensor of the type the model declares for `name` (int64 when it declares none): integer ids,
+// and masks or positions that some exports declare float (a GPT-2 export's attention_mask) or
+// int32.
 Tensor IntTensor(const ValueInfo* info, const Shape& shape, const std::vector<int64_t>& values) {
-  DataType dt = info != nullptr && info->dtype == DataType::kInt32 ? DataType::kInt32 : DataType::kInt64;
-  Tensor t(dt, shape);
-  if (dt == DataType::kInt32) {
-    for (size_t i = 0; i < values.size(); ++i) t.data<int32_t>()[i] = static_cast<int32_t>(values[i]);
-  } else {
-    for (size_t i = 0; i < values.size(); ++i) t.data<int64_t>()[i] = values[i];
-  }
-  return t;
+  Tensor t(DataType::kInt64, shape);
+  for (size_t i = 0; i < values.size(); ++i) t.data<int64_t>()[i] = values[i];
+  const DataType dt = info != nullptr && info->dtype != DataType::kUndefined ? info->dtype : DataType::kInt64;
+  return dt == DataType::kInt64 ? t : t.CastTo(dt);
 }
 
 // An empty cache tensor: the sequence dim 0, batch dims 1, other dims as declared. The sequence
@@ -210,6 +210,59 @@ GenerateResult Generate(Session& session, const DecoderSignature& sig, const Gen
     ++past_len;
   }
   return result;
+}
+
+int64_t DecoderVocabSize(const Model& model, const DecoderSignature& sig) {
+  for (const ValueInfo& v : model.graph.outputs)
+    if (v.name == sig.logits && v.has_shape && !v.dims.empty() && v.dims.back().known()) return v.dims.back().value;
+  for (const auto& [k, v] : model.metadata_props)
+    if (k == "vocab_size") {
+      try {
+        return std::stoll(v);
+      } catch (const std::exception&) {
+      }
+    }
+  // The embedding table input_ids index (a Gather on a constant).
+  const int64_t table = GatherTableSize(model, sig.input_ids);
+  return table > 0 ? table : 100;
+}
+
+Workload DecoderTraceWorkload(const Model& model, int prompt_len, int decode_steps, uint32_t seed) {
+  GAF_CHECK(prompt_len > 0, "DecoderTraceWorkload: the prompt length must be positive");
+  Session session(model);
+  const DecoderSignature sig = DecoderSignature::Discover(session.inputs(), session.outputs());
+  const int64_t vocab = DecoderVocabSize(model, sig);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int64_t> dist(0, vocab - 1);
+  std::vector<int64_t> prompt;
+  for (int i = 0; i < prompt_len; ++i) prompt.push_back(dist(rng));
+
+  Workload w;
+  const std::vector<std::string> output_names = OutputNames(sig);
+  std::map<std::string, Tensor> feeds;
+  SetTokenFeeds(session, sig, prompt, 0, feeds);
+  for (const auto& [past, present] : sig.cache) feeds[past] = EmptyPast(*InfoOf(session, past));
+  int64_t past_len = 0, next = 0;
+  std::vector<int64_t> ids = prompt;
+  for (int step = 0; step <= decode_steps; ++step) {
+    if (step > 0) {
+      SetTokenFeeds(session, sig, ids, past_len, feeds);
+    }
+    w.samples.push_back(feeds);  // tensors are shared, never written: the next call's feeds are new tensors
+    std::vector<Tensor> outs;
+    try {
+      outs = session.Run(feeds, output_names);
+    } catch (const Error& e) {
+      throw Error(fmt::format("the generation that records the workload failed at {} (past length {}): {}",
+                              step == 0 ? "the prefill" : fmt::format("decode step {}", step), past_len, e.what()));
+    }
+    next = ArgmaxLastPosition(outs[0]);
+    past_len += static_cast<int64_t>(ids.size());
+    ids = {next};
+    for (size_t i = 0; i < sig.cache.size(); ++i) feeds[sig.cache[i].first] = outs[1 + i];
+  }
+  w.source = fmt::format("a generation: prefill of {} tokens + {} decode steps", prompt_len, decode_steps);
+  return w;
 }
 
 }  // namespace gaf

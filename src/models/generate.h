@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "cost/workload.h"
 #include "runtime/session.h"
 
 namespace gaf {
@@ -57,5 +58,17 @@ int64_t ArgmaxLastPosition(const Tensor& logits);
 // One forward pass over `ids` with an empty cache; returns the logits. Used to check the cache
 // logic (recompute the whole sequence without cache).
 Tensor ForwardNoCache(Session& session, const DecoderSignature& sig, const std::vector<int64_t>& ids);
+
+// The vocabulary: the logits output's last declared dim, the model's vocab_size metadata, or the
+// size of the embedding table input_ids index; 100 when none says.
+int64_t DecoderVocabSize(const Model& model, const DecoderSignature& sig);
+
+// The feeds of a short greedy generation on `model` (the reference session, unfused kernels): the
+// prefill of `prompt_len` random tokens (seeded, below the vocabulary) with an empty past, then
+// `decode_steps` steps of one token each with the real presents as past. So a workload measured
+// on it sees what `generate` runs: prefill and decode shapes, a growing past. Throws gaf::Error
+// when the model is not a decoder in the Optimum layout (DecoderSignature::Discover) or a call
+// fails (naming the step).
+Workload DecoderTraceWorkload(const Model& model, int prompt_len = 8, int decode_steps = 3, uint32_t seed = 0);
 
 }  // namespace gaf

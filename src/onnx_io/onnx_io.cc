@@ -589,12 +589,47 @@ std::string SaveModel(const Model& model, const std::string& path, const SaveOpt
   return data_name.empty() ? "" : (model_path.parent_path() / data_name).string();
 }
 
-Tensor LoadTensorPb(const std::string& path) {
+Tensor LoadTensorPb(const std::string& path) { return LoadTensorPb(path, nullptr); }
+
+Tensor LoadTensorPb(const std::string& path, std::string* name) {
   std::string bytes = ReadFile(path);
   onnx::TensorProto tp;
   ParseProto(tp, bytes, path);
   ImportContext ctx{fs::path(path).parent_path().string(), path};
+  if (name != nullptr) *name = tp.name();
   return TensorFromProto(tp, ctx);
+}
+
+std::vector<std::pair<std::string, Tensor>> LoadTestDataSet(const std::string& dir,
+                                                            const std::vector<std::string>& input_names) {
+  GAF_CHECK(fs::is_directory(dir), "{}: not a folder (expected a test_data_set_N folder of input_K.pb files)", dir);
+  // input_K.pb in K order (input_10 after input_9).
+  std::vector<std::pair<long, fs::path>> files;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    const std::string f = e.path().filename().string();
+    if (f.rfind("input_", 0) != 0 || e.path().extension() != ".pb") continue;
+    const std::string k = f.substr(6, f.size() - 6 - 3);
+    if (k.empty() || k.size() > 6 || !std::all_of(k.begin(), k.end(), ::isdigit)) continue;
+    files.emplace_back(std::stol(k), e.path());
+  }
+  std::sort(files.begin(), files.end());
+  GAF_CHECK(!files.empty(), "{}: no input_K.pb files (ONNX test layout: test_data_set_N/input_0.pb, ...)", dir);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string path = files[i].second.string();
+    std::string name;
+    Tensor t = LoadTensorPb(path, &name);
+    // By the TensorProto's name when it names an input, else by position.
+    if (std::find(input_names.begin(), input_names.end(), name) == input_names.end()) {
+      GAF_CHECK(i < input_names.size(), "{}: the model has {} inputs; this is input {}{}", path, input_names.size(),
+                i, name.empty() ? "" : fmt::format(" and its name '{}' is none of them", name));
+      name = input_names[i];
+    }
+    for (const auto& [n, prev] : out)
+      GAF_CHECK(n != name, "{}: gives input '{}' a second time", path, name);
+    out.emplace_back(name, std::move(t));
+  }
+  return out;
 }
 
 void SaveTensorPb(const Tensor& t, const std::string& name, const std::string& path) {

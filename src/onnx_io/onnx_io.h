@@ -3,6 +3,8 @@
 #pragma once
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "ir/graph.h"
 
@@ -33,6 +35,14 @@ void WriteFileAtomic(const std::string& path, const std::string& bytes);
 
 // A serialized TensorProto (the .pb files of the ONNX test data).
 Tensor LoadTensorPb(const std::string& path);
+// ... and the TensorProto's name (may be "").
+Tensor LoadTensorPb(const std::string& path, std::string* name);
+// The inputs of a test_data_set_N folder of ONNX's test layout (input_0.pb, input_1.pb, ...; in
+// K order): each named by its TensorProto's name when that is one of `input_names`, else by its
+// position in `input_names`. gaf::Error naming the file for a missing folder, no input files,
+// more files than inputs, an input given twice, or a file the checked loader refuses.
+std::vector<std::pair<std::string, Tensor>> LoadTestDataSet(const std::string& dir,
+                                                            const std::vector<std::string>& input_names);
 void SaveTensorPb(const Tensor& t, const std::string& name, const std::string& path);
 
 // Runs the ONNX checker (full check); returns "" when it passes, else its message.
