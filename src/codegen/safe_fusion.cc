@@ -204,7 +204,17 @@ Model GateEndToEnd(GraphAutoFusion& g, Model fused, const Model& original, SafeF
     std::vector<SafeKernelResult*> groups = kept();
     if (groups.empty()) break;
     PerformanceReport perf = VerifyPerformance(fused, po);
+    int needed = 0;
+    if (safe.check_speed && Decide(perf.pairs_won, perf.repeats, &needed) == PairVerdict::kUndecided) {
+      VerifyOptions longer = po;  // neither clearly faster nor clearly slower: measure longer
+      longer.repeats = 3 * po.repeats;
+      perf = VerifyPerformance(fused, longer);
+    }
     ++rep.end_to_end_rounds;
+    rep.end_to_end_log.push_back(fmt::format("round {}: {} group(s) kept, original {:.3f} ms, fused {:.3f} ms ({:.2f}x), "
+                                             "fused faster in {} of {} pairs ({} needed)",
+                                             round + 1, groups.size(), perf.baseline_ms, perf.fused_ms, perf.speedup,
+                                             perf.pairs_won, perf.repeats, perf.pairs_needed));
     rep.time_original_ms = perf.baseline_ms;
     rep.time_fused_ms = perf.fused_ms;
     rep.measured_speedup = perf.speedup;
@@ -473,6 +483,8 @@ std::string SafeFusionReport::ToText() const {
                    "of {} interleaved pairs ({} needed)\n",
                    time_original_ms, time_fused_ms, measured_speedup, predicted_speedup, end_to_end_pairs_won,
                    end_to_end_pairs, end_to_end_pairs_needed);
+  if (end_to_end_log.size() > 1)
+    for (const std::string& line : end_to_end_log) s += "  " + line + "\n";
   if (!end_to_end_verdict.empty()) s += "  verdict: " + end_to_end_verdict + "\n";
   if (!kernel_library.empty()) s += "  kernels: " + kernel_library + "\n";
   if (half_weights_tried)
@@ -527,6 +539,7 @@ std::string SafeFusionReport::ToJson() const {
                      {"pairs_won", end_to_end_pairs_won},
                      {"pairs_needed", end_to_end_pairs_needed},
                      {"rounds", end_to_end_rounds},
+                     {"log", end_to_end_log},
                      {"verdict", end_to_end_verdict},
                      {"original_kept", original_kept},
                      {"time_source", "measured: medians of interleaved runs over the workload"},

@@ -134,6 +134,7 @@ struct SafeFusionReport {
   // The end-to-end gate: fused faster than the model as given in pairs_won of pairs (needed).
   int end_to_end_pairs = 0, end_to_end_pairs_won = 0, end_to_end_pairs_needed = 0;
   int end_to_end_rounds = 0;               // end-to-end measurements made (each after rollbacks)
+  std::vector<std::string> end_to_end_log;  // one line per round: groups kept, times, pairs
   std::string end_to_end_verdict;          // "faster", "faster after rolling back N groups", "original kept: ..."
   bool original_kept = false;              // no fused model was faster: the model as given is the result
   // float16 weight storage gate (SafeFusionOptions::half_weights).
