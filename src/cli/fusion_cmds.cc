@@ -9,7 +9,9 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/inputs.h"
 #include "fusion/auto_fusion.h"
+#include "models/generate.h"
 #include "ir/error.h"
 #include "onnx_io/onnx_io.h"
 #include "ir/output_file.h"
@@ -21,6 +23,9 @@ namespace {
 
 using json = nlohmann::json;
 
+// The generation fuse --safe measures decoders on when no -i is given.
+constexpr int kTracePromptLength = 8, kTraceDecodeSteps = 3;
+
 struct FusionArgs {
   std::string model;
   std::string preset = "transformer";
@@ -29,6 +34,7 @@ struct FusionArgs {
   std::string profile = "host-cpu";
   double threshold = -1;
   std::vector<std::string> dims;
+  std::vector<std::string> inputs;  // -i
   bool no_auto = false;
   bool json = false;
   // fuse
@@ -49,7 +55,10 @@ void AddCommonOptions(CLI::App* cmd, FusionArgs* a) {
   cmd->add_option("--fuse-rules", a->fuse_rules, "use only these rules (names, or chains like MatMul+Relu)");
   cmd->add_option("--profile", a->profile, "hardware profile: host-cpu, ascend910, h200, or a JSON file");
   cmd->add_option("--benefit-threshold", a->threshold, "minimum predicted saving (0.1 = 10%), overrides every rule's");
-  cmd->add_option("--dim", a->dims, "NAME=VALUE binding of a symbolic dimension for the cost model (default 1)");
+  cmd->add_option("--dim", a->dims,
+                  "NAME=VALUE binding of a symbolic dimension for the cost model (default: bound consistently with "
+                  "the graph; 8 for sequence lengths, else 1)");
+  cmd->add_option("-i,--input", a->inputs, kInputHelp);
   cmd->add_flag("--no-auto", a->no_auto, "disable the automatic (op-kind) fuser");
   cmd->add_flag("--json", a->json, "machine-readable output");
 }
@@ -63,7 +72,33 @@ std::unique_ptr<GraphAutoFusion> MakeFuser(const FusionArgs& a) {
   o.benefit_threshold = a.threshold;
   o.auto_fuse = !a.no_auto;
   o.dims = ParseDimBindings(a.dims);
-  return std::make_unique<GraphAutoFusion>(LoadModel(a.model), o);
+  Model model = LoadModel(a.model);
+  o.workload = LoadWorkload(model, a.inputs, o.dims);
+  // fuse --safe on a decoder without -i: the gates measure a short generation (prefill and decode
+  // steps with a growing past), which is what `generate` runs.
+  if (o.workload.empty() && a.safe) {
+    std::vector<ValueInfo> inputs;
+    for (const ValueInfo& v : model.graph.inputs)
+      if (model.graph.FindInitializer(v.name) == nullptr) inputs.push_back(v);
+    bool decoder = true;
+    try {
+      DecoderSignature::Discover(inputs, model.graph.outputs);
+    } catch (const Error&) {
+      decoder = false;
+    }
+    if (decoder) {
+      o.workload = DecoderTraceWorkload(model, kTracePromptLength, kTraceDecodeSteps, 0);
+      if (!a.json)
+        fmt::print("{} is a decoder: safe fusion measures on {} (what generate runs; -i gives other inputs)\n",
+                   a.model, o.workload.source);
+    }
+  }
+  return std::make_unique<GraphAutoFusion>(model, o);
+}
+
+std::string WorkloadOf(const FusionArgs& a) {
+  return a.inputs.empty() ? "random inputs (symbolic dims bound consistently with the graph)"
+                          : "inputs given with -i";
 }
 
 std::string Join(const std::vector<std::string>& v, const char* sep) {
@@ -162,6 +197,7 @@ void RunAnalyze(const FusionArgs& a) {
              {"rules", static_cast<int>(f->rules().size())},
              {"shapes_known", f->shapes_known()},
              {"shapes_error", f->shapes_error()},
+             {"workload", WorkloadOf(a)},
              {"canonicalization", f->canonicalization_log()},
              {"candidates", arr},
              {"summary", EstimateJson(e)}};
@@ -170,7 +206,8 @@ void RunAnalyze(const FusionArgs& a) {
   }
   fmt::print("Fusion benefit analysis of {} (profile {}: local memory {:.0f} KB; {} rules; {} canonicalization changes)\n",
              a.model, hw.name, hw.local_memory_bytes / 1024, f->rules().size(), f->canonicalization_log().size());
-  if (!f->shapes_known()) fmt::print("note: {}\n", f->shapes_error());
+  if (!f->shapes_known())
+    fmt::print("note: no shapes, so no estimates (verdicts Maybe): {}\n", f->shapes_error());
   fmt::print("{:>4}  {:<26} {:<46} {:<22} {:>6}  {:<17} {:<20} {}\n", "id", "rule", "operators",
              "memory MB", "trips", "GFLOPS", "local mem KB", "verdict");
   for (const FusionCandidate& c : cands) {
@@ -196,6 +233,9 @@ void RunEstimate(const FusionArgs& a) {
   if (a.json) {
     json j = EstimateJson(e);
     j["model"] = a.model;
+    j["shapes_known"] = f->shapes_known();
+    j["shapes_error"] = f->shapes_error();
+    j["workload"] = WorkloadOf(a);
     fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return;
   }

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/inputs.h"
 #include "codegen/fused_session.h"
 #include "codegen/verify.h"
 #include "codegen/half_weights.h"
@@ -26,6 +27,7 @@ struct GenerateArgs {
   std::string model;
   int prompt_len = 8;
   std::string prompt_ids;
+  std::vector<std::string> inputs;  // -i input_ids=FILE: the prompt
   int max_new_tokens = 50;
   int threads = 0;
   bool reference_kernels = false;
@@ -54,15 +56,6 @@ std::vector<int64_t> ParseIds(const std::string& s) {
   return ids;
 }
 
-// Vocabulary size from the logits output's last dimension, or from the model's metadata.
-int64_t VocabSize(const Session& s, const DecoderSignature& sig) {
-  for (const ValueInfo& v : s.outputs())
-    if (v.name == sig.logits && v.has_shape && !v.dims.empty() && v.dims.back().known()) return v.dims.back().value;
-  for (const auto& [k, v] : s.model().metadata_props)
-    if (k == "vocab_size") return std::stoll(v);
-  return 100;
-}
-
 void RunGenerate(const GenerateArgs& a) {
   Model m = LoadModel(a.model);
   SessionOptions so;
@@ -81,18 +74,35 @@ void RunGenerate(const GenerateArgs& a) {
   for (const Function& f : m.functions) has_fused |= f.domain == "ai.graph_autofusion";
   if (has_fused && !a.reference_kernels) {
     KernelCompiler compiler;
-    kernels = CompileFusedKernels(m, compiler, {}, "ai.graph_autofusion", half);
+    kernels = CompileFusedKernels(m, compiler, std::map<std::string, int64_t>{}, "ai.graph_autofusion", half);
     so.function_kernels = kernels->Provider();
   }
   if (half != HalfWeights::kOff) so.node_kernels = HalfWeightProvider(half);
   Session session(m, so);
   DecoderSignature sig = DecoderSignature::Discover(session.inputs(), session.outputs());
-  const int64_t vocab = VocabSize(session, sig);
+  const int64_t vocab = DecoderVocabSize(m, sig);
 
   GenerateOptions opt;
   opt.max_new_tokens = a.max_new_tokens;
   opt.eos_token_id = a.eos;
-  if (!a.prompt_ids.empty()) {
+  if (!a.inputs.empty()) {
+    GAF_CHECK(a.prompt_ids.empty(), "-i and --prompt-ids both give the prompt; give one");
+    const std::vector<Feeds> samples = ParseInputSpecs(m, a.inputs);
+    GAF_CHECK(samples.size() == 1, "generate takes one prompt; -i gives {} samples", samples.size());
+    for (const auto& [name, t] : samples[0])
+      GAF_CHECK(name == sig.input_ids, "-i {}: generate takes only the prompt (-i {}=FILE); it makes the other inputs",
+                name, sig.input_ids);
+    auto it = samples[0].find(sig.input_ids);
+    GAF_CHECK(it != samples[0].end(), "-i: no {} given (generate takes the prompt as -i {}=FILE)", sig.input_ids,
+              sig.input_ids);
+    const Tensor& ids = it->second;
+    GAF_CHECK((ids.dtype() == DataType::kInt64 || ids.dtype() == DataType::kInt32) && ids.numel() > 0 && (ids.rank() == 1 || (ids.rank() == 2 && ids.dim(0) == 1)),
+              "-i {}: the prompt must be integer token ids of shape [n] or [1, n], got {} {}", sig.input_ids,
+              DataTypeName(ids.dtype()), ShapeToString(ids.shape()));
+    for (int64_t i = 0; i < ids.numel(); ++i) opt.prompt_ids.push_back(static_cast<int64_t>(ids.DoubleAt(i)));
+    for (int64_t id : opt.prompt_ids)
+      GAF_CHECK(id >= 0 && id < vocab, "-i {}: token id {} is outside the vocabulary [0, {})", sig.input_ids, id, vocab);
+  } else if (!a.prompt_ids.empty()) {
     opt.prompt_ids = ParseIds(a.prompt_ids);
     for (int64_t id : opt.prompt_ids)
       GAF_CHECK(id >= 0 && id < vocab, "--prompt-ids: {} is outside the vocabulary [0, {})", id, vocab);
@@ -167,6 +177,7 @@ void AddGenerateCommand(CLI::App& app) {
       ->required();
   cmd->add_option("--prompt-len", a->prompt_len, "random prompt of N tokens (seeded)")->capture_default_str();
   cmd->add_option("--prompt-ids", a->prompt_ids, "prompt token ids, comma separated (overrides --prompt-len)");
+  cmd->add_option("-i,--input", a->inputs, "input_ids=FILE.npy|FILE.pb: the prompt, token ids [n] or [1, n]");
   cmd->add_option("--max-new-tokens,-n", a->max_new_tokens, "tokens to generate")->capture_default_str();
   cmd->add_option("--threads", a->threads, "threads (default: all cores)");
   cmd->add_option("--repeat", a->repeat, "repeat the generation R times after one warm-up; report medians");

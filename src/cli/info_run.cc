@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/inputs.h"
+#include "cost/workload.h"
 #include "onnx_io/npy.h"
 #include "onnx_io/onnx_io.h"
 #include "ir/output_file.h"
@@ -139,42 +141,6 @@ void RunInfo(const std::string& path, bool as_json) {
 
 // ---- run ----
 
-Tensor RandomTensor(const ValueInfo& v, const std::map<std::string, int64_t>& dim_values, std::mt19937& rng) {
-  Shape shape;
-  if (v.has_shape) {
-    for (const Dim& d : v.dims) {
-      if (d.known()) {
-        shape.push_back(d.value);
-      } else {
-        auto it = dim_values.find(d.param);
-        GAF_CHECK(it != dim_values.end() || d.param.empty() || true, "");
-        shape.push_back(it != dim_values.end() ? it->second : 1);
-      }
-    }
-  }
-  DataType dt = v.dtype == DataType::kUndefined ? DataType::kFloat : v.dtype;
-  Tensor t(dt, shape);
-  std::uniform_real_distribution<float> uf(-1.f, 1.f);
-  std::uniform_int_distribution<int> ui(0, 9);
-  switch (dt) {
-    case DataType::kFloat: for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = uf(rng); break;
-    case DataType::kDouble: for (int64_t i = 0; i < t.numel(); ++i) t.data<double>()[i] = uf(rng); break;
-    case DataType::kFloat16:
-      for (int64_t i = 0; i < t.numel(); ++i) static_cast<uint16_t*>(t.raw())[i] = FloatToHalf(uf(rng));
-      break;
-    case DataType::kBFloat16:
-      for (int64_t i = 0; i < t.numel(); ++i) static_cast<uint16_t*>(t.raw())[i] = FloatToBFloat16(uf(rng));
-      break;
-    case DataType::kInt64: for (int64_t i = 0; i < t.numel(); ++i) t.data<int64_t>()[i] = ui(rng); break;
-    case DataType::kInt32: for (int64_t i = 0; i < t.numel(); ++i) t.data<int32_t>()[i] = ui(rng); break;
-    case DataType::kBool: for (int64_t i = 0; i < t.numel(); ++i) t.data<bool>()[i] = ui(rng) < 5; break;
-    case DataType::kUint8: for (int64_t i = 0; i < t.numel(); ++i) t.data<uint8_t>()[i] = static_cast<uint8_t>(ui(rng)); break;
-    case DataType::kInt8: for (int64_t i = 0; i < t.numel(); ++i) t.data<int8_t>()[i] = static_cast<int8_t>(ui(rng)); break;
-    default: throw Error(fmt::format("input '{}': cannot make random values of type {}", v.name, DataTypeName(dt)));
-  }
-  return t;
-}
-
 // min, max, mean over the finite values and the first six, read in place (outputs can be large).
 struct OutputStats {
   double min = 0, max = 0, sum = 0;
@@ -235,38 +201,28 @@ void RunRun(const RunArgs& a) {
   std::shared_ptr<FusedKernelSet> kernels;
   bool has_fused = false;
   for (const Function& f : m.functions) has_fused |= f.domain == "ai.graph_autofusion";
+  // One sample: the -i inputs, the rest made to match them (symbolic dims bound consistently,
+  // valid token ids, positions and masks; cost/workload.h).
+  const std::map<std::string, int64_t> dim_values = ParseDimBindings(a.dims);
+  Workload w = LoadWorkload(m, a.inputs, dim_values, a.seed, /*allow_random=*/true);
+  GAF_CHECK(w.samples.size() <= 1, "run takes one sample; -i gives {} (one test_data_set folder at most)",
+            w.samples.size());
+  if (w.empty()) {
+    try {
+      w.samples.push_back(CompleteFeeds(m, {}, dim_values, a.seed));
+    } catch (const UnsupportedError&) {
+      throw;
+    } catch (const Error& e) {
+      throw Error(fmt::format("{}: {}", a.model, e.what()));
+    }
+  }
+  const Feeds& feeds = w.samples[0];
   if (has_fused && !a.reference_kernels) {
     KernelCompiler compiler;
-    kernels = CompileFusedKernels(m, compiler, ParseDimBindings(a.dims), "ai.graph_autofusion");
+    kernels = CompileFusedKernels(m, compiler, w, "ai.graph_autofusion");
     so.function_kernels = kernels->Provider();
   }
   Session session(m, so);
-  std::map<std::string, std::string> specs;
-  for (const std::string& s : a.inputs) {
-    auto eq = s.find('=');
-    GAF_CHECK(eq != std::string::npos, "--input '{}': expected NAME=FILE.npy|FILE.pb|random", s);
-    specs[s.substr(0, eq)] = s.substr(eq + 1);
-  }
-  const std::map<std::string, int64_t> dim_values = ParseDimBindings(a.dims);
-  for (const auto& [name, spec] : specs) {
-    bool known = false;
-    for (const ValueInfo& v : session.inputs()) known |= v.name == name;
-    GAF_CHECK(known, "--input '{}': the model has no input of that name", name);
-  }
-  std::mt19937 rng(a.seed);
-  std::map<std::string, Tensor> feeds;
-  for (const ValueInfo& v : session.inputs()) {
-    auto it = specs.find(v.name);
-    if (it != specs.end() && it->second != "random") {
-      feeds[v.name] = LoadTensorFile(it->second);
-      continue;
-    }
-    try {
-      feeds[v.name] = RandomTensor(v, dim_values, rng);
-    } catch (const Error& e) {
-      throw Error(fmt::format("input '{}': {}", v.name, e.what()));
-    }
-  }
   std::vector<double> times;
   std::vector<Tensor> outs;
   for (int r = 0; r < std::max(1, a.repeat); ++r) {
@@ -338,8 +294,10 @@ void AddRunCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Run a model on given or random inputs and summarize its outputs");
   auto a = std::make_shared<RunArgs>();
   cmd->add_option("model", a->model, "ONNX model file")->required();
-  cmd->add_option("--input,-i", a->inputs, "NAME=FILE.npy|FILE.pb|random (default: random)");
-  cmd->add_option("--dim", a->dims, "NAME=VALUE for a symbolic dimension of random inputs (default 1)");
+  cmd->add_option("--input,-i", a->inputs,
+                  "NAME=FILE.npy|FILE.pb|random, or a test_data_set_N folder; inputs not given are made to match "
+                  "(symbolic dims bound consistently)");
+  cmd->add_option("--dim", a->dims, "NAME=VALUE for a symbolic dimension of made inputs (default: bound consistently)");
   cmd->add_option("--output-dir,-o", a->output_dir, "write each output as NAME.npy");
   cmd->add_option("--threads", a->threads, "threads (default: all cores)");
   cmd->add_option("--repeat", a->repeat, "run N times and report the median time");

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/inputs.h"
 #include "codegen/fused_session.h"
 #include "codegen/half_weights.h"
 #include "codegen/verify.h"
@@ -33,29 +34,41 @@ bool HasFusedOperators(const Model& m) {
   return false;
 }
 
-std::map<std::string, Tensor> ParseInputs(const std::vector<std::string>& specs) {
-  std::map<std::string, Tensor> feeds;
-  for (const std::string& s : specs) {
-    const size_t eq = s.find('=');
-    GAF_CHECK(eq != std::string::npos && eq > 0, "--input '{}': expected NAME=FILE.npy|FILE.pb", s);
-    feeds[s.substr(0, eq)] = LoadTensorFile(s.substr(eq + 1));
+// Fused kernels compiled for the workload when there is one, else for random inputs (dims).
+std::shared_ptr<FusedKernelSet> Compile(const Model& m, KernelCompiler& compiler, const Workload& w,
+                                        const std::map<std::string, int64_t>& dims,
+                                        HalfWeights half = HalfWeights::kOff) {
+  return w.empty() ? CompileFusedKernels(m, compiler, dims, kFusedDomain, half)
+                   : CompileFusedKernels(m, compiler, w, kFusedDomain, half);
+}
+
+bool IsDecoder(const Model& m) {
+  std::vector<ValueInfo> inputs;
+  for (const ValueInfo& v : m.graph.inputs)
+    if (m.graph.FindInitializer(v.name) == nullptr) inputs.push_back(v);
+  try {
+    DecoderSignature::Discover(inputs, m.graph.outputs);
+    return true;
+  } catch (const Error&) {
+    return false;
   }
-  return feeds;
 }
 
 // ---- compile ----
 struct CompileArgs {
   std::string model, output, preset = "transformer", rules;
-  std::vector<std::string> dims;
+  std::vector<std::string> dims, inputs;
 };
 
 void RunCompile(const CompileArgs& a) {
   GAF_CHECK(!a.output.empty(), "compile needs an output folder (-o DIR)");
   CheckOutputDir(a.output, "-o");
   Model m = LoadModel(a.model);
+  const std::map<std::string, int64_t> dims = ParseDimBindings(a.dims);
+  const Workload w = LoadWorkload(m, a.inputs, dims);
   if (HasFusedOperators(m)) {
     KernelCompiler compiler(a.output);
-    auto set = CompileFusedKernels(m, compiler, ParseDimBindings(a.dims));
+    auto set = Compile(m, compiler, w, dims);
     const KernelLibrary* lib = set->library();
     fmt::print("kernel library: {} ({})\n", lib && !lib->directory().empty() ? lib->directory() : "none (no kernels)",
                lib && lib->from_cache() ? "cached, nothing compiled" : fmt::format("compiled in {:.2f} s", lib ? lib->compile_seconds() : 0.0));
@@ -65,7 +78,8 @@ void RunCompile(const CompileArgs& a) {
   FusionOptions o;
   o.preset = a.preset;
   o.rules_file = a.rules;
-  o.dims = ParseDimBindings(a.dims);
+  o.dims = dims;
+  o.workload = w;
   GraphAutoFusion f(m, o);
   fmt::print("{} has no fused operators: fused with preset '{}' first.\n", a.model, a.preset);
   fmt::print("{}", f.CompileFusedOperators(a.output));
@@ -86,7 +100,7 @@ void RunVerify(const VerifyArgs& a) {
   GAF_CHECK(HasFusedOperators(fused), "{}: no fused operators (domain {}) to verify", a.fused, kFusedDomain);
   VerifyOptions vo;
   vo.dims = ParseDimBindings(a.dims);
-  vo.feeds = ParseInputs(a.inputs);
+  vo.workload = LoadWorkload(fused, a.inputs, vo.dims, a.seed);
   vo.seed = a.seed;
   vo.threads = a.threads;
   vo.repeats = a.repeat;
@@ -134,7 +148,7 @@ void RunVerify(const VerifyArgs& a) {
 // ---- bench ----
 struct BenchArgs {
   std::string model, preset = "transformer", rules;
-  std::vector<std::string> dims;
+  std::vector<std::string> dims, inputs;
   int threads = 0, repeat = 5, tokens = 30, prompt_len = 8;
   bool safe = false, json = false, half_weights = false;
 };
@@ -156,6 +170,8 @@ void RunBench(const BenchArgs& a) {
   o.preset = a.preset;
   o.rules_file = a.rules;
   o.dims = ParseDimBindings(a.dims);
+  o.workload = LoadWorkload(original, a.inputs, o.dims);
+  const bool decoder = IsDecoder(original);
   SessionOptions so;
   so.num_threads = a.threads;
   const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency());
@@ -169,7 +185,7 @@ void RunBench(const BenchArgs& a) {
     SessionOptions s = so;
     if (kernels) {
       KernelCompiler compiler;
-      st->kernels = CompileFusedKernels(st->model, compiler, o.dims, kFusedDomain, half ? HalfWeights::kDecode : HalfWeights::kOff);
+      st->kernels = Compile(st->model, compiler, o.workload, o.dims, half ? HalfWeights::kDecode : HalfWeights::kOff);
       s.function_kernels = st->kernels->Provider();
     }
     if (half) s.node_kernels = HalfWeightProvider();
@@ -184,7 +200,10 @@ void RunBench(const BenchArgs& a) {
   std::string safe_summary, half_note =
       "float16 storage of constant MatMul weights (numerics change: verify --half-weights --dim sequence_length=1)";
   if (a.safe) {
-    GraphAutoFusion g(original, o);
+    FusionOptions safe_options = o;
+    // Decoders without -i: the gates measure a short generation, as fuse --safe does.
+    if (safe_options.workload.empty() && decoder) safe_options.workload = DecoderTraceWorkload(original, 8, 3, 0);
+    GraphAutoFusion g(original, safe_options);
     SafeFusionOptions sopt;
     sopt.threads = a.threads;
     sopt.half_weights = a.half_weights;
@@ -203,20 +222,22 @@ void RunBench(const BenchArgs& a) {
 
   if (a.half_weights)
     add("+ fp16 weights", stages.back()->model, true, half_note, true);
-  bool decoder = true;
   DecoderSignature sig;
-  try {
-    sig = DecoderSignature::Discover(stages[0]->session->inputs(), stages[0]->session->outputs());
-  } catch (const Error&) {
-    decoder = false;
-  }
+  if (decoder) sig = DecoderSignature::Discover(stages[0]->session->inputs(), stages[0]->session->outputs());
   GenerateOptions gen;
-  std::map<std::string, Tensor> feeds;
+  std::vector<Feeds> samples;
   if (decoder) {
-    for (int i = 0; i < a.prompt_len; ++i) gen.prompt_ids.push_back(1 + (i * 7) % 50);
+    // The prompt: input_ids of the first -i sample, else a fixed one.
+    if (!o.workload.empty() && o.workload.samples[0].count(sig.input_ids)) {
+      const Tensor& ids = o.workload.samples[0].at(sig.input_ids);
+      const int64_t n = ids.rank() >= 1 ? ids.dim(-1) : ids.numel();
+      for (int64_t i = 0; i < n; ++i) gen.prompt_ids.push_back(static_cast<int64_t>(ids.DoubleAt(i)));
+    } else {
+      for (int i = 0; i < a.prompt_len; ++i) gen.prompt_ids.push_back(1 + (i * 7) % 50);
+    }
     gen.max_new_tokens = a.tokens;
   } else {
-    feeds = RandomFeeds(original, o.dims, 0);
+    samples = o.workload.empty() ? DefaultWorkload(original, o.dims, 0).samples : o.workload.samples;
   }
   auto run_once = [&](Stage& st) {
     if (decoder) {
@@ -225,7 +246,7 @@ void RunBench(const BenchArgs& a) {
       return g.MedianStepSeconds();
     }
     auto t0 = std::chrono::steady_clock::now();
-    st.session->Run(feeds);
+    for (const Feeds& feeds : samples) st.session->Run(feeds);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
   for (auto& st : stages) run_once(*st);  // warm-up
@@ -271,6 +292,7 @@ void AddKernelCommands(CLI::App& app) {
     cmd->add_option("--preset", a->preset, "rule preset when the model is not fused yet (default transformer)");
     cmd->add_option("--rules", a->rules, "extra rules when the model is not fused yet");
     cmd->add_option("--dim", a->dims, "NAME=VALUE binding of a symbolic dimension for the recorded shapes");
+    cmd->add_option("-i,--input", a->inputs, kInputHelp);
     cmd->callback([a] { RunCompile(*a); });
   }
   {
@@ -278,7 +300,7 @@ void AddKernelCommands(CLI::App& app) {
     auto* cmd = app.add_subcommand("verify", "Precision of a fused model run with its generated kernels (cosine, max abs error per output)");
     cmd->add_option("fused", a->fused, "fused ONNX model")->required();
     cmd->add_option("--original", a->original, "the original model (default: the fused model's own function bodies)");
-    cmd->add_option("-i,--input", a->inputs, "NAME=FILE.npy|FILE.pb (default: random)");
+    cmd->add_option("-i,--input", a->inputs, kInputHelp);
     cmd->add_option("--dim", a->dims, "NAME=VALUE for a symbolic dimension of random inputs");
     cmd->add_option("--threads", a->threads, "threads (default: all cores)");
     cmd->add_option("--seed", a->seed, "seed of random inputs");
@@ -298,6 +320,7 @@ void AddKernelCommands(CLI::App& app) {
     cmd->add_option("--preset", a->preset, "rule preset (default transformer)");
     cmd->add_option("--rules", a->rules, "extra rules from a rule file");
     cmd->add_option("--dim", a->dims, "NAME=VALUE for a symbolic dimension of random inputs");
+    cmd->add_option("-i,--input", a->inputs, std::string(kInputHelp) + "; decoders: input_ids is the prompt");
     cmd->add_option("--threads", a->threads, "threads (default: all cores)");
     cmd->add_option("--repeat", a->repeat, "interleaved runs per stage (median; default 5)");
     cmd->add_option("-n,--tokens", a->tokens, "decoders: new tokens per generation (default 30)");

@@ -58,6 +58,32 @@ expect_error "rule with a bad math value" "$BIN" fuse "$MODEL" --preset none --r
 [ -e "$TMP/f.onnx" ] && { echo "FAIL fuse left an output after an error"; fail=$((fail + 1)); }
 "$BIN" fuse "$MODEL" --preset cnn -o "$TMP/fused.onnx" >/dev/null 2>&1 || { echo "FAIL fuse of the resnet-like export"; fail=$((fail + 1)); }
 expect_error "bench of an already fused model" "$BIN" bench "$TMP/fused.onnx"
+# Sample inputs (-i) of every command that runs a model: a missing file, an unknown input name, a
+# file of the wrong dtype, and a folder that is no test_data_set each give one line naming it.
+DEC="$SRC/tests/fixtures/torch_decoders/llama_kv_opset17"
+python3 - "$TMP/ids_f32.npy" <<'PY'
+import sys, struct
+hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 3), }"
+hdr += " " * (64 - 10 - len(hdr) - 1) + "\n"
+open(sys.argv[1], "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr.encode() + b"\0" * 12)
+PY
+"$BIN" fuse "$DEC/model.onnx" -o "$TMP/dec_fused.onnx" >/dev/null 2>&1 || { echo "FAIL fuse of the decoder export"; fail=$((fail + 1)); }
+mkdir -p "$TMP/empty_set"
+for cmd in analyze estimate "fuse -o $TMP/i.onnx" "fuse --safe -o $TMP/i.onnx" bench "compile -o $TMP/kdir" run verify; do
+  m="$DEC/model.onnx"
+  [ "$cmd" = verify ] && m="$TMP/dec_fused.onnx"
+  expect_error "$cmd -i missing file" "$BIN" $cmd "$m" -i "input_ids=$TMP/nope.npy"
+  grep -q "nope.npy" "$TMP/err" || { echo "FAIL $cmd: the error does not name the file: $(cat "$TMP/err")"; fail=$((fail + 1)); }
+  expect_error "$cmd -i unknown input" "$BIN" $cmd "$m" -i "nosuch=$DEC/test_data_set_0/input_0.pb"
+  grep -q "no input 'nosuch'" "$TMP/err" || { echo "FAIL $cmd: the error does not name the input: $(cat "$TMP/err")"; fail=$((fail + 1)); }
+  expect_error "$cmd -i wrong dtype" "$BIN" $cmd "$m" -i "input_ids=$TMP/ids_f32.npy"
+  grep -q "input 'input_ids' expects int64 but the file holds float" "$TMP/err" || { echo "FAIL $cmd: wrong-dtype error: $(cat "$TMP/err")"; fail=$((fail + 1)); }
+  expect_error "$cmd -i not a test_data_set" "$BIN" $cmd "$m" -i "$TMP/empty_set"
+done
+[ -e "$TMP/i.onnx" ] && { echo "FAIL fuse left an output after a bad -i"; fail=$((fail + 1)); }
+expect_error "generate -i of another input" "$BIN" generate "$DEC/model.onnx" -i "attention_mask=$DEC/test_data_set_0/input_1.pb"
+# A test_data_set folder is one sample: it runs.
+"$BIN" run "$DEC/model.onnx" -i "$DEC/test_data_set_0" >/dev/null 2>"$TMP/err" || { echo "FAIL run -i test_data_set_0: $(cat "$TMP/err")"; fail=$((fail + 1)); }
 # Byte-flipped copies: must never crash.
 size=$(stat -c %s "$MODEL")
 for seed in $(seq 1 25); do

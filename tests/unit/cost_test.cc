@@ -270,7 +270,7 @@ TEST(CostShapes, ExampleModelsFullyRecordedAndCosted) {
 TEST(CostShapes, OrtFusionGraphsRecordEveryOutputTheRuntimeRuns) {
   const std::filesystem::path dir = testing::OrtFusionDir();
   if (!std::filesystem::exists(dir)) GTEST_SKIP() << testing::SharedSkipMessage(dir);
-  int ran = 0;
+  int ran = 0, failed = 0;
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
     if (e.path().extension() != ".onnx") continue;
     Model m;
@@ -296,13 +296,25 @@ TEST(CostShapes, OrtFusionGraphsRecordEveryOutputTheRuntimeRuns) {
     }
     if (largest > (int64_t{1} << 24)) continue;
     const auto t0 = std::chrono::steady_clock::now();
-    ShapeMap shapes = RecordShapes(m);
+    ShapeMap shapes;
+    try {
+      shapes = RecordShapes(m);
+    } catch (const Error& err) {
+      // No binding of its dims lets the graph run (a training-mode Dropout, a weight no input
+      // size fits): an error naming the node, never shapes made up from the declarations.
+      EXPECT_NE(std::string(err.what()).find("node"), std::string::npos) << e.path() << ": " << err.what();
+      ++failed;
+      continue;
+    }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_LT(secs, 5) << e.path();
     std::string first;
     if (UnknownOutputs(m, shapes, &first) == 0) ++ran;
   }
   EXPECT_GT(ran, 100);
+  // 23 of the 241 graphs (ORT's test graphs, made to be matched, not run: training Dropout, weights
+  // that fit no input) cannot run at any binding tried.
+  EXPECT_LT(failed, ran / 5) << failed << " graphs could not be run at any binding tried";
 }
 
 TEST(CostProfile, BuiltinsLoadWithSources) {

@@ -1,0 +1,37 @@
+// The user's sample inputs (-i), shared by every command that runs a model.
+//
+//   -i NAME=FILE.npy|FILE.pb   one input; all of them together form one sample
+//   -i DIR                     a test_data_set_N folder of ONNX's test layout (input_K.pb, matched
+//                              to the model's inputs by the TensorProto's name, else by position);
+//                              each folder is one sample (NAME=FILE values are added to each)
+//   -i NAME=random             (run only) leave the input to be made
+//
+// Symbolic dims are bound from the given inputs; inputs not given are filled consistently with
+// that binding (cost/workload.h CompleteFeeds). Files go through the checked loaders of onnx_io.
+// Every problem is a gaf::Error of one line naming the -i value, the file or the input.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cost/workload.h"
+#include "ir/graph.h"
+
+namespace gaf::cli {
+
+// The given inputs of each sample, not completed (empty when `specs` is empty).
+std::vector<Feeds> ParseInputSpecs(const Model& model, const std::vector<std::string>& specs, bool allow_random = false);
+
+// The completed samples of `specs` (empty Workload when `specs` is empty); source
+// "inputs given with -i: N sample(s)".
+Workload LoadWorkload(const Model& model, const std::vector<std::string>& specs,
+                      const std::map<std::string, int64_t>& dims = {}, uint32_t seed = 0, bool allow_random = false);
+
+// The help text of -i.
+inline constexpr const char* kInputHelp =
+    "sample input: NAME=FILE.npy|FILE.pb (together one sample), or a test_data_set_N folder (one sample each; "
+    "repeatable); symbolic dims are bound from them, inputs not given are made to match";
+
+}  // namespace gaf::cli
