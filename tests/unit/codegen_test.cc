@@ -7,6 +7,7 @@
 
 #include "codegen/compiler.h"
 #include "codegen/row_kernel.h"
+#include "codegen/row_program.h"
 #include "runtime/session.h"
 #include "test_util.h"
 
@@ -187,6 +188,84 @@ TEST_F(RowCodegen, CompileErrorsAreReportedPerKernel) {
   EXPECT_EQ(lib->Find("gaf_test_broken"), nullptr);
   ASSERT_EQ(lib->errors().count("gaf_test_broken"), 1u);
   EXPECT_NE(lib->errors().at("gaf_test_broken").find("error"), std::string::npos);
+}
+
+
+// The source depends on the body's structure and the inputs' broadcast classes, never on the
+// sizes of the dims: every layer of a model, prefill and (batched) decode share one compiled function.
+TEST_F(RowCodegen, SourceDependsOnBroadcastClassesNotOnSizes) {
+  auto source_at = [](Case c, const std::vector<Shape>& shapes) {
+    for (size_t i = 0; i < shapes.size(); ++i)
+      if (!shapes[i].empty()) c.inputs[i] = Random(shapes[i], 10 + static_cast<uint32_t>(i));
+    GeneratedRowKernel g = Generate(c, "gaf_test_shapes");
+    EXPECT_TRUE(g.ok) << g.reason;
+    EXPECT_EQ(g.source.find("at generation"), std::string::npos);
+    return g.source;
+  };
+  // RMSNorm: x full rows, w one row shared by all rows. (With a single row, w's row is x's shape
+  // too and is classified as a full row: another class, another source.)
+  const std::string rms = source_at(RmsNorm(), {{2, 5, 67}, {}, {}, {67}});
+  EXPECT_TRUE(rms == source_at(RmsNorm(), {{1, 9, 4096}, {}, {}, {4096}}));  // prefill at another width
+  EXPECT_TRUE(rms == source_at(RmsNorm(), {{4, 1, 4096}, {}, {}, {4096}}));  // decode, batch 4
+  EXPECT_TRUE(rms == source_at(RmsNorm(), {{3, 67}, {}, {}, {67}}));        // another rank
+  EXPECT_TRUE(rms != source_at(RmsNorm(), {{2, 5, 67}, {}, {}, {2, 5, 67}}));  // w full: another class
+  EXPECT_TRUE(rms != source_at(RmsNorm(), {{2, 5, 67}, {}, {}, {2, 5, 1}}));   // w one value per row
+  // Softmax with a mask broadcast over the heads (rows through an offset table).
+  const std::string sm = source_at(MaskedSoftmax(), {{2, 4, 5, 7}, {}, {2, 1, 5, 7}});
+  EXPECT_TRUE(sm == source_at(MaskedSoftmax(), {{3, 12, 9, 130}, {}, {3, 1, 9, 130}}));
+  EXPECT_TRUE(sm == source_at(MaskedSoftmax(), {{4, 12, 1, 130}, {}, {4, 1, 1, 130}}));  // decode
+  EXPECT_TRUE(sm != source_at(MaskedSoftmax(), {{2, 4, 5, 7}, {}, {1, 1, 1, 7}}));  // one mask row for all rows
+  EXPECT_TRUE(sm != source_at(MaskedSoftmax(), {{2, 4, 5, 7}, {}, {2, 4, 5, 7}}));  // a mask per head
+}
+
+// Primitive ops come from one table; an op the emitter has no code for fails generation with a
+// reason instead of emitting a placeholder value.
+TEST_F(RowCodegen, PrimitiveOpsAreOneTableAndUnknownOpsFail) {
+  using rowgen::PrimOp;
+  for (int k = static_cast<int>(PrimOp::kRelu); k <= static_cast<int>(PrimOp::kWhere); ++k) {
+    const rowgen::PrimOpInfo* info = rowgen::InfoOf(static_cast<PrimOp>(k));
+    ASSERT_NE(info, nullptr) << k;
+    if (info->plain_onnx) {
+      EXPECT_EQ(rowgen::PlainOnnxOp(info->name), info);
+    }
+  }
+  EXPECT_EQ(rowgen::InfoOf(PrimOp::kNone), nullptr);
+  EXPECT_EQ(rowgen::PlainOnnxOp("RoundHalf"), nullptr);  // internal (Cast to float16), not an ONNX op
+  EXPECT_EQ(rowgen::PlainOnnxOp("Relu6"), nullptr);
+
+  Case c;
+  c.f.inputs = {"x"};
+  c.f.outputs = {"y"};
+  c.f.nodes = {MakeNode("RoundHalf", {"x"}, {"y"})};
+  c.inputs = {Random({2, 8}, 1)};
+  c.constant = {false};
+  GeneratedRowKernel bad = Generate(c, "gaf_test_roundhalf");
+  EXPECT_FALSE(bad.ok);
+  EXPECT_NE(bad.reason.find("operator RoundHalf is not supported"), std::string::npos) << bad.reason;
+
+  // A primitive whose op is unknown to the emitter (kNone) fails in emission.
+  c.f.nodes = {MakeNode("Relu", {"x"}, {"y"})};
+  RowKernelRequest req;
+  req.function = &c.f;
+  req.input_types = {DataType::kFloat};
+  req.input_shapes = {{2, 8}};
+  req.constants = {nullptr};
+  GeneratedRowKernel g;
+  g.symbol = "gaf_test_unknown_op";
+  g.signature.input_bool.assign(1, false);
+  rowgen::RowDomainPlan plan;
+  rowgen::Lowering lw;
+  std::vector<int> input_prim;
+  rowgen::RowSchedule sched;
+  ASSERT_TRUE(rowgen::PlanRowDomain(req, &g, &plan)) << g.reason;
+  ASSERT_TRUE(rowgen::LowerRowBody(req, plan, &g, &lw, &input_prim)) << g.reason;
+  ASSERT_EQ(lw.prims.back().kind, rowgen::PrimKind::kUnary);
+  lw.prims.back().op = PrimOp::kNone;
+  ASSERT_TRUE(rowgen::ClassifyRowPrims(plan, input_prim, &g, &lw)) << g.reason;
+  ASSERT_TRUE(rowgen::ScheduleRow(c.f, plan, lw, &g, &sched)) << g.reason;
+  EXPECT_FALSE(rowgen::EmitRowKernel(req, lw, input_prim, sched, &g));
+  EXPECT_NE(g.reason.find("primitive op"), std::string::npos) << g.reason;
+  EXPECT_TRUE(g.source.empty());
 }
 
 }  // namespace
