@@ -74,7 +74,11 @@ void RunGenerate(const GenerateArgs& a) {
   for (const Function& f : m.functions) has_fused |= f.domain == "ai.graph_autofusion";
   if (has_fused && !a.reference_kernels) {
     KernelCompiler compiler;
-    kernels = CompileFusedKernels(m, compiler, std::map<std::string, int64_t>{}, "ai.graph_autofusion", half);
+    // Kernels for what generate runs: the variants of a prefill and of decode steps, recorded on a
+    // short generation of the model itself (its fused calls running their bodies), in one batch.
+    // (a prompt of any length > 1 takes the same classes as the real one).
+    const int trace_prompt = std::max(2, a.prompt_len);
+    kernels = CompileFusedKernels(m, compiler, DecoderTraceWorkload(m, trace_prompt, 2, 0), "ai.graph_autofusion", half);
     so.function_kernels = kernels->Provider();
   }
   if (half != HalfWeights::kOff) so.node_kernels = HalfWeightProvider(half);
