@@ -24,7 +24,6 @@ namespace {
 using json = nlohmann::json;
 
 // The generation fuse --safe measures decoders on when no -i is given.
-constexpr int kTracePromptLength = 8, kTraceDecodeSteps = 3;
 
 struct FusionArgs {
   std::string model;
@@ -76,22 +75,11 @@ std::unique_ptr<GraphAutoFusion> MakeFuser(const FusionArgs& a) {
   o.workload = LoadWorkload(model, a.inputs, o.dims);
   // fuse --safe on a decoder without -i: the gates measure a short generation (prefill and decode
   // steps with a growing past), which is what `generate` runs.
-  if (o.workload.empty() && a.safe) {
-    std::vector<ValueInfo> inputs;
-    for (const ValueInfo& v : model.graph.inputs)
-      if (model.graph.FindInitializer(v.name) == nullptr) inputs.push_back(v);
-    bool decoder = true;
-    try {
-      DecoderSignature::Discover(inputs, model.graph.outputs);
-    } catch (const Error&) {
-      decoder = false;
-    }
-    if (decoder) {
-      o.workload = DecoderTraceWorkload(model, kTracePromptLength, kTraceDecodeSteps, 0);
-      if (!a.json)
-        fmt::print("{} is a decoder: safe fusion measures on {} (what generate runs; -i gives other inputs)\n",
-                   a.model, o.workload.source);
-    }
+  if (o.workload.empty() && a.safe && o.dims.empty()) {
+    o.workload = DecoderWorkload(model);
+    if (!o.workload.empty() && !a.json)
+      fmt::print("{} is a decoder: safe fusion measures on {} (what generate runs; -i gives other inputs)\n", a.model,
+                 o.workload.source);
   }
   return std::make_unique<GraphAutoFusion>(model, o);
 }

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "ir/error.h"
+#include "models/generate.h"
 #include "onnx_io/npy.h"
 #include "onnx_io/onnx_io.h"
 
@@ -113,6 +114,23 @@ Workload LoadWorkload(const Model& model, const std::vector<std::string>& specs,
   }
   if (!w.samples.empty()) w.source = fmt::format("inputs given with -i: {} sample(s)", w.samples.size());
   return w;
+}
+
+bool IsDecoder(const Model& m) {
+  std::vector<ValueInfo> inputs;
+  for (const ValueInfo& v : m.graph.inputs)
+    if (m.graph.FindInitializer(v.name) == nullptr) inputs.push_back(v);
+  try {
+    DecoderSignature::Discover(inputs, m.graph.outputs);
+    return true;
+  } catch (const Error&) {
+    return false;
+  }
+}
+
+Workload DecoderWorkload(const Model& model) {
+  constexpr int kPromptLength = 8, kDecodeSteps = 3;
+  return IsDecoder(model) ? DecoderTraceWorkload(model, kPromptLength, kDecodeSteps, 0) : Workload{};
 }
 
 }  // namespace gaf::cli

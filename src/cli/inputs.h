@@ -29,6 +29,13 @@ std::vector<Feeds> ParseInputSpecs(const Model& model, const std::vector<std::st
 Workload LoadWorkload(const Model& model, const std::vector<std::string>& specs,
                       const std::map<std::string, int64_t>& dims = {}, uint32_t seed = 0, bool allow_random = false);
 
+// Whether the model is a decoder in the past/present layout `generate` drives (models/generate.h).
+bool IsDecoder(const Model& model);
+
+// For a decoder, the workload `generate` runs: a short generation (prefill of 8 tokens and 3
+// decode steps, models/generate.h DecoderTraceWorkload); empty for other models.
+Workload DecoderWorkload(const Model& model);
+
 // The help text of -i.
 inline constexpr const char* kInputHelp =
     "sample input: NAME=FILE.npy|FILE.pb (together one sample), or a test_data_set_N folder (one sample each; "

@@ -42,18 +42,6 @@ std::shared_ptr<FusedKernelSet> Compile(const Model& m, KernelCompiler& compiler
                    : CompileFusedKernels(m, compiler, w, kFusedDomain, half);
 }
 
-bool IsDecoder(const Model& m) {
-  std::vector<ValueInfo> inputs;
-  for (const ValueInfo& v : m.graph.inputs)
-    if (m.graph.FindInitializer(v.name) == nullptr) inputs.push_back(v);
-  try {
-    DecoderSignature::Discover(inputs, m.graph.outputs);
-    return true;
-  } catch (const Error&) {
-    return false;
-  }
-}
-
 // ---- compile ----
 struct CompileArgs {
   std::string model, output, preset = "transformer", rules;
@@ -92,8 +80,25 @@ struct VerifyArgs {
   int threads = 0, repeat = 0;
   uint32_t seed = 0;
   double min_cosine = 0.999, max_abs_error = 1e-3;
-  bool json = false, half_weights = false;
+  bool json = false, half_weights = false, allow_fallback = false;
 };
+
+// Per fused function: calls that ran a kernel and calls that ran the body.
+json CallsJson(const std::vector<FusedCallStats>& calls) {
+  json out = json::array();
+  for (const FusedCallStats& c : calls)
+    out.push_back({{"function", c.function},
+                   {"kernel", c.kernel},
+                   {"sites", c.sites},
+                   {"variants", c.variants},
+                   {"calls", c.calls},
+                   {"kernel_calls", c.KernelCalls()},
+                   {"body_calls", c.fallbacks},
+                   {"generated_at_run_time", c.generated_at_run_time},
+                   {"status", c.status},
+                   {"last_fallback", c.last_fallback}});
+  return out;
+}
 
 void RunVerify(const VerifyArgs& a) {
   Model fused = LoadModel(a.fused);
@@ -101,6 +106,8 @@ void RunVerify(const VerifyArgs& a) {
   VerifyOptions vo;
   vo.dims = ParseDimBindings(a.dims);
   vo.workload = LoadWorkload(fused, a.inputs, vo.dims, a.seed);
+  // A decoder without -i is verified on what generate runs: a prefill and decode steps.
+  if (vo.workload.empty() && vo.dims.empty()) vo.workload = DecoderWorkload(fused);
   vo.seed = a.seed;
   vo.threads = a.threads;
   vo.repeats = a.repeat;
@@ -110,7 +117,10 @@ void RunVerify(const VerifyArgs& a) {
   PrecisionReport p = VerifyPrecision(fused, original, vo);
   PerformanceReport perf;
   if (a.repeat > 0) perf = VerifyPerformance(fused, vo);
-  const bool pass = p.Passes(a.min_cosine, a.max_abs_error);
+  const bool precise = p.Passes(a.min_cosine, a.max_abs_error);
+  // A fused group whose kernel never ran is not fused: it fails unless the user allows it.
+  const std::vector<std::string> never_ran = p.NeverRan();
+  const bool pass = precise && (a.allow_fallback || never_ran.empty());
   if (a.json) {
     json outs = json::array();
     for (const auto& o : p.outputs)
@@ -124,7 +134,11 @@ void RunVerify(const VerifyArgs& a) {
            {"outputs", outs},
            {"min_cosine", p.min_cosine},
            {"max_abs_error", std::isfinite(p.max_abs_error) ? p.max_abs_error : -1.0},
-           {"gate", {{"min_cosine", a.min_cosine}, {"max_abs_error", a.max_abs_error}}},
+           {"gate", {{"min_cosine", a.min_cosine}, {"max_abs_error", a.max_abs_error},
+                     {"allow_fallback", a.allow_fallback}}},
+           {"fused_calls", CallsJson(p.calls)},
+           {"never_ran", never_ran},
+           {"workload", {{"source", p.workload}, {"samples", p.samples}}},
            {"pass", pass}};
     if (a.repeat > 0)
       j["performance"] = {{"baseline_ms", perf.baseline_ms}, {"fused_ms", perf.fused_ms}, {"speedup", perf.speedup},
@@ -140,9 +154,17 @@ void RunVerify(const VerifyArgs& a) {
     if (a.repeat > 0)
       fmt::print("time: unfused {:.3f} ms, fused {:.3f} ms -> {:.2f}x (medians of {} interleaved runs)\n", perf.baseline_ms,
                  perf.fused_ms, perf.speedup, perf.repeats);
-    fmt::print("{} (gate: cosine >= {}, max abs error <= {})\n", pass ? "PASS" : "FAIL", a.min_cosine, a.max_abs_error);
+    for (const std::string& n : never_ran)
+      fmt::print("kernel never ran: {}{}\n", n, a.allow_fallback ? " (allowed: --allow-fallback)" : "");
+    fmt::print("{} (gate: cosine >= {}, max abs error <= {}, every fused operator ran its kernel{}; workload: {}, {} "
+               "run(s))\n",
+               pass ? "PASS" : "FAIL", a.min_cosine, a.max_abs_error, a.allow_fallback ? " unless --allow-fallback" : "",
+               p.workload, p.samples);
   }
-  GAF_CHECK(pass, "precision gate failed: min cosine {:.6f}, max abs error {:.3g}", p.min_cosine, p.max_abs_error);
+  GAF_CHECK(precise, "precision gate failed: min cosine {:.6f}, max abs error {:.3g}", p.min_cosine, p.max_abs_error);
+  GAF_CHECK(pass, "{} fused operator(s) never ran their kernel (every call ran the function body): {} (--allow-fallback "
+            "accepts this)",
+            never_ran.size(), never_ran.empty() ? "" : never_ran[0]);
 }
 
 // ---- bench ----
@@ -172,6 +194,8 @@ void RunBench(const BenchArgs& a) {
   o.dims = ParseDimBindings(a.dims);
   o.workload = LoadWorkload(original, a.inputs, o.dims);
   const bool decoder = IsDecoder(original);
+  // Decoders without -i: kernels and gates on what generate runs (a prefill and decode steps).
+  if (o.workload.empty() && decoder) o.workload = DecoderWorkload(original);
   SessionOptions so;
   so.num_threads = a.threads;
   const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency());
@@ -202,7 +226,7 @@ void RunBench(const BenchArgs& a) {
   if (a.safe) {
     FusionOptions safe_options = o;
     // Decoders without -i: the gates measure a short generation, as fuse --safe does.
-    if (safe_options.workload.empty() && decoder) safe_options.workload = DecoderTraceWorkload(original, 8, 3, 0);
+    if (safe_options.workload.empty() && decoder) safe_options.workload = DecoderWorkload(original);
     GraphAutoFusion g(original, safe_options);
     SafeFusionOptions sopt;
     sopt.threads = a.threads;
@@ -262,6 +286,7 @@ void RunBench(const BenchArgs& a) {
       json s{{"stage", st->name}, {"seconds", t}, {"rate", t > 0 ? 1.0 / t : 0.0}, {"speedup", t > 0 ? base / t : 0.0},
              {"noise", RelativeIqr(st->samples)}, {"note", st->note}};
       if (decoder) s["same_tokens_as_baseline"] = st->tokens == stages[0]->tokens;
+      if (st->kernels) s["fused_calls"] = CallsJson(FusedCallSummary(*st->kernels));
       j["stages"].push_back(s);
     }
     fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
@@ -278,7 +303,9 @@ void RunBench(const BenchArgs& a) {
     fmt::print("  {:<24} {:>14.1f} {:>12.3f} {:>8.2f}x {:>6.0f}%  {}\n", st->name, t > 0 ? 1 / t : 0.0, t * 1e3,
                t > 0 ? base / t : 0.0, 100 * RelativeIqr(st->samples), note);
   }
-  if (stages.size() > 1 && stages[1]->kernels) fmt::print("fused kernels:\n{}", DescribeFusedKernels(*stages[1]->kernels));
+  // Per stage with kernels: calls that ran a kernel and calls that ran the body (a fallback).
+  for (auto& st : stages)
+    if (st->kernels) fmt::print("fused kernels of '{}':\n{}", st->name, DescribeFusedKernels(*st->kernels));
 }
 
 }  // namespace
@@ -310,6 +337,8 @@ void AddKernelCommands(CLI::App& app) {
     cmd->add_flag("--half-weights", a->half_weights,
                   "run with float16 storage of constant MatMul weights (used for products of up to 4 rows: "
                   "give decode-shaped inputs, e.g. --dim sequence_length=1)");
+    cmd->add_flag("--allow-fallback", a->allow_fallback,
+                  "pass even when a fused operator's kernel never ran (every call ran its body)");
     cmd->add_flag("--json", a->json, "machine-readable output");
     cmd->callback([a] { RunVerify(*a); });
   }

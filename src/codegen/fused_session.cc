@@ -120,8 +120,9 @@ std::string DescribeFusedKernels(const FusedKernelSet& set) {
     if (r.variants > 1) extra += fmt::format(" [{} variants]", r.variants);
     if (r.generated_at_run_time > 0)
       extra += fmt::format(" [{} variant(s) generated at run time, {:.1f} s]", r.generated_at_run_time, r.generation_seconds);
-    s += fmt::format("  {:<28} {:<6} sites {:>3}  calls {:>6}  fallbacks {:>4}  {}{}\n", r.function,
-                     r.kernel ? "kernel" : "body", r.sites, r.calls, r.fallbacks, r.status, extra);
+    s += fmt::format("  {:<28} {:<6} sites {:>3}  calls {:>6}: kernel {:>6}, body (fallbacks) {:>4}  {}{}\n", r.function,
+                     r.kernel ? "kernel" : "body", r.sites, r.calls, r.kernel ? r.KernelCalls() : 0, r.fallbacks,
+                     r.status, extra);
     if (!r.last_fallback.empty()) s += fmt::format("      last fallback: {}\n", r.last_fallback.substr(0, 300));
   }
   return s;
