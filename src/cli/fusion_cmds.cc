@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/inputs.h"
 #include "fusion/auto_fusion.h"
+#include "codegen/safe_fusion.h"
 #include "models/generate.h"
 #include "ir/error.h"
 #include "onnx_io/onnx_io.h"
@@ -62,7 +63,7 @@ void AddCommonOptions(CLI::App* cmd, FusionArgs* a) {
   cmd->add_flag("--json", a->json, "machine-readable output");
 }
 
-std::unique_ptr<GraphAutoFusion> MakeFuser(const FusionArgs& a) {
+std::unique_ptr<SafeGraphAutoFusion> MakeFuser(const FusionArgs& a) {
   FusionOptions o;
   o.preset = a.preset;
   o.rules_file = a.rules_file;
@@ -81,7 +82,8 @@ std::unique_ptr<GraphAutoFusion> MakeFuser(const FusionArgs& a) {
       fmt::print("{} is a decoder: safe fusion measures on {} (what generate runs; -i gives other inputs)\n", a.model,
                  o.workload.source);
   }
-  return std::make_unique<GraphAutoFusion>(model, o);
+  o.safe_mode = a.safe;
+  return std::make_unique<SafeGraphAutoFusion>(model, o);
 }
 
 std::string WorkloadOf(const FusionArgs& a) {
@@ -262,7 +264,7 @@ void RunFuse(const FusionArgs& a) {
     so.repeats = a.repeats;
     so.threads = a.threads;
     so.half_weights = a.half_weights;
-    f->FuseSafe(so);
+    f->FuseAsConfigured(so);
     if (!a.report.empty()) WriteFileAtomic(a.report, f->GetSafeFusionReport().ToJson() + "\n");
   }
   f->Save(a.output);
@@ -285,6 +287,10 @@ void RunFuse(const FusionArgs& a) {
            {"checker_message", s.checker_message},
            {"profile", f->profile().name}};
     fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+    return;
+  }
+  if (a.safe && f->GetSafeFusionReport().original_kept) {
+    fmt::print("Kept the model as given ({}); wrote it to {}\n", f->GetSafeFusionReport().end_to_end_verdict, a.output);
     return;
   }
   fmt::print("Fused {} group(s) into {} model-local function(s) in domain {}:\n", s.groups, s.functions, kFusedDomain);

@@ -17,6 +17,7 @@
 #include "codegen/verify.h"
 #include "cost/cost_model.h"
 #include "fusion/auto_fusion.h"
+#include "codegen/safe_fusion.h"
 #include "models/generate.h"
 #include "onnx_io/npy.h"
 #include "onnx_io/onnx_io.h"
@@ -68,7 +69,7 @@ void RunCompile(const CompileArgs& a) {
   o.rules_file = a.rules;
   o.dims = dims;
   o.workload = w;
-  GraphAutoFusion f(m, o);
+  SafeGraphAutoFusion f(m, o);
   fmt::print("{} has no fused operators: fused with preset '{}' first.\n", a.model, a.preset);
   fmt::print("{}", f.CompileFusedOperators(a.output));
 }
@@ -227,7 +228,7 @@ void RunBench(const BenchArgs& a) {
     FusionOptions safe_options = o;
     // Decoders without -i: the gates measure a short generation, as fuse --safe does.
     if (safe_options.workload.empty() && decoder) safe_options.workload = DecoderWorkload(original);
-    GraphAutoFusion g(original, safe_options);
+    SafeGraphAutoFusion g(original, safe_options);
     SafeFusionOptions sopt;
     sopt.threads = a.threads;
     sopt.half_weights = a.half_weights;

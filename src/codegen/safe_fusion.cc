@@ -1,5 +1,7 @@
-// GraphAutoFusion::FuseSafe and CompileFusedOperators (declared in fusion/auto_fusion.h; they
-// need the code generator, so they live in this library).
+// SafeGraphAutoFusion: safe fusion (per-group gates, end-to-end gate, rollback) and kernel
+// compilation on top of GraphAutoFusion.
+#include "codegen/safe_fusion.h"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -13,7 +15,6 @@
 #include "codegen/fused_session.h"
 #include "codegen/verify.h"
 #include "cost/cost_model.h"
-#include "fusion/auto_fusion.h"
 #include "runtime/session.h"
 
 namespace gaf {
@@ -189,9 +190,12 @@ std::string GroupKey(const Node& call, const FusedKernelSet::Entry* e, const Mod
 // roll back the kept groups that gained least (measured per group: unfused minus fused time over
 // the workload), half of them at a time, and measure again; when nothing fused is faster, the
 // model as given is the result. Also rolls back groups whose kernel never ran end to end.
-Model GateEndToEnd(GraphAutoFusion& g, Model fused, const Model& original, SafeFusionReport& rep,
-                   const SafeFusionOptions& safe, const VerifyOptions& vo,
-                   std::map<int, std::pair<Verdict, std::string>>& rollbacks) {
+}  // namespace
+
+Model SafeGraphAutoFusion::GateEndToEnd(Model fused, const SafeFusionOptions& safe, const VerifyOptions& vo,
+                                        std::map<int, std::pair<Verdict, std::string>>& rollbacks) {
+  SafeFusionReport& rep = safe_report_;
+  const Model& original = original_;
   VerifyOptions po = vo;
   po.original = &original;
   auto kept = [&] {
@@ -264,7 +268,7 @@ Model GateEndToEnd(GraphAutoFusion& g, Model fused, const Model& original, SafeF
     // Identical groups measured once share the verdict.
     for (SafeKernelResult& r : rep.kernels)
       if (r.fused && r.candidate >= 0 && rollbacks.count(r.candidate)) r.fused = false;
-    fused = g.RollBack(rollbacks);
+    fused = RollBack(rollbacks);
   }
   if (kept().empty() || safe.check_speed) {  // conservative: what was not shown faster is not kept
     rep.original_kept = true;
@@ -286,9 +290,7 @@ Model GateEndToEnd(GraphAutoFusion& g, Model fused, const Model& original, SafeF
   return fused;
 }
 
-}  // namespace
-
-Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
+Model SafeGraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
   GAF_CHECK(!safe.check_speed || SignTestWins(safe.repeats, 0.01) <= safe.repeats,
             "safe fusion: {} repeats are too few for the speed gate (a sign test at 1% needs at least 7 pairs); "
             "use more repeats or turn the speed gate off", safe.repeats);
@@ -401,7 +403,7 @@ Model GraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
     auto hook = safe.kernel_hook;
     vo.kernel_hook = [hook](const std::string& function) { hook(function, true); };
   }
-  fused = GateEndToEnd(*this, std::move(fused), original_, rep, safe, vo, rollbacks);
+  fused = GateEndToEnd(std::move(fused), safe, vo, rollbacks);
 
   rep.candidates = static_cast<int>(candidates_.size());
   for (const FusionCandidate& c : candidates_) {
@@ -555,13 +557,20 @@ std::string SafeFusionReport::ToJson() const {
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-std::string GraphAutoFusion::CompileFusedOperators(const std::string& dir) {
+Model SafeGraphAutoFusion::FuseAsConfigured(const SafeFusionOptions& safe) {
+  return options_.safe_mode ? FuseSafe(safe) : Fuse();
+}
+
+std::string SafeGraphAutoFusion::CompileFusedOperators(const std::string& dir) {
   Model fused = Fuse();
-  std::map<std::string, ValueType> shapes;
-  for (const auto& [name, vs] : RecordShapes(fused, options_.dims))
-    if (vs.known) shapes[name] = ValueType{vs.dtype, vs.shape};
+  // Variants for every class the workload's calls take (random inputs when there is none).
+  Workload work = options_.workload;
+  if (work.empty()) {
+    work.samples.push_back(RandomFeeds(fused, options_.dims));
+    work.source = "random inputs";
+  }
   KernelCompiler compiler(dir);
-  auto set = FusedKernelSet::Build(fused, shapes, compiler, kFusedDomain);
+  auto set = CompileFusedKernels(fused, compiler, work, kFusedDomain);
   std::string s = fmt::format("kernel library: {} ({})\n",
                               set->library() && !set->library()->directory().empty() ? set->library()->directory() : "none",
                               set->library() && set->library()->from_cache() ? "cached, nothing compiled"

@@ -12,6 +12,7 @@
 
 #include "codegen/fused_session.h"
 #include "codegen/half_weights.h"
+#include "codegen/safe_fusion.h"
 #include "codegen/verify.h"
 #include "cost/cost_model.h"
 #include "fusion/auto_fusion.h"
@@ -102,7 +103,7 @@ FusionOptions WithTwoShapes(const Model& m, const std::string& preset, const std
 
 TEST(SafeFusion, TinyLlamaKernelsPassGatesAndKeepTokens) {
   Model m = BuildLlamaModel(LlamaPreset("tiny"));
-  GraphAutoFusion f(m, Preset("transformer"));
+  SafeGraphAutoFusion f(m, Preset("transformer"));
   Model fused = f.FuseSafe(NoSpeedGate());
   const SafeFusionReport& r = f.GetSafeFusionReport();
   std::set<std::string> kinds;
@@ -145,7 +146,7 @@ TEST(SafeFusion, ImpreciseUserRuleIsRolledBackForPrecision) {
     FusionOptions o = Preset("none");
     o.auto_fuse = false;
     o.benefit_threshold = 0;
-    GraphAutoFusion f(m, o);
+    SafeGraphAutoFusion f(m, o);
     for (FusionRule& r : ParseRules("rule CrudeSiLU fuse=CrudeSiLU priority=50 math=" + math +
                                         "\n  s = Sigmoid($x)\n  y = Mul($x, s)\nend\n",
                                     "user.rules"))
@@ -190,7 +191,7 @@ TEST(SafeFusion, ParitySuiteGeneratedKernelsMatchReference) {
        std::vector<std::tuple<std::string, Model, std::string>>{{"llama-tiny", BuildLlamaModel(LlamaPreset("tiny")), "transformer"},
                                                               {"llama-odd", BuildLlamaModel(odd), "transformer"},
                                                               {"cnn-tiny", BuildCnnModel(CnnPreset("tiny")), "cnn"}}) {
-    GraphAutoFusion f(model, WithTwoShapes(model, preset, name));
+    SafeGraphAutoFusion f(model, WithTwoShapes(model, preset, name));
     f.FuseSafe(NoSpeedGate());
     checked += CheckParity(f.GetSafeFusionReport(), name, &per_rule, &no_kernel);
   }
@@ -200,7 +201,7 @@ TEST(SafeFusion, ParitySuiteGeneratedKernelsMatchReference) {
                            "torch_decoders/llama_kv_opset17", "torch_decoders/gpt2_kv_opset17"}) {
     const fs::path p = fs::path(GAF_SOURCE_DIR) / "tests" / "fixtures" / name / "model.onnx";
     Model m = LoadModel(p.string());
-    GraphAutoFusion f(m, WithTwoShapes(m, "all", name));
+    SafeGraphAutoFusion f(m, WithTwoShapes(m, "all", name));
     f.FuseSafe(NoSpeedGate());
     checked += CheckParity(f.GetSafeFusionReport(), name, &per_rule, &no_kernel);
   }
@@ -231,7 +232,7 @@ TEST(SafeFusion, ParitySuiteGeneratedKernelsMatchReference) {
       for (const FusionCandidate& c : probe.AnalyzeFusionBenefit())
         new_rule |= c.verdict == Verdict::kFuse && c.rule != "auto" && !covered.count(c.rule);
       if (!new_rule) continue;
-      GraphAutoFusion f(m, o);
+      SafeGraphAutoFusion f(m, o);
       f.FuseSafe(NoSpeedGate());
       for (const SafeKernelResult& k : f.GetSafeFusionReport().kernels) covered.insert(k.rule);
       checked += CheckParity(f.GetSafeFusionReport(), p.filename().string(), &per_rule, &no_kernel);
@@ -253,7 +254,7 @@ TEST(SafeFusion, ParitySuiteGeneratedKernelsMatchReference) {
 // call took the two-pass fallback), and the fused model matches the original.
 TEST(SafeFusion, ConvEpiloguesRunOnTiles) {
   Model m = BuildCnnModel(CnnPreset("tiny"));
-  GraphAutoFusion f(m, Preset("cnn"));
+  SafeGraphAutoFusion f(m, Preset("cnn"));
   Model fused = f.Fuse();
   KernelCompiler compiler;
   auto set = CompileFusedKernels(fused, compiler, std::map<std::string, int64_t>{}, "ai.graph_autofusion");
@@ -292,7 +293,7 @@ TEST(SafeFusion, ConvEpilogueAsOneDnnPostOps) {
   g.nodes.push_back(MakeNode("Relu", {"a"}, {"y"}, "relu"));
   g.outputs.push_back(testing::FloatValue("y", {1, 32, 12, 12}));
   Model m = MakeModel(g, 13);
-  GraphAutoFusion f(m, Preset("cnn"));
+  SafeGraphAutoFusion f(m, Preset("cnn"));
   Model fused = f.FuseSafe(NoSpeedGate());
   const SafeFusionReport& r = f.GetSafeFusionReport();
   ASSERT_EQ(r.kernels.size(), 1u) << r.ToText();
@@ -313,13 +314,13 @@ TEST(Verify, SignTestWins) {
   EXPECT_EQ(SignTestWins(6, 0.01), 7);    // 1/64 > 1%: no number of wins suffices
   SafeFusionOptions o;
   o.repeats = 5;
-  GraphAutoFusion f(BuildLlamaModel(LlamaPreset("tiny")), Preset("transformer"));
+  SafeGraphAutoFusion f(BuildLlamaModel(LlamaPreset("tiny")), Preset("transformer"));
   EXPECT_THROW(f.FuseSafe(o), Error);
 }
 
 TEST(Verify, PrecisionAndPerformanceOfAFusedModel) {
   Model m = BuildLlamaModel(LlamaPreset("tiny"));
-  GraphAutoFusion f(m, Preset("transformer"));
+  SafeGraphAutoFusion f(m, Preset("transformer"));
   Model fused = f.Fuse();
   VerifyOptions o;
   o.repeats = 3;
@@ -368,7 +369,7 @@ TEST(SafeFusion, FlattenedSoftmaxGlobalMeanAndGlobalPoolKernels) {
   FusionOptions o = Preset("none");
   o.auto_fuse = false;
   o.benefit_threshold = 0;
-  GraphAutoFusion f(m, o);
+  SafeGraphAutoFusion f(m, o);
   for (FusionRule& r : ParseRules("rule BiasSoftmaxAll fuse=BiasSoftmaxAll priority=50\n  a = Add($x, $b)\n  y = Softmax(a)\nend\n"
                                   "rule ScaledMean fuse=ScaledMean priority=50\n  m = Mul($x, $s)\n  z = ReduceMean(m)\nend\n"
                                   "rule AddReluGap fuse=AddReluGap priority=50\n  h = Add($x, $s)\n  hr = Relu(h)\n"
@@ -411,7 +412,7 @@ TEST(SafeFusion, PrescaledWhereMaskAttention) {
   g.nodes.push_back(MakeNode("MatMul", {"p", "v"}, {"y"}, "pv"));
   g.outputs.push_back(testing::FloatValue("y", {1, 2, 5, 8}));
   Model m = MakeModel(g, 13);
-  GraphAutoFusion f(m, Preset("transformer"));
+  SafeGraphAutoFusion f(m, Preset("transformer"));
   Model fused = f.FuseSafe(NoSpeedGate());
   const SafeFusionReport& r = f.GetSafeFusionReport();
   ASSERT_EQ(r.kernels.size(), 1u) << r.ToText();
@@ -434,7 +435,7 @@ TEST(SafeFusion, HalfPrecisionGroupsGetKernels) {
   for (const fs::path& file : files) {
     const std::string name = file.string();
     Model m = LoadModel(name);
-    GraphAutoFusion f(m, Preset("all"));
+    SafeGraphAutoFusion f(m, Preset("all"));
     Model fused = f.FuseSafe(NoSpeedGate());
     int kept = 0;
     for (const SafeKernelResult& k : f.GetSafeFusionReport().kernels) kept += k.fused;
@@ -454,7 +455,7 @@ TEST(SafeFusion, MixedPrecisionGroupsGetKernels) {
   if (fs::exists(ort)) files.push_back(ort);
   for (const fs::path& file : files) {
     Model m = LoadModel(file.string());
-    GraphAutoFusion f(m, Preset("all"));
+    SafeGraphAutoFusion f(m, Preset("all"));
     Model fused = f.FuseSafe(NoSpeedGate());
     const SafeFusionReport& r = f.GetSafeFusionReport();
     bool mixed = false;
@@ -507,7 +508,7 @@ TEST(HalfWeights, SafeFusionGatesFloat16Storage) {
   Model m = BuildLlamaModel(LlamaPreset("tiny"));
   SafeFusionOptions o = NoSpeedGate();
   o.half_weights = true;
-  GraphAutoFusion f(m, Preset("transformer"));
+  SafeGraphAutoFusion f(m, Preset("transformer"));
   Model fused = f.FuseSafe(o);
   const SafeFusionReport& r = f.GetSafeFusionReport();
   ASSERT_TRUE(r.half_weights_tried);
@@ -522,7 +523,7 @@ TEST(HalfWeights, SafeFusionGatesFloat16Storage) {
 
   SafeFusionOptions strict = o;
   strict.max_abs_error = 1e-12;  // below float16's rounding of the weights
-  GraphAutoFusion g(m, Preset("transformer"));
+  SafeGraphAutoFusion g(m, Preset("transformer"));
   Model rolled = g.FuseSafe(strict);
   const SafeFusionReport& rs = g.GetSafeFusionReport();
   ASSERT_TRUE(rs.half_weights_tried);

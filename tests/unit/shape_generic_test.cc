@@ -8,9 +8,11 @@
 #include <random>
 
 #include "codegen/fused_session.h"
+#include "codegen/safe_fusion.h"
 #include "codegen/verify.h"
 #include "cost/cost_model.h"
 #include "fusion/auto_fusion.h"
+#include "fusion/rules.h"
 #include "models/llama.h"
 #include "runtime/session.h"
 #include "test_util.h"
@@ -59,7 +61,7 @@ Model FuseWithoutGates(const Model& m) {
   FusionOptions o;
   o.preset = "transformer";
   o.benefit_threshold = 0;
-  GraphAutoFusion f(m, o);
+  SafeGraphAutoFusion f(m, o);
   Model fused = f.Fuse();
   int calls = 0;
   for (const Node& n : fused.graph.nodes) calls += n.domain == kFusedDomain;
@@ -220,7 +222,7 @@ TEST(ShapeGeneric, SpeedGateRollsBackADeliberatelySlowKernel) {
   Model m = BuildLlamaModel(LlamaPreset("tiny"));
   FusionOptions o;
   o.preset = "transformer";
-  GraphAutoFusion f(m, o);
+  SafeGraphAutoFusion f(m, o);
   SafeFusionOptions so;
   so.repeats = 9;
   // Every RMSNorm kernel call takes 300 us more in the group gate; the others are untouched.
@@ -244,7 +246,7 @@ TEST(ShapeGeneric, EndToEndGateKeepsTheOriginalWhenTheFusedModelIsSlower) {
   Model m = BuildLlamaModel(LlamaPreset("tiny"));
   FusionOptions o;
   o.preset = "transformer";
-  GraphAutoFusion f(m, o);
+  SafeGraphAutoFusion f(m, o);
   SafeFusionOptions so;
   so.repeats = 9;
   so.check_speed = true;
@@ -265,6 +267,39 @@ TEST(ShapeGeneric, EndToEndGateKeepsTheOriginalWhenTheFusedModelIsSlower) {
   }
   EXPECT_GT(rolled, 0);
   for (const Node& n : out.graph.nodes) EXPECT_NE(n.domain, kFusedDomain) << n.name;
+}
+
+// A fused group whose kernel never ran (here: an operator the generator has no code for) is what
+// `verify` fails on unless --allow-fallback: PrecisionReport::NeverRan names it.
+TEST(ShapeGeneric, VerifyNamesFusedOperatorsWhoseKernelNeverRan) {
+  Graph g;
+  g.inputs.push_back(testing::FloatValue("x", {4, 33}));
+  g.nodes.push_back(MakeNode("Sin", {"x"}, {"s"}, "sin"));
+  g.nodes.push_back(MakeNode("Mul", {"x", "s"}, {"y"}, "mul"));
+  g.outputs.push_back(testing::FloatValue("y", {4, 33}));
+  Model m = MakeModel(g);
+  FusionOptions o;
+  o.preset = "none";
+  o.auto_fuse = false;
+  o.benefit_threshold = 0;
+  SafeGraphAutoFusion f(m, o);
+  for (FusionRule& r : ParseRules("rule SinMul fuse=SinMul priority=50\n  s = Sin($x)\n  y = Mul($x, s)\nend\n", "user.rules"))
+    f.AddFusionRule(r);
+  Model fused = f.Fuse();
+  PrecisionReport p = VerifyPrecision(fused, m);
+  EXPECT_TRUE(p.Passes(0.999, 1e-3));  // the body is exact
+  ASSERT_EQ(p.NeverRan().size(), 1u) << p.kernels;
+  EXPECT_NE(p.NeverRan()[0].find("SinMul"), std::string::npos) << p.NeverRan()[0];
+  // A group with a kernel that ran is not listed.
+  Model bs = BiasSoftmaxModel();
+  Model bs_fused = FuseWithoutGates(bs);
+  VerifyOptions vo;
+  vo.workload = Samples({BiasSoftmaxFeeds(3, 7, 1), BiasSoftmaxFeeds(1, 8, 2)});
+  PrecisionReport q = VerifyPrecision(bs_fused, bs, vo);
+  EXPECT_TRUE(q.NeverRan().empty()) << q.kernels;
+  EXPECT_EQ(q.samples, 2);
+  ASSERT_FALSE(q.calls.empty());
+  EXPECT_EQ(q.calls[0].KernelCalls(), 2);
 }
 
 }  // namespace
