@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <cstdint>
 #include <sstream>
 
 #include "codegen/fast_math_embed.h"
@@ -96,13 +97,26 @@ class RowEmitter {
   // input row, the register of this loop, or the row buffer of an earlier loop.
   std::string Ref(int v) const {
     const Prim& p = P[v];
-    if (p.kind == PrimKind::kConst) return FloatLiteral(p.value);
+    if (p.kind == PrimKind::kConst) return Literal(p);
     if (p.vkind == VKind::kScal) return fmt::format("s{}", v);
     if (p.kind == PrimKind::kInput) {
       RowInputClass c = sig_.inputs[p.input];
       return c == RowInputClass::kRowVec ? fmt::format("in{}[j]", p.input) : fmt::format("p{}[j]", p.input);
     }
     return p.level < cur_level_ ? fmt::format("buf{}[j]", v) : fmt::format("t{}", v);
+  }
+
+  // A constant of its own type: integers exact, bools as true/false.
+  static std::string Literal(const Prim& p) {
+    switch (p.vt) {
+      case VType::kF32: return FloatLiteral(p.value);
+      case VType::kBool: return p.ivalue != 0 ? "true" : "false";
+      case VType::kI32: return fmt::format("static_cast<int32_t>({})", static_cast<int32_t>(p.ivalue));
+      case VType::kI64:
+        if (p.ivalue == INT64_MIN) return "INT64_MIN";
+        return fmt::format("static_cast<int64_t>({}LL)", p.ivalue);
+    }
+    return FloatLiteral(p.value);
   }
 
   // The expression of a unary or binary primitive on its operands' expressions.
@@ -126,7 +140,21 @@ class RowEmitter {
       case PrimOp::kPow: return fmt::format("std::pow({}, {})", a, b);
       case PrimOp::kRelu: return fmt::format("({0} > 0.f ? {0} : 0.f)", a);
       case PrimOp::kNeg: return "-" + a;
-      case PrimOp::kAbs: return fmt::format("std::fabs({})", a);
+      case PrimOp::kAbs:
+        return P[p.a].vt == VType::kF32 ? fmt::format("std::fabs({})", a) : fmt::format("({0} < 0 ? -{0} : {0})", a);
+      case PrimOp::kIdentity: return a;
+      case PrimOp::kNot: return fmt::format("(!{})", a);
+      case PrimOp::kCast:
+        // As the reference's ConvertElem: to bool is != 0, else static_cast.
+        return p.vt == VType::kBool ? fmt::format("({} != 0)", a) : fmt::format("static_cast<{}>({})", CTypeOf(p.vt), a);
+      case PrimOp::kEqual: return fmt::format("({} == {})", a, b);
+      case PrimOp::kLess: return fmt::format("({} < {})", a, b);
+      case PrimOp::kLessOrEqual: return fmt::format("({} <= {})", a, b);
+      case PrimOp::kGreater: return fmt::format("({} > {})", a, b);
+      case PrimOp::kGreaterOrEqual: return fmt::format("({} >= {})", a, b);
+      case PrimOp::kAnd: return fmt::format("({} && {})", a, b);
+      case PrimOp::kOr: return fmt::format("({} || {})", a, b);
+      case PrimOp::kXor: return fmt::format("({} != {})", a, b);
       case PrimOp::kSqrt: return fmt::format("std::sqrt({})", a);
       case PrimOp::kReciprocal: return fmt::format("1.f / {}", a);
       case PrimOp::kExp: return fmt::format("{}::FastExp({})", ns, a);
@@ -193,10 +221,11 @@ class RowEmitter {
     os << "  const int64_t N = a->cols;\n  (void)N;\n";
     for (size_t i = 0; i < nin; ++i) {
       if (!Live(i)) continue;
-      if (sig_.input_bool[i])
-        os << fmt::format("  const bool* __restrict in{0} = reinterpret_cast<const bool*>(a->in[{0}]);\n", i);
-      else
+      const char* ct = CTypeOf(P[input_prim_[i]].vt);
+      if (P[input_prim_[i]].vt == VType::kF32)
         os << fmt::format("  const float* __restrict in{0} = a->in[{0}];\n", i);
+      else
+        os << fmt::format("  const {1}* __restrict in{0} = reinterpret_cast<const {1}*>(a->in[{0}]);\n", i, ct);
       RowInputClass c = sig_.inputs[i];
       if (c == RowInputClass::kGeneral || c == RowInputClass::kGeneralPerRow)
         os << fmt::format("  const int64_t* off{0} = a->in_row_offset[{0}];\n", i);
@@ -206,9 +235,9 @@ class RowEmitter {
     // Row buffers: on the stack for rows up to 2048 floats, else from the heap.
     for (size_t v = 0; v < P.size(); ++v)
       if (s_.buffered[v])
-        os << fmt::format("    alignas(64) float stack{0}[2048];\n"
-                          "    float* buf{0} = N <= 2048 ? stack{0} : static_cast<float*>(std::aligned_alloc(64, ((N * 4 + 63) / 64) * 64));\n",
-                          v);
+        os << fmt::format("    alignas(64) {1} stack{0}[2048];\n"
+                          "    {1}* buf{0} = N <= 2048 ? stack{0} : static_cast<{1}*>(std::aligned_alloc(64, ((N * sizeof({1}) + 63) / 64) * 64));\n",
+                          v, CTypeOf(P[v].vt));
     os << "    for (int64_t r = r0; r < r1; ++r) {\n";
     for (size_t i = 0; i < nin; ++i) {
       if (!Live(i)) continue;
@@ -217,9 +246,11 @@ class RowEmitter {
         case RowInputClass::kFull: os << fmt::format("      const auto* p{0} = in{0} + r * N;\n", i); break;
         case RowInputClass::kGeneral: os << fmt::format("      const auto* p{0} = in{0} + off{0}[r];\n", i); break;
         case RowInputClass::kRowVec: break;
-        case RowInputClass::kPerRow: os << fmt::format("      const float s{} = in{}[r];\n", v, i); break;
-        case RowInputClass::kScalar: os << fmt::format("      const float s{} = in{}[0];\n", v, i); break;
-        case RowInputClass::kGeneralPerRow: os << fmt::format("      const float s{} = in{}[off{}[r]];\n", v, i, i); break;
+        case RowInputClass::kPerRow: os << fmt::format("      const {} s{} = in{}[r];\n", CTypeOf(P[v].vt), v, i); break;
+        case RowInputClass::kScalar: os << fmt::format("      const {} s{} = in{}[0];\n", CTypeOf(P[v].vt), v, i); break;
+        case RowInputClass::kGeneralPerRow:
+          os << fmt::format("      const {} s{} = in{}[off{}[r]];\n", CTypeOf(P[v].vt), v, i, i);
+          break;
       }
     }
     for (int level = 0; level <= s_.max_level; ++level) EmitLevel(os, level);
@@ -236,7 +267,8 @@ class RowEmitter {
     for (size_t v = 0; v < P.size(); ++v) {
       const Prim& p = P[v];
       if (!s_.live[v] || p.vkind != VKind::kScal || p.level != level) continue;
-      if (p.kind == PrimKind::kUnary || p.kind == PrimKind::kBinary) os << fmt::format("      const float s{} = {};\n", v, Expr(p));
+      if (p.kind == PrimKind::kUnary || p.kind == PrimKind::kBinary)
+        os << fmt::format("      const {} s{} = {};\n", CTypeOf(p.vt), v, Expr(p));
       if (s_.out_index.count(static_cast<int>(v))) os << fmt::format("      out{}[r] = s{};\n", s_.out_index.at(v), v);
     }
     std::vector<int> row_ops, reds;
@@ -254,7 +286,7 @@ class RowEmitter {
     }
     os << "#pragma omp simd" << clauses << "\n      for (int64_t j = c0; j < c1; ++j) {\n";
     for (int v : row_ops) {
-      os << fmt::format("        const float t{} = {};\n", v, Expr(P[v]));
+      os << fmt::format("        const {} t{} = {};\n", CTypeOf(P[v].vt), v, Expr(P[v]));
       if (s_.buffered[v]) os << fmt::format("        buf{0}[j] = t{0};\n", v);
       if (s_.out_index.count(v)) os << fmt::format("        out{}[r * N + j] = t{};\n", s_.out_index.at(v), v);
     }

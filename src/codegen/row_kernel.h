@@ -40,7 +40,10 @@ enum class RowInputClass { kFull, kRowVec, kPerRow, kScalar, kGeneral, kGeneralP
 
 struct RowKernelSignature {
   std::vector<RowInputClass> inputs;
-  std::vector<bool> input_bool;      // a bool input (Where's condition), read as bool
+  std::vector<bool> input_bool;      // a bool input, read as bool
+  // Per input: the type the kernel reads (float for float32/float16/bfloat16, which arrive
+  // widened; bool; int64; int32). Integers are held as integers in the generated code.
+  std::vector<DataType> input_types;
   std::vector<bool> output_per_row;  // true: output is [.., 1] (one value per row)
   std::vector<bool> output_squeezed; // per-row output of a keepdims=0 reduction: the reduced axes dropped
 };
@@ -51,12 +54,28 @@ struct RowLaunch {
   std::vector<Shape> shapes;  // per input as given (empty for non-domain inputs)
   int64_t rows = 0, cols = 0;
   Shape out_shape, per_row_shape, squeezed_shape;
+  std::vector<Shape> output_shapes;  // per output (its output view applied)
+  // Per input: its row-offset table; for a gathered table, the row of the index tensor each row reads.
   std::vector<std::vector<int64_t>> offsets;
 };
 struct RowLaunchCache {
   std::mutex mu;
   std::shared_ptr<const RowLaunch> last;
 };
+
+// A rank change applied to an input (or to an output) at run time, on the actual shape: the body's
+// Unsqueeze / Squeeze of a function input (or of the group's result before an output), a Reshape
+// that only inserts or removes ones, BatchNormalization's [C] parameters as [C,1,..,1].
+struct RowViewStep {
+  enum class Kind { kUnsqueeze, kSqueeze, kReshape };
+  Kind kind = Kind::kUnsqueeze;
+  std::vector<int64_t> axes;  // kUnsqueeze / kSqueeze (ONNX semantics; Squeeze without axes: all ones)
+  Shape target;               // kReshape: the exact result (a constant or guarded target)
+};
+using RowView = std::vector<RowViewStep>;
+// Applies a view to a shape; false with the reason when the shape does not fit it (a squeezed
+// axis that is not 1, a reshape whose non-one dims differ).
+bool ApplyRowView(const RowView& view, const Shape& in, Shape* out, std::string* why);
 
 struct GeneratedRowKernel {
   bool ok = false;
@@ -68,7 +87,12 @@ struct GeneratedRowKernel {
   std::vector<bool> domain_inputs;  // inputs that form the row domain (all but scalar constants)
   bool collapse = false;             // elementwise body: trailing axes merged (CollapseTrailing) at run time
   int reduce_trailing = 1;           // reductions over this many trailing axes, merged into one row
-  std::vector<Shape> input_views;   // per input: the shape it is read as (BatchNorm's [C] as [C,1,1]), or empty
+  std::vector<RowView> input_views;   // per input: the view it is read through (empty: as it is)
+  std::vector<RowView> output_views;  // per output: the view its result is written as
+  // Per input: -1, or the index of the integer input whose values select this constant table's
+  // rows (Gather axis 0): the table is read as indices.shape + table.shape[1:], its rows through a
+  // table of offsets computed per call from the index values (out of range: gaf::Error, as Gather).
+  std::vector<int> gather_index;
   std::shared_ptr<RowLaunchCache> launch_cache = std::make_shared<RowLaunchCache>();
 };
 
@@ -125,6 +149,7 @@ struct RowCall {
   std::vector<const int64_t*> in_off;
   std::vector<float*> out_ptrs;
   std::vector<Tensor> outputs;
+  std::vector<std::vector<int64_t>> gathered;  // per gathered input: this call's row offsets
   RowKernelArgs args;
 };
 // As RunRowKernel up to the call; input data may be written after this (only pointers and

@@ -33,8 +33,10 @@ enum class PrimOp {
   // unary
   kRelu, kNeg, kAbs, kSqrt, kReciprocal, kExp, kLog, kTanh, kSigmoid, kErf, kSoftplus, kFloor, kCeil,
   kLeakyRelu, kHardSigmoid, kRoundHalf, kRoundBFloat16,
+  kIdentity, kNot, kCast,  // kCast: to the primitive's own value type (Prim::vt)
   // binary
   kAdd, kSub, kMul, kDiv, kMax, kMin, kPow,
+  kEqual, kLess, kLessOrEqual, kGreater, kGreaterOrEqual, kAnd, kOr, kXor,
   // ternary
   kWhere,
 };
@@ -57,6 +59,14 @@ enum class ReduceOp { kSum, kMax, kMin, kMean };
 // A value of the row: kRow varies along the row (one per column), kScal is one value per row.
 enum class VKind { kRow, kScal };
 
+// The type a primitive's value has in the generated code: float (float32/float16/bfloat16 values
+// are computed in float32), the integer types exactly as integers (no conversion to float, so no
+// bound on their magnitude), bool.
+enum class VType { kF32, kI32, kI64, kBool };
+const char* CTypeOf(VType t);
+// The value type of a tensor element type, or false (double, uint8, strings, ...).
+bool VTypeOf(DataType t, VType* vt);
+
 struct Prim {
   PrimKind kind;
   explicit Prim(PrimKind k) : kind(k) {}
@@ -65,6 +75,8 @@ struct Prim {
   int a = -1, b = -1, c = -1;  // c: Where's condition (c ? a : b)
   int input = -1;   // kInput: function input index
   double value = 0; // kConst
+  int64_t ivalue = 0;  // kConst of an integer or bool type (exact)
+  VType vt = VType::kF32;
   float alpha = 0, beta = 0;  // unary parameters (LeakyRelu alpha, HardSigmoid alpha/beta)
   int64_t offset = 0;         // kSlice: first column taken; kConcat: width of operand a
   VKind vkind = VKind::kScal;  // set by ClassifyRowPrims
@@ -80,10 +92,12 @@ struct Lowering {
   // row before lowering); keepdims=0 results, which may only be outputs of the group.
   int64_t rank = 0, trailing = 1;
   std::set<int> squeezed;
-  std::set<int> bools;  // prims that are bool inputs (only Where's condition may read them)
+  Shape domain;  // the row domain (RowDomainPlan::full)
 
+  // Operands < 0 (absent) make every builder below return -1 (a malformed node fails lowering).
   int Add(Prim p);
   int Const(double v);
+  int IntConst(int64_t v, VType vt);
   static Shape Broadcast(const Shape& a, const Shape& b);
   int Unary(PrimOp op, int a, float alpha = 0, float beta = 0);
   int Binary(PrimOp op, int a, int b);
@@ -101,8 +115,13 @@ bool ReduceAxes(const Node& n, const std::map<std::string, const Tensor*>& const
 inline bool ComputedAsFloat(DataType t) {
   return t == DataType::kFloat || t == DataType::kFloat16 || t == DataType::kBFloat16;
 }
-// Inputs generated code can read: float values, and bool masks (Where's condition).
-inline bool Readable(DataType t) { return ComputedAsFloat(t) || t == DataType::kBool; }
+// Inputs generated code can read: float values, bool, int64 and int32 (held as integers).
+inline bool Readable(DataType t) {
+  return ComputedAsFloat(t) || t == DataType::kBool || t == DataType::kInt64 || t == DataType::kInt32;
+}
+// Whether a function input is read as data by some node of the body (not only as shape data:
+// Unsqueeze/Squeeze axes, a Reshape's or Expand's shape, Slice bounds, reduction axes).
+bool ReadsAsData(const Function& f, const std::string& name);
 
 // Merges the last n axes of every shape (aligned to the right, padded to the largest rank) into
 // one; false when a shape is neither whole nor all ones over them (row_kernel.cc).
@@ -113,6 +132,8 @@ bool MergeLastAxes(std::vector<Shape>& shapes, size_t n);
 // Stage 1: the shape each input is read as (views and merged axes applied) and the row domain.
 struct RowDomainPlan {
   std::vector<Shape> shapes;  // per input
+  std::vector<bool> data;     // per input: read as data (float, bool, or an integer read by value)
+  std::vector<bool> constant; // per input: a constant (weights; preferred as a shared row)
   int64_t rank = 0;           // rank of the domain before trailing axes were merged
   Shape full;                 // the domain
   int64_t rows = 0, cols = 0;
@@ -130,6 +151,11 @@ struct RowSchedule {
 
 // ---- stages ----
 
+// Stage 0 (row_kernel.cc): Gathers of a constant table by an integer input and rank changes of
+// inputs/outputs (Unsqueeze, Squeeze, ones-only Reshape) are taken out of the body and recorded
+// as gather_index / input_views / output_views; `body` is the rest, `base` each input's shape
+// before its view (a gathered table: indices.shape + table.shape[1:]).
+bool PrepareRowBody(const RowKernelRequest& req, GeneratedRowKernel* g, Function* body, std::vector<Shape>* base);
 bool PlanRowDomain(const RowKernelRequest& req, GeneratedRowKernel* g, RowDomainPlan* plan);
 bool LowerRowBody(const RowKernelRequest& req, const RowDomainPlan& plan, GeneratedRowKernel* g, Lowering* lw,
                   std::vector<int>* input_prim);

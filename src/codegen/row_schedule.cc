@@ -18,8 +18,29 @@ bool ClassifyRowPrims(const RowDomainPlan& plan, const std::vector<int>& input_p
   const size_t nin = input_prim.size();
   std::vector<std::vector<int64_t>> offsets(nin);  // the tables are built per call (PlanLaunch)
   g->signature.inputs.assign(nin, RowInputClass::kScalar);
-  for (size_t i = 0; i < nin; ++i)
-    if (input_prim[i] >= 0) g->signature.inputs[i] = ClassifyRowInput(plan.shapes[i], plan.full, &offsets[i]);
+  for (size_t i = 0; i < nin; ++i) {
+    if (input_prim[i] < 0) continue;
+    RowInputClass& c = g->signature.inputs[i];
+    c = ClassifyRowInput(plan.shapes[i], plan.full, &offsets[i]);
+    if (g->gather_index.size() > i && g->gather_index[i] >= 0) {
+      // A gathered table: each row found through the offsets of its index (made per call).
+      const Shape& s = plan.shapes[i];
+      const int64_t d = s.empty() ? 1 : s.back();
+      if (d != plan.cols && d != 1) {
+        g->reason = fmt::format("gathered input {} has rows of width {}, the group's rows are {} wide", i, d, plan.cols);
+        return false;
+      }
+      c = d == plan.cols ? RowInputClass::kGeneral : RowInputClass::kGeneralPerRow;
+      continue;
+    }
+    // With one row, an input whose leading dims are all 1 is both its own row and a row shared by
+    // all rows: a constant (a weight) is read as shared, so the one-row variant (decode) is the
+    // same code as the many-row one (prefill).
+    if (plan.rows == 1 && plan.constant.size() > i && plan.constant[i]) {
+      if (c == RowInputClass::kFull) c = RowInputClass::kRowVec;
+      if (c == RowInputClass::kPerRow) c = RowInputClass::kScalar;
+    }
+  }
   std::vector<Prim>& P = lw->prims;
   for (Prim& p : P) {
     switch (p.kind) {
@@ -73,6 +94,11 @@ bool CheckOutputs(const Function& f, const RowDomainPlan& plan, const Lowering& 
       return false;
     }
     const Prim& p = P[it->second];
+    if (p.vt != VType::kF32) {
+      g->reason = fmt::format("output '{}' is {}; generated kernels write float32, float16 or bfloat16", o,
+                              CTypeOf(p.vt));
+      return false;
+    }
     Shape per_row = plan.full;
     per_row.back() = 1;
     bool is_row = p.vkind == VKind::kRow;
