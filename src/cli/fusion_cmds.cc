@@ -40,6 +40,7 @@ struct FusionArgs {
   // fuse
   std::string output;
   bool safe = false, no_speed_gate = false, half_weights = false;
+  double min_gain = 0.05;
   double min_cosine = 0.999, max_abs_error = 1e-3;
   int repeats = 15, threads = 0;
   std::string report;
@@ -262,6 +263,7 @@ void RunFuse(const FusionArgs& a) {
     so.max_abs_error = a.max_abs_error;
     so.check_speed = !a.no_speed_gate;
     so.repeats = a.repeats;
+    so.min_gain = a.min_gain;
     so.threads = a.threads;
     so.half_weights = a.half_weights;
     f->FuseAsConfigured(so);
@@ -361,6 +363,8 @@ void AddFusionCommands(CLI::App& app) {
     cmd->add_option("--min-cosine", a->min_cosine, "safe: minimum cosine similarity per group (default 0.999)");
     cmd->add_option("--max-abs-error", a->max_abs_error, "safe: maximum absolute error per group (default 1e-3)");
     cmd->add_flag("--no-speed-gate", a->no_speed_gate, "safe: keep groups whose kernel is not measurably faster");
+    cmd->add_option("--min-gain", a->min_gain,
+                    "safe: a kept group must also be this much faster, median ratio - 1 (default 0.05)");
     cmd->add_option("--repeats", a->repeats,
                     "safe: interleaved timed pairs of the speed gate (sign test at 1%; default 15, at least 7)");
     cmd->add_option("--threads", a->threads, "safe: threads for the gates (default: all cores)");

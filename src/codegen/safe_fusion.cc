@@ -83,6 +83,7 @@ PairVerdict Decide(int wins, int pairs, int* needed) {
 // widened (what the kernel stages take), and which variant serves each sample.
 struct GroupInputs {
   std::vector<std::vector<const Tensor*>> given, widened;
+  std::vector<const Tensor*> constants;  // per input: the initializer bound to it, else null
   std::deque<Tensor> storage;
 };
 
@@ -92,7 +93,8 @@ void GateGroup(const FusedKernelSet::Entry& e, const Function& f, int64_t opset,
   r.kernel = e.kernel.Describe();
   r.samples = static_cast<int>(in.given.size());
   const int threads = safe.threads;
-  StagedKernel reference = ReferenceStagedKernel(f, opset);
+  // The baseline is what the session runs for these nodes in the model as given (prepared convs).
+  StagedKernel reference = ReferenceStagedKernel(f, opset, in.constants);
   std::vector<std::shared_ptr<const KernelVariant>> variants;
   std::vector<size_t> used(in.given.size(), 0);
   r.cosine = 1;
@@ -160,6 +162,12 @@ void GateGroup(const FusedKernelSet::Entry& e, const Function& f, int64_t opset,
     r.reason = fmt::format("speed: fused kernel faster in {} of {} interleaved pairs, {} needed (sign test, p <= 1%); "
                            "medians {:.2f} us fused, {:.2f} us unfused",
                            r.pairs_won, r.pairs, r.pairs_needed, r.measured_fused_us, r.measured_unfused_us);
+  } else if (r.measured_unfused_us < (1 + safe.min_gain) * r.measured_fused_us) {
+    r.reason_kind = "speed";
+    r.reason = fmt::format("speed: fused kernel {:.1f}% faster (medians {:.2f} us fused, {:.2f} us unfused; won {} of {} "
+                           "pairs), below the {:.0f}% a group must gain to be kept reliably",
+                           100 * (r.measured_unfused_us / std::max(r.measured_fused_us, 1e-9) - 1), r.measured_fused_us,
+                           r.measured_unfused_us, r.pairs_won, r.pairs, 100 * safe.min_gain);
   }
 }
 
@@ -348,6 +356,7 @@ Model SafeGraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
       r.same_as = m.node;
     } else {
       GroupInputs gi;
+      for (const auto& in : call.inputs) gi.constants.push_back(in.empty() ? nullptr : fused.graph.FindInitializer(in));
       bool complete = true;
       for (const auto& values : runs.call_inputs) {
         std::vector<const Tensor*> ins;

@@ -477,9 +477,12 @@ int StagedKernel::ValueId(const std::string& name) {
   return static_cast<int>(value_names.size()) - 1;
 }
 
-StagedKernel ReferenceStagedKernel(const Function& f, int64_t opset) {
+StagedKernel ReferenceStagedKernel(const Function& f, int64_t opset, const std::vector<const Tensor*>& constants) {
   StagedKernel k;
   k.opset = opset;
+  std::map<std::string, const Tensor*> constant_of;
+  for (size_t i = 0; i < f.inputs.size() && i < constants.size(); ++i)
+    if (constants[i] != nullptr) constant_of[f.inputs[i]] = constants[i];
   for (const auto& in : f.inputs) k.function_inputs.push_back(k.ValueId(in));
   for (const Node& n : f.nodes) {
     StagedKernel::Stage st;
@@ -487,6 +490,15 @@ StagedKernel ReferenceStagedKernel(const Function& f, int64_t opset) {
     st.node = n;
     st.kernel = OpRegistry::Global().Find(n.domain, n.op_type);
     GAF_CHECK(st.kernel != nullptr, "{}: no reference kernel", n.Describe());
+    // As Session does for Conv nodes with initializer weights (runtime/session.cc).
+    if (n.op_type == "Conv" && n.domain.empty() && n.inputs.size() >= 2 && constant_of.count(n.inputs[1]) &&
+        (!n.HasInput(2) || constant_of.count(n.inputs[2]))) {
+      const Tensor* b = n.HasInput(2) ? constant_of[n.inputs[2]] : nullptr;
+      if (auto conv = PreparedConv::Create(n, *constant_of[n.inputs[1]], b)) {
+        st.own_kernel = std::make_shared<KernelInfo>(PreparedConvKernel(std::move(conv)));
+        st.kernel = st.own_kernel.get();
+      }
+    }
     for (const auto& in : n.inputs) st.inputs.push_back(in.empty() ? -1 : k.ValueId(in));
     for (const auto& o : n.outputs) st.outputs.push_back(o.empty() ? -1 : k.ValueId(o));
     k.stages.push_back(std::move(st));

@@ -73,9 +73,11 @@ struct StagedKernel {
 // constants (`request.function` is the function).
 StagedKernel GenerateStagedKernel(const RowKernelRequest& request, const std::string& symbol, int64_t opset);
 
-// The unfused operators of a function as a kernel whose every stage is one node's reference
-// kernel: the baseline of the safe-fusion gates.
-StagedKernel ReferenceStagedKernel(const Function& f, int64_t opset);
+// The unfused operators of a function as a kernel whose every stage is one node's kernel as the
+// session runs it in the model as given: the reference kernel, or for a Conv whose weight (and
+// bias) are constants (`constants`: per function input, the constant value or null) the prepared
+// oneDNN convolution the session binds to such a node. The baseline of the safe-fusion gates.
+StagedKernel ReferenceStagedKernel(const Function& f, int64_t opset, const std::vector<const Tensor*>& constants = {});
 
 // Runs a bound kernel. Throws gaf::Error when the inputs no longer fit the generated code (another
 // broadcast class), so the caller can run the body instead.
