@@ -296,26 +296,12 @@ bool PrepareRowBody(const RowKernelRequest& req, GeneratedRowKernel* g, Function
     if (n.op_type != "Reshape" || !n.HasInput(1)) return false;
     auto it = consts.find(n.inputs[1]);
     if (it == consts.end()) return false;
+    // Only a target given in full (a constant, or shape data folded by value behind a guard): a
+    // 0 or -1 would be resolved against the generation shape, which the view must not depend on
+    // (variants with the same source share one kernel).
     std::vector<int64_t> t = it->second->ToInt64s();
-    int64_t known = 1, infer = -1;
-    for (size_t d = 0; d < t.size(); ++d) {
-      if (t[d] == 0 && n.GetInt("allowzero", 0) == 0) {
-        if (d >= in.size()) return false;
-        t[d] = in[d];
-      }
-      if (t[d] == -1) {
-        if (infer >= 0) return false;
-        infer = static_cast<int64_t>(d);
-      } else if (t[d] < 0) {
-        return false;
-      } else {
-        known *= t[d];
-      }
-    }
-    if (infer >= 0) {
-      if (known == 0) return false;
-      t[static_cast<size_t>(infer)] = NumElements(in) / known;
-    }
+    for (int64_t d : t)
+      if (d <= 0) return false;
     st->kind = RowViewStep::Kind::kReshape;
     st->target = t;
     Shape ignored;

@@ -2,6 +2,7 @@
 // row_emit.cc): the lowered program and the generator's stages. GenerateRowKernel runs them in
 // order; each returns false with GeneratedRowKernel::reason set when the group cannot be generated.
 //
+//   0 PrepareRowBody   (row_kernel.cc)   gathers and rank changes of inputs/outputs become recorded views
 //   1 PlanRowDomain    (row_kernel.cc)   how inputs are viewed, which axes merge into one row, the row domain
 //   2 LowerRowBody     (row_lowering.cc) body nodes -> primitives, float16/bfloat16 rounding
 //   3 ClassifyRowPrims (row_schedule.cc) input classes, each primitive's kind (row / row scalar) and loop level
