@@ -38,7 +38,7 @@ struct SafeFusionOptions {
   double max_abs_error = 1e-3;   // absolute, per output element
   bool check_speed = true;
   int repeats = 15;              // timed pairs per side (median); undecided results get 2x more
-  // A kept group must also be this much faster (ratio of medians - 1): groups near break-even are
+  // A kept group must also be this much faster (ratio of the fastest runs - 1): groups near break-even are
   // then rolled back every time instead of flipping with the machine's noise from run to run.
   double min_gain = 0.05;
   int threads = 0;               // 0 = all cores
