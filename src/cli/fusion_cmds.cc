@@ -41,6 +41,7 @@ struct FusionArgs {
   std::string output;
   bool safe = false, no_speed_gate = false, half_weights = false;
   double min_gain = 0.05;
+  bool remeasure = false;
   double min_cosine = 0.999, max_abs_error = 1e-3;
   int repeats = 15, threads = 0;
   std::string report;
@@ -264,6 +265,7 @@ void RunFuse(const FusionArgs& a) {
     so.check_speed = !a.no_speed_gate;
     so.repeats = a.repeats;
     so.min_gain = a.min_gain;
+    so.reuse_measurements = !a.remeasure;
     so.threads = a.threads;
     so.half_weights = a.half_weights;
     f->FuseAsConfigured(so);
@@ -363,6 +365,9 @@ void AddFusionCommands(CLI::App& app) {
     cmd->add_option("--min-cosine", a->min_cosine, "safe: minimum cosine similarity per group (default 0.999)");
     cmd->add_option("--max-abs-error", a->max_abs_error, "safe: maximum absolute error per group (default 1e-3)");
     cmd->add_flag("--no-speed-gate", a->no_speed_gate, "safe: keep groups whose kernel is not measurably faster");
+    cmd->add_flag("--remeasure", a->remeasure,
+                  "safe: measure speed again instead of reusing verdicts measured before on this machine for the "
+                  "same kernels and inputs (and replace them)");
     cmd->add_option("--min-gain", a->min_gain,
                     "safe: a kept group must also be this much faster, median ratio - 1 (default 0.05)");
     cmd->add_option("--repeats", a->repeats,

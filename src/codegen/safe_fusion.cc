@@ -7,11 +7,15 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <optional>
+
+#include <omp.h>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
 
 #include "codegen/fused_kernels.h"
+#include "codegen/gate_cache.h"
 #include "codegen/fused_session.h"
 #include "codegen/verify.h"
 #include "cost/cost_model.h"
@@ -88,8 +92,37 @@ struct GroupInputs {
 };
 
 // Precision and speed gates of one fused group on its inputs in every sample (fills r).
+// Everything a speed measurement of a group depends on, for the gate cache.
+std::string GateKey(const FusedKernelSet::Entry& e, const Function& f, const GroupInputs& in,
+                    const SafeFusionOptions& safe) {
+  const int threads = safe.threads > 0 ? safe.threads : omp_get_max_threads();
+  std::string k = fmt::format("gate-v1|{}|{}|threads {}|repeats {}|min_gain {}\n", KernelCompiler::TargetName(),
+                              KernelCompiler::CompilerFlags(), threads, safe.repeats, safe.min_gain);
+  for (const auto& v : e.Bound()) {
+    k += "variant\n";
+    for (const auto& st : v->kernel.stages)
+      k += st.library ? "library " + st.node.op_type + "\n" : fmt::format("row {:016x}\n", StableHash(st.row.source));
+    for (const auto& n : v->kernel.notes) k += "note " + n + "\n";
+  }
+  for (const Node& n : f.nodes) {
+    k += n.domain + "." + n.op_type;
+    for (const Attribute& a : n.attributes) {
+      k += fmt::format(" {}={}:{}:{}", a.name, a.i, a.f, a.s);
+      for (int64_t x : a.ints) k += fmt::format(",{}", x);
+      for (float x : a.floats) k += fmt::format(",{}", x);
+    }
+    k += "\n";
+  }
+  for (const auto& ins : in.given) {
+    k += "run";
+    for (const Tensor* t : ins) k += t ? fmt::format(" {}{}", static_cast<int>(t->dtype()), ShapeToString(t->shape())) : " -";
+    k += "\n";
+  }
+  return k;
+}
+
 void GateGroup(const FusedKernelSet::Entry& e, const Function& f, int64_t opset, const GroupInputs& in,
-               const SafeFusionOptions& safe, SafeKernelResult& r) {
+               const SafeFusionOptions& safe, const GateCache& cache, SafeKernelResult& r) {
   r.kernel = e.kernel.Describe();
   r.samples = static_cast<int>(in.given.size());
   const int threads = safe.threads;
@@ -121,6 +154,39 @@ void GateGroup(const FusedKernelSet::Entry& e, const Function& f, int64_t opset,
     return;
   }
   if (!safe.check_speed) return;
+  // A verdict measured before on exactly this kernel, these operators and these inputs on this
+  // machine is reused (a test hook's deliberate slowness is never cached, nor reused).
+  const std::string key = safe.kernel_hook ? std::string() : GateKey(e, f, in, safe);
+  if (!key.empty())
+    if (std::optional<nlohmann::json> c = cache.Get(key)) {
+      try {
+        r.pairs = c->at("pairs").get<int>();
+        r.pairs_won = c->at("pairs_won").get<int>();
+        r.pairs_needed = c->at("pairs_needed").get<int>();
+        r.measured_unfused_us = c->at("measured_unfused_us").get<double>();
+        r.measured_fused_us = c->at("measured_fused_us").get<double>();
+        r.noise = c->at("noise").get<double>();
+        r.reason_kind = c->at("reason_kind").get<std::string>();
+        r.reason = c->at("reason").get<std::string>();
+        r.speed_measured_at = c->at("measured_at").get<std::string>();
+        return;
+      } catch (const std::exception&) {
+        r.speed_measured_at.clear();  // a malformed entry: measure
+        r.reason_kind.clear();
+        r.reason.clear();
+      }
+    }
+  struct Store {  // on every path out of the measurement below
+    const GateCache& cache;
+    const std::string& key;
+    SafeKernelResult& r;
+    ~Store() {
+      if (key.empty() || (r.reason_kind != "" && r.reason_kind != "speed")) return;
+      cache.Put(key, {{"pairs", r.pairs}, {"pairs_won", r.pairs_won}, {"pairs_needed", r.pairs_needed},
+                      {"measured_unfused_us", r.measured_unfused_us}, {"measured_fused_us", r.measured_fused_us},
+                      {"noise", r.noise}, {"reason_kind", r.reason_kind}, {"reason", r.reason}});
+    }
+  } store{cache, key, r};
   // One repeat: every sample through the reference, then through the kernel (the variant that
   // serves it), back to back; the first pair is a warm-up.
   std::vector<double> tu, tf;
@@ -203,10 +269,39 @@ std::string GroupKey(const Node& call, const FusedKernelSet::Entry* e, const Mod
 // roll back the kept groups that gained least (measured per group: unfused minus fused time over
 // the workload), half of them at a time, and measure again; when nothing fused is faster, the
 // model as given is the result. Also rolls back groups whose kernel never ran end to end.
+// Everything an end-to-end measurement depends on: the machine, the settings, the fused model's
+// main graph (which groups are fused, how they are wired) and functions, and the workload's shapes.
+std::string EndToEndKey(const Model& fused, const VerifyOptions& vo, const SafeFusionOptions& safe) {
+  const int threads = safe.threads > 0 ? safe.threads : omp_get_max_threads();
+  std::string k = fmt::format("e2e-v1|{}|{}|threads {}|repeats {}\n", KernelCompiler::TargetName(),
+                              KernelCompiler::CompilerFlags(), threads, vo.repeats);
+  auto node_line = [&k](const Node& n) {
+    k += n.domain + "." + n.op_type + "(";
+    for (const auto& in : n.inputs) k += in + ",";
+    k += ")->";
+    for (const auto& o : n.outputs) k += o + ",";
+    k += "\n";
+  };
+  for (const Node& n : fused.graph.nodes) node_line(n);
+  for (const Function& f : fused.functions) {
+    k += "function " + f.domain + "." + f.name + "\n";
+    for (const Node& n : f.nodes) node_line(n);
+  }
+  for (const auto& [name, t] : fused.graph.initializers)
+    k += fmt::format("init {} {}{}\n", name, static_cast<int>(t.dtype()), ShapeToString(t.shape()));
+  for (const Feeds& sample : vo.workload.samples) {
+    k += "run";
+    for (const auto& [name, t] : sample) k += fmt::format(" {}={}{}", name, static_cast<int>(t.dtype()), ShapeToString(t.shape()));
+    k += "\n";
+  }
+  return k;
+}
+
 }  // namespace
 
 Model SafeGraphAutoFusion::GateEndToEnd(Model fused, const SafeFusionOptions& safe, const VerifyOptions& vo,
                                         std::map<int, std::pair<Verdict, std::string>>& rollbacks) {
+  const GateCache gates(KernelCompiler(safe.kernel_cache).cache_root(), safe.reuse_measurements);
   SafeFusionReport& rep = safe_report_;
   const Model& original = original_;
   VerifyOptions po = vo;
@@ -220,12 +315,41 @@ Model SafeGraphAutoFusion::GateEndToEnd(Model fused, const SafeFusionOptions& sa
   for (int round = 0; round < 4; ++round) {
     std::vector<SafeKernelResult*> groups = kept();
     if (groups.empty()) break;
-    PerformanceReport perf = VerifyPerformance(fused, po);
-    int needed = 0;
-    if (safe.check_speed && Decide(perf.pairs_won, perf.repeats, &needed) == PairVerdict::kUndecided) {
-      VerifyOptions longer = po;  // neither clearly faster nor clearly slower: measure longer
-      longer.repeats = 3 * po.repeats;
-      perf = VerifyPerformance(fused, longer);
+    // The measurement of exactly this fused model on this workload and machine, when made before.
+    const std::string key = safe.kernel_hook || !safe.check_speed ? std::string() : EndToEndKey(fused, po, safe);
+    PerformanceReport perf;
+    std::set<std::string> idle;
+    bool reused = false;
+    if (!key.empty())
+      if (std::optional<nlohmann::json> c = gates.Get(key)) {
+        try {
+          perf.baseline_ms = c->at("baseline_ms").get<double>();
+          perf.fused_ms = c->at("fused_ms").get<double>();
+          perf.speedup = c->at("speedup").get<double>();
+          perf.repeats = c->at("pairs").get<int>();
+          perf.pairs_won = c->at("pairs_won").get<int>();
+          perf.pairs_needed = c->at("pairs_needed").get<int>();
+          for (const auto& f : c->at("idle")) idle.insert(f.get<std::string>());
+          rep.end_to_end_reused = c->at("measured_at").get<std::string>();
+          reused = true;
+        } catch (const std::exception&) {
+          idle.clear();
+        }
+      }
+    if (!reused) {
+      perf = VerifyPerformance(fused, po);
+      int needed = 0;
+      if (safe.check_speed && Decide(perf.pairs_won, perf.repeats, &needed) == PairVerdict::kUndecided) {
+        VerifyOptions longer = po;  // neither clearly faster nor clearly slower: measure longer
+        longer.repeats = 3 * po.repeats;
+        perf = VerifyPerformance(fused, longer);
+      }
+      for (const FusedCallStats& c : perf.calls)
+        if (c.calls > 0 && c.KernelCalls() == 0) idle.insert(c.function);
+      if (!key.empty())
+        gates.Put(key, {{"baseline_ms", perf.baseline_ms}, {"fused_ms", perf.fused_ms}, {"speedup", perf.speedup},
+                        {"pairs", perf.repeats}, {"pairs_won", perf.pairs_won}, {"pairs_needed", perf.pairs_needed},
+                        {"idle", idle}});
     }
     ++rep.end_to_end_rounds;
     rep.end_to_end_log.push_back(fmt::format("round {}: {} group(s) kept, original {:.3f} ms, fused {:.3f} ms ({:.2f}x), "
@@ -239,9 +363,6 @@ Model SafeGraphAutoFusion::GateEndToEnd(Model fused, const SafeFusionOptions& sa
     rep.end_to_end_pairs_won = perf.pairs_won;
     rep.end_to_end_pairs_needed = perf.pairs_needed;
     // A kept group whose kernel never ran end to end is not fused: roll it back and measure again.
-    std::set<std::string> idle;
-    for (const FusedCallStats& c : perf.calls)
-      if (c.calls > 0 && c.KernelCalls() == 0) idle.insert(c.function);
     bool changed = false;
     for (SafeKernelResult* r : groups)
       if (idle.count(r->function)) {
@@ -325,6 +446,7 @@ Model SafeGraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
   RecordedRuns runs = RecordRuns(fused, work, threads);
   KernelCompiler compiler(safe.kernel_cache);
   std::shared_ptr<FusedKernelSet> kernels = FusedKernelSet::Build(fused, runs.shapes, compiler, kFusedDomain);
+  const GateCache gates(compiler.cache_root(), safe.reuse_measurements);
   if (kernels->library()) rep.kernel_library = kernels->library()->directory();
 
   std::map<std::string, int> candidate_of_node(fused_nodes_.begin(), fused_nodes_.end());
@@ -389,7 +511,7 @@ Model SafeGraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
         r.reason = "an input of the group was not produced by the recording runs";
       } else {
         try {
-          GateGroup(*e, *f, opset, gi, safe, r);
+          GateGroup(*e, *f, opset, gi, safe, gates, r);
         } catch (const Error& ex) {
           r.reason_kind = "compile";
           r.reason = std::string("the kernel does not run on the group's inputs: ") + ex.what();
@@ -502,6 +624,12 @@ std::string SafeFusionReport::ToText() const {
   if (end_to_end_log.size() > 1)
     for (const std::string& line : end_to_end_log) s += "  " + line + "\n";
   if (!end_to_end_verdict.empty()) s += "  verdict: " + end_to_end_verdict + "\n";
+  int reused = 0;
+  for (const auto& k : kernels) reused += !k.speed_measured_at.empty() && k.same_as.empty();
+  if (reused > 0 || !end_to_end_reused.empty())
+    s += fmt::format("  speed verdicts reused from earlier measurements on this machine: {} group(s){} "
+                     "(codegen/gate_cache.h; --remeasure measures again)\n",
+                     reused, end_to_end_reused.empty() ? "" : ", and the end-to-end timing (measured " + end_to_end_reused + ")");
   if (!kernel_library.empty()) s += "  kernels: " + kernel_library + "\n";
   if (half_weights_tried)
     s += half_weights_kept
@@ -540,7 +668,8 @@ std::string SafeFusionReport::ToJson() const {
                             {"pairs_needed", k.pairs_needed},
                             {"same_as", k.same_as},
                             {"samples", k.samples},
-                            {"rolled_back_end_to_end", k.rolled_back_end_to_end}});
+                            {"rolled_back_end_to_end", k.rolled_back_end_to_end},
+                            {"speed_measured_at", k.speed_measured_at}});
   nlohmann::json e = nlohmann::json::array();
   for (size_t i = 0; i < outputs.size(); ++i)
     e.push_back({{"output", outputs[i]},
@@ -558,6 +687,7 @@ std::string SafeFusionReport::ToJson() const {
                      {"log", end_to_end_log},
                      {"verdict", end_to_end_verdict},
                      {"original_kept", original_kept},
+                     {"reused_measurement_from", end_to_end_reused},
                      {"time_source", "measured: medians of interleaved runs over the workload"},
                      {"predicted_source", "cost model (docs/cost_model.md)"}};
   j["kernel_library"] = kernel_library;

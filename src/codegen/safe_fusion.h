@@ -41,6 +41,10 @@ struct SafeFusionOptions {
   // A kept group must also be this much faster (ratio of the fastest runs - 1): groups near break-even are
   // then rolled back every time instead of flipping with the machine's noise from run to run.
   double min_gain = 0.05;
+  // Reuse the speed verdict measured before for the same kernel, operators, inputs and machine
+  // (codegen/gate_cache.h), so a model fused again keeps the same groups; false: measure again
+  // and replace the stored verdicts (`--remeasure`).
+  bool reuse_measurements = true;
   int threads = 0;               // 0 = all cores
   std::string kernel_cache;      // "" = $GAF_KERNEL_CACHE or ~/.cache/graph-autofusion/kernels
   uint32_t seed = 0;             // random graph inputs
@@ -68,6 +72,7 @@ struct SafeKernelResult {
   int pairs = 0, pairs_won = 0, pairs_needed = 0;  // speed gate: interleaved pairs, kernel wins, wins needed
   std::string same_as;                       // measured once for identical kernel+shapes: that node
   int samples = 0;                           // workload samples the group was checked on
+  std::string speed_measured_at;             // set when the speed verdict was reused: when it was measured
   bool rolled_back_end_to_end = false;       // passed its own gates, rolled back by the end-to-end gate
 };
 
@@ -89,6 +94,7 @@ struct SafeFusionReport {
   std::vector<std::string> end_to_end_log;  // one line per round: groups kept, times, pairs
   std::string end_to_end_verdict;          // "faster", "faster after rolling back N groups", "original kept: ..."
   bool original_kept = false;              // no fused model was faster: the model as given is the result
+  std::string end_to_end_reused;           // the last end-to-end timing was reused: when it was measured
   // float16 weight storage gate (SafeFusionOptions::half_weights).
   bool half_weights_tried = false, half_weights_kept = false;
   double half_weights_cosine = 0, half_weights_max_abs_error = 0;  // measured, every product on float16 weights
