@@ -4,7 +4,12 @@
 // kernel (per group and end to end) do.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
 #include <random>
 
 #include "codegen/fused_session.h"
@@ -13,7 +18,9 @@
 #include "cost/cost_model.h"
 #include "fusion/auto_fusion.h"
 #include "fusion/rules.h"
+#include "models/generate.h"
 #include "models/llama.h"
+#include "onnx_io/onnx_io.h"
 #include "runtime/session.h"
 #include "test_util.h"
 
@@ -300,6 +307,81 @@ TEST(ShapeGeneric, VerifyNamesFusedOperatorsWhoseKernelNeverRan) {
   EXPECT_EQ(q.samples, 2);
   ASSERT_FALSE(q.calls.empty());
   EXPECT_EQ(q.calls[0].KernelCalls(), 2);
+}
+
+// The decoders exported by torch.onnx.export (tests/fixtures/torch_decoders, KV cache, Optimum
+// layout): safe fusion on what generate runs (a prefill and decode steps), then 50 generated tokens
+// on the fused model: every fused call runs a kernel, at prefill and at every decode step, and the
+// greedy tokens are the unfused model's.
+TEST(ShapeGeneric, TorchDecodersRunEveryFusedCallAsAKernelWhileGenerating) {
+  for (const char* name : {"llama_kv_opset17", "gpt2_kv_opset17"}) {
+    const std::string path = std::string(GAF_SOURCE_DIR) + "/tests/fixtures/torch_decoders/" + name + "/model.onnx";
+    Model m = LoadModel(path);
+    FusionOptions o;
+    o.preset = "transformer";
+    o.workload = DecoderTraceWorkload(m, 8, 3, 0);
+    SafeGraphAutoFusion f(m, o);
+    SafeFusionOptions so;
+    so.check_speed = false;  // speed is for benchmarks; this checks kernels, fallbacks and tokens
+    Model fused = f.FuseSafe(so);
+    int groups = 0;
+    for (const Node& n : fused.graph.nodes) groups += n.domain == kFusedDomain;
+    EXPECT_GE(groups, 4) << name << "\n" << f.GetSafeFusionReport().ToText();
+    KernelCompiler compiler;
+    FusedRuntime rt = MakeFusedRuntime(fused, {}, compiler, DecoderTraceWorkload(fused, 8, 2, 0));
+    Session ref(m);
+    GenerateOptions g;
+    g.prompt_ids = {3, 14, 15, 92, 65, 35, 89, 79};
+    g.max_new_tokens = 50;
+    EXPECT_EQ(Generate(*rt.session, g).tokens, Generate(ref, g).tokens) << name;
+    Totals t = Count(*rt.kernels);
+    EXPECT_EQ(t.calls, 50 * groups) << name << "\n" << DescribeFusedKernels(*rt.kernels);
+    EXPECT_EQ(t.fallbacks, 0) << name << "\n" << DescribeFusedKernels(*rt.kernels);
+    EXPECT_EQ(t.generated, 0) << name << ": a variant was missing from the batch build\n"
+                              << DescribeFusedKernels(*rt.kernels);
+  }
+}
+
+// Speed verdicts are kept per machine (codegen/gate_cache.h): fusing again reuses them and keeps
+// the same groups; reuse off measures again.
+TEST(ShapeGeneric, GateCacheKeepsTheSameGroupsOnTheSameInputs) {
+  char tmpl[] = "/tmp/gaf-gate-cache-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string cache = tmpl;
+  Model m = BuildLlamaModel(LlamaPreset("tiny"));
+  auto run = [&](bool reuse, std::set<std::string>* kept, int* reused) {
+    FusionOptions o;
+    o.preset = "transformer";
+    SafeGraphAutoFusion f(m, o);
+    SafeFusionOptions so;
+    so.repeats = 7;
+    so.kernel_cache = cache;
+    so.reuse_measurements = reuse;
+    f.FuseSafe(so);
+    *reused = 0;
+    for (const SafeKernelResult& k : f.GetSafeFusionReport().kernels) {
+      if (k.fused) kept->insert(k.node);
+      *reused += !k.speed_measured_at.empty();
+    }
+  };
+  std::set<std::string> first, second, third;
+  int reused = 0;
+  run(true, &first, &reused);
+  EXPECT_EQ(reused, 0);  // a fresh cache: everything measured
+  run(true, &second, &reused);
+  EXPECT_GT(reused, 0);
+  EXPECT_EQ(first, second);
+  run(false, &third, &reused);
+  EXPECT_EQ(reused, 0);
+  // A damaged entry is ignored (measured again), never a crash.
+  for (const auto& e : std::filesystem::recursive_directory_iterator(cache))
+    if (e.path().extension() == ".json") {
+      std::ofstream(e.path()) << "{ not json";
+    }
+  std::set<std::string> fourth;
+  run(true, &fourth, &reused);
+  EXPECT_EQ(reused, 0);
+  std::filesystem::remove_all(cache);
 }
 
 }  // namespace
