@@ -45,14 +45,25 @@ std::shared_ptr<FusedKernelSet> CompileFusedKernels(const Model& model, KernelCo
   return FusedKernelSet::Build(model, RecordCallShapes(model, workload), compiler, domain, half_weights);
 }
 
-FusedRuntime MakeFusedRuntime(const Model& model, SessionOptions options, KernelCompiler& compiler,
-                              const Workload& workload, const std::string& domain, HalfWeights half_weights) {
+namespace {
+
+// A session running `kernels` for the fused operators (and float16 weight storage when asked).
+FusedRuntime WithSession(const Model& model, SessionOptions options, std::shared_ptr<FusedKernelSet> kernels,
+                         HalfWeights half_weights) {
   FusedRuntime rt;
-  rt.kernels = CompileFusedKernels(model, compiler, workload, domain, half_weights);
+  rt.kernels = std::move(kernels);
   options.function_kernels = rt.kernels->Provider();
   if (half_weights != HalfWeights::kOff) options.node_kernels = HalfWeightProvider(half_weights);
   rt.session = std::make_unique<Session>(model, options);
   return rt;
+}
+
+}  // namespace
+
+FusedRuntime MakeFusedRuntime(const Model& model, SessionOptions options, KernelCompiler& compiler,
+                              const Workload& workload, const std::string& domain, HalfWeights half_weights) {
+  return WithSession(model, std::move(options), CompileFusedKernels(model, compiler, workload, domain, half_weights),
+                     half_weights);
 }
 
 std::shared_ptr<FusedKernelSet> CompileFusedKernels(const Model& model, KernelCompiler& compiler,
@@ -75,12 +86,8 @@ std::shared_ptr<FusedKernelSet> CompileFusedKernels(const Model& model, KernelCo
 FusedRuntime MakeFusedRuntime(const Model& model, SessionOptions options, KernelCompiler& compiler,
                               const std::map<std::string, int64_t>& dims, const std::string& domain,
                               HalfWeights half_weights) {
-  FusedRuntime rt;
-  rt.kernels = CompileFusedKernels(model, compiler, dims, domain, half_weights);
-  options.function_kernels = rt.kernels->Provider();
-  if (half_weights != HalfWeights::kOff) options.node_kernels = HalfWeightProvider(half_weights);
-  rt.session = std::make_unique<Session>(model, options);
-  return rt;
+  return WithSession(model, std::move(options), CompileFusedKernels(model, compiler, dims, domain, half_weights),
+                     half_weights);
 }
 
 std::vector<FusedCallStats> FusedCallSummary(const FusedKernelSet& set) {

@@ -23,13 +23,7 @@ struct Case {
   std::vector<bool> constant;
 };
 
-Tensor Random(Shape s, uint32_t seed, float lo = -2.f, float hi = 2.f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  Tensor t(DataType::kFloat, std::move(s));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
-  return t;
-}
+Tensor Random(Shape s, uint32_t seed, float lo = -2.f, float hi = 2.f) { return testing::RandomFloat(std::move(s), seed, lo, hi); }
 
 Attribute Ints(const std::string& name, std::vector<int64_t> v) {
   Attribute a;

@@ -27,13 +27,7 @@ struct Case {
   std::vector<bool> constant;
 };
 
-Tensor RandomFloat(Shape s, uint32_t seed, float lo = -2.f, float hi = 2.f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  Tensor t(DataType::kFloat, std::move(s));
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
-  return t;
-}
+using testing::RandomFloat;
 
 template <class T>
 Tensor RandomInt(DataType dt, Shape s, uint32_t seed, int64_t lo, int64_t hi, int64_t offset = 0) {

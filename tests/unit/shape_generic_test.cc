@@ -38,13 +38,7 @@ ValueInfo SymbolicFloat(const std::string& name, const std::vector<Dim>& dims) {
   return v;
 }
 
-Tensor Random(const Shape& s, uint32_t seed) {
-  Tensor t(DataType::kFloat, s);
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-2.f, 2.f);
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
-  return t;
-}
+Tensor Random(const Shape& s, uint32_t seed) { return testing::RandomFloat(s, seed); }
 
 // scores [1,4,S,T] + mask [1,1,S,T] -> Softmax: the mask is read through a row-offset table at
 // prefill (S > 1) and as one shared row at decode (S = 1).

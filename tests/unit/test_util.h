@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -11,6 +12,15 @@
 #include "ir/graph.h"
 
 namespace gaf::testing {
+
+// A float32 tensor of `shape`, uniform in [lo, hi), seeded.
+inline Tensor RandomFloat(Shape shape, uint32_t seed, float lo = -2.f, float hi = 2.f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  Tensor t(DataType::kFloat, std::move(shape));
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
+  return t;
+}
 
 inline Attribute IntAttr(const std::string& name, int64_t v) {
   Attribute a;
