@@ -286,6 +286,30 @@ bool PrepareRowBody(const RowKernelRequest& req, GeneratedRowKernel* g, Function
     RenameUses(f, out, tab);
     --k;
   }
+  // Unsqueeze/Squeeze of a unary elementwise op (Cast, Not, ...) of a function input commute with
+  // it: the rank change moves onto the input, which is then read through a view. (Left in the body,
+  // an Unsqueeze of [1, T] to [1, 1, 1, T] would only look like leading ones at batch 1.)
+  static const std::set<std::string> kUnaryPointwise = {"Cast", "Not", "Neg", "Abs", "Identity"};
+  for (size_t k = 0; k < f.nodes.size(); ++k) {
+    const Node n = f.nodes[k];
+    if (!n.domain.empty() || (n.op_type != "Unsqueeze" && n.op_type != "Squeeze") || n.inputs.empty() ||
+        n.outputs.size() != 1 || UsesOf(f, n.inputs[0]) != 1)
+      continue;
+    for (size_t j = 0; j < k; ++j) {
+      const Node e = f.nodes[j];
+      if (e.outputs.size() != 1 || e.outputs[0] != n.inputs[0] || !e.domain.empty() || !kUnaryPointwise.count(e.op_type) ||
+          e.inputs.size() != 1 || !input_of.count(e.inputs[0]) || UsesOf(f, e.inputs[0]) != 1)
+        continue;
+      Node view = n, op = e;
+      view.inputs[0] = e.inputs[0];
+      view.outputs[0] = e.outputs[0];  // the viewed input
+      op.inputs[0] = e.outputs[0];
+      op.outputs[0] = n.outputs[0];
+      f.nodes[j] = view;
+      f.nodes[k] = op;
+      break;
+    }
+  }
   // Rank changes of function inputs used only there: the input is read through a view.
   auto step_of = [&](const Node& n, const Shape& in, RowViewStep* st) {
     if (!n.domain.empty() || n.outputs.size() != 1 || n.inputs.empty()) return false;

@@ -87,7 +87,8 @@ namespace {
 bool CheckOutputs(const Function& f, const RowDomainPlan& plan, const Lowering& lw, GeneratedRowKernel* g,
                   RowSchedule* s) {
   const std::vector<Prim>& P = lw.prims;
-  for (const std::string& o : f.outputs) {
+  for (size_t oi = 0; oi < f.outputs.size(); ++oi) {
+    const std::string& o = f.outputs[oi];
     auto it = lw.id.find(o);
     if (it == lw.id.end()) {
       g->reason = fmt::format("output '{}' is not computed by supported operators", o);
@@ -103,7 +104,23 @@ bool CheckOutputs(const Function& f, const RowDomainPlan& plan, const Lowering& 
     per_row.back() = 1;
     bool is_row = p.vkind == VKind::kRow;
     g->signature.output_squeezed.push_back(lw.squeezed.count(it->second) > 0);
-    if ((is_row && p.shape != plan.full) || (!is_row && p.shape != per_row) || p.kind == PrimKind::kInput ||
+    // A row value whose shape is the domain's with leading ones in front (an Unsqueeze of a lower-
+    // rank mask inside the body) is written through a view that adds them.
+    Shape shape = p.shape;
+    if (is_row && shape.size() > plan.full.size()) {
+      const size_t extra = shape.size() - plan.full.size();
+      const bool ones = std::all_of(shape.begin(), shape.begin() + static_cast<std::ptrdiff_t>(extra),
+                                    [](int64_t d) { return d == 1; });
+      if (ones && Shape(shape.begin() + static_cast<std::ptrdiff_t>(extra), shape.end()) == plan.full &&
+          oi < g->output_views.size()) {
+        RowViewStep st;
+        st.kind = RowViewStep::Kind::kUnsqueeze;
+        for (size_t k = 0; k < extra; ++k) st.axes.push_back(static_cast<int64_t>(k));
+        g->output_views[oi].insert(g->output_views[oi].begin(), st);
+        shape = plan.full;
+      }
+    }
+    if ((is_row && shape != plan.full) || (!is_row && p.shape != per_row) || p.kind == PrimKind::kInput ||
         p.kind == PrimKind::kConst) {
       g->reason = fmt::format("output '{}' has shape {}, not the group's row domain {}", o, ShapeToString(p.shape),
                               ShapeToString(plan.full));

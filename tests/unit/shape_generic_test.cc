@@ -378,5 +378,22 @@ TEST(ShapeGeneric, GateCacheKeepsTheSameGroupsOnTheSameInputs) {
   std::filesystem::remove_all(cache);
 }
 
+// Every group plain fusion makes on the built-in Llama (including its mask group: Cast, Unsqueeze
+// of the [1, T] mask to [1, 1, 1, T], And, Where, written with the leading ones as a view) runs a
+// kernel at prefill and at decode, and matches the original.
+TEST(ShapeGeneric, EveryFusedGroupOfTheBuiltinLlamaRunsAKernel) {
+  Model m = BuildLlamaModel(LlamaPreset("tiny"));
+  FusionOptions o;
+  o.preset = "transformer";
+  GraphAutoFusion f(m, o);
+  Model fused = f.Fuse();
+  VerifyOptions vo;
+  vo.workload = DecoderTraceWorkload(m, 8, 3, 0);
+  PrecisionReport p = VerifyPrecision(fused, m, vo);
+  EXPECT_TRUE(p.Passes(0.9999, 1e-4)) << p.kernels;
+  EXPECT_TRUE(p.NeverRan().empty()) << p.kernels;
+  for (const FusedCallStats& c : p.calls) EXPECT_EQ(c.fallbacks, 0) << c.function << ": " << c.last_fallback;
+}
+
 }  // namespace
 }  // namespace gaf
