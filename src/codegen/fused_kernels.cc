@@ -106,7 +106,8 @@ std::string CallKey(const std::vector<const Tensor*>& inputs, const std::vector<
 
 // Run-time state of a call site: its variants and what generating another takes.
 struct FusedKernelSet::Entry::Variants {
-  mutable std::mutex mu;
+  mutable std::mutex mu;       // guards list, failed, exhausted, jit counters (held briefly)
+  std::mutex generating;       // held while a variant is generated and compiled (seconds)
   std::shared_ptr<const std::vector<std::shared_ptr<const KernelVariant>>> list =
       std::make_shared<std::vector<std::shared_ptr<const KernelVariant>>>();
   mutable std::atomic<size_t> last{0};  // the variant that ran the last call (tried first)
@@ -145,7 +146,10 @@ struct FusedKernelSet::Entry::Variants {
     req.input_shapes = shapes;
     req.constants = constants;
     for (size_t i = 0; i < constants.size(); ++i) {
-      if (constants[i] != nullptr || !shape_data[i] || values[i] == nullptr) continue;
+      // Only integer shape data is folded (guards compare integer values exactly).
+      if (constants[i] != nullptr || !shape_data[i] || values[i] == nullptr || !IsIntegerType(values[i]->dtype()) ||
+          values[i]->numel() > kMaxShapeDataElements)
+        continue;
       v->guards.emplace_back(i, *values[i]);
     }
     for (const auto& [i, t] : v->guards) req.constants[i] = &t;
@@ -347,14 +351,12 @@ bool FusedKernelSet::Entry::Run(const std::vector<const Tensor*>& given, int num
     }
     *outputs = std::move(outs);
   };
-  auto list = variants->Snapshot();
-  const size_t n = list->size(), start = n == 0 ? 0 : variants->last.load(std::memory_order_relaxed) % n;
-  for (size_t k = 0; k < n; ++k) {
-    const size_t idx = (start + k) % n;
-    const KernelVariant& v = *(*list)[idx];
+  // Runs variant `idx` of `list` when it fits the call.
+  auto attempt = [&](const std::vector<std::shared_ptr<const KernelVariant>>& list, size_t idx) {
+    const KernelVariant& v = *list[idx];
     if (!GuardsHold(v, given)) {
       *reason = "shape data differs from every variant's";
-      continue;
+      return false;
     }
     try {
       std::vector<Tensor> outs = RunStagedKernel(v.kernel, inputs, num_threads);
@@ -364,14 +366,32 @@ bool FusedKernelSet::Entry::Run(const std::vector<const Tensor*>& given, int num
       return true;
     } catch (const Error& ex) {
       *reason = ex.what();  // another broadcast class: try the next variant
+      return false;
     }
-  }
+  };
+  auto list = variants->Snapshot();
+  const size_t n = list->size(), start = n == 0 ? 0 : variants->last.load(std::memory_order_relaxed) % n;
+  for (size_t k = 0; k < n; ++k)
+    if (attempt(*list, (start + k) % n)) return true;
   if (!generate) return false;
   // No variant fits: generate one for this call's classes, compile it (the cache makes a class
-  // seen before free), add it. Calls that cannot be generated are remembered by their key.
+  // seen before free), check it runs the call, add it. Calls that cannot be generated are
+  // remembered by their key; after kMaxFailures of them, or kMaxVariants variants, no more are
+  // generated for the site.
   Variants& vs = *variants;
   const std::string key = CallKey(given, vs.shape_data);
-  std::shared_ptr<KernelVariant> v;
+  auto refuse = [&](const std::string& why) {  // mu held
+    vs.failed[key] = *reason = why;
+    if (vs.failed.size() >= kMaxFailures && vs.exhausted.empty())
+      vs.exhausted = fmt::format("{} (no variant for {} calls of other classes; no more are tried)", why, vs.failed.size());
+    return false;
+  };
+  // One generation at a time per call site (the list stays readable meanwhile); a variant another
+  // thread added while this one waited is tried first.
+  std::lock_guard<std::mutex> gen(vs.generating);
+  auto now = vs.Snapshot();
+  for (size_t idx = n; idx < now->size(); ++idx)
+    if (attempt(*now, idx)) return true;
   {
     std::lock_guard<std::mutex> lock(vs.mu);
     auto failed = vs.failed.find(key);
@@ -384,59 +404,55 @@ bool FusedKernelSet::Entry::Run(const std::vector<const Tensor*>& given, int num
       return false;
     }
     if (vs.list->size() >= kMaxVariants) {
-      *reason = fmt::format("the call site has {} kernel variants already; this call ({}) fits none of them",
-                            kMaxVariants, reason->substr(0, 200));
-      vs.failed[key] = *reason;
+      vs.exhausted = fmt::format("the call site has {} kernel variants already; this call ({}) fits none of them",
+                                 kMaxVariants, reason->substr(0, 200));
+      *reason = vs.exhausted;
       return false;
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    std::vector<DataType> types;
-    std::vector<Shape> shapes;
-    for (const Tensor* t : given) {
-      types.push_back(t->dtype());
-      shapes.push_back(t->shape());
-    }
-    v = std::make_shared<KernelVariant>();
-    v->jit = true;
-    RowKernelRequest req = vs.Request(types, shapes, given, v.get());
-    v->kernel = GenerateStagedKernel(req, kTemporarySymbol, vs.opset);
-    std::string why;
-    if (v->kernel.ok) {
-      std::map<std::string, std::string> symbols;
-      std::vector<KernelSource> sources;
-      NameStages(v->kernel, symbols, sources);
-      try {
-        KernelCompiler compiler(vs.cache_root);
-        v->library = compiler.Compile(sources);
-        if (!v->kernel.Bind(*v->library)) why = v->kernel.reason;
-      } catch (const Error& ex) {
-        why = ex.what();
-      }
-    } else {
-      why = "no kernel can be generated for this call: " + v->kernel.reason;
-    }
-    vs.jit_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (!why.empty()) {
-      vs.failed[key] = *reason = why;
-      if (vs.failed.size() >= kMaxFailures)
-        vs.exhausted = fmt::format("{} (no kernel could be generated for {} calls of other classes; no more are tried)",
-                                   why, vs.failed.size());
-      return false;
-    }
-    ++vs.jit;
-    vs.Add(v);
-    vs.last.store(vs.list->size() - 1, std::memory_order_relaxed);
-    if (used != nullptr) *used = vs.list->size() - 1;
   }
-  try {
-    finish(*v, RunStagedKernel(v->kernel, inputs, num_threads));
-    return true;
-  } catch (const Error& ex) {
-    *reason = std::string("the kernel generated for this call does not run it: ") + ex.what();
-    std::lock_guard<std::mutex> lock(vs.mu);
-    vs.failed[key] = *reason;
-    return false;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<DataType> types;
+  std::vector<Shape> shapes;
+  for (const Tensor* t : given) {
+    types.push_back(t->dtype());
+    shapes.push_back(t->shape());
   }
+  auto v = std::make_shared<KernelVariant>();
+  v->jit = true;
+  RowKernelRequest req = vs.Request(types, shapes, given, v.get());
+  v->kernel = GenerateStagedKernel(req, kTemporarySymbol, vs.opset);
+  std::string why;
+  if (v->kernel.ok) {
+    std::map<std::string, std::string> symbols;
+    std::vector<KernelSource> sources;
+    NameStages(v->kernel, symbols, sources);
+    try {
+      KernelCompiler compiler(vs.cache_root);
+      v->library = compiler.Compile(sources);
+      if (!v->kernel.Bind(*v->library)) why = v->kernel.reason;
+    } catch (const Error& ex) {
+      why = ex.what();
+    }
+  } else {
+    why = "no kernel can be generated for this call: " + v->kernel.reason;
+  }
+  std::vector<Tensor> outs;
+  if (why.empty()) {
+    try {
+      outs = RunStagedKernel(v->kernel, inputs, num_threads);  // a variant is added only once it ran
+    } catch (const Error& ex) {
+      why = std::string("the kernel generated for this call does not run it: ") + ex.what();
+    }
+  }
+  std::lock_guard<std::mutex> lock(vs.mu);
+  vs.jit_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!why.empty()) return refuse(why);
+  ++vs.jit;
+  vs.Add(v);
+  vs.last.store(vs.list->size() - 1, std::memory_order_relaxed);
+  if (used != nullptr) *used = vs.list->size() - 1;
+  finish(*v, std::move(outs));
+  return true;
 }
 
 const FusedKernelSet::Entry* FusedKernelSet::EntryForNode(const std::string& node) const {

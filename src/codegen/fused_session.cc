@@ -120,6 +120,23 @@ std::vector<FusedCallStats> FusedCallSummary(const FusedKernelSet& set) {
   return rows;
 }
 
+std::vector<std::string> IdleCallSites(const FusedKernelSet& set, std::vector<std::string>* nodes) {
+  std::vector<std::string> out;
+  for (const auto& e : set.entries()) {
+    const int64_t calls = e.calls->load(), fallbacks = e.fallbacks->load();
+    const bool no_kernel = !e.bound && !e.generate_when_called;
+    if (!no_kernel && !(calls > 0 && fallbacks == calls)) continue;
+    std::string why = e.status;
+    if (!no_kernel) {
+      std::lock_guard<std::mutex> lock(e.last_fallback->mu);
+      why = fmt::format("{} call(s), all ran the body: {}", calls, e.last_fallback->reason);
+    }
+    out.push_back(fmt::format("{} at {}: {}", e.function, e.node, why.substr(0, 300)));
+    if (nodes != nullptr) nodes->push_back(e.node);
+  }
+  return out;
+}
+
 std::string DescribeFusedKernels(const FusedKernelSet& set) {
   std::string s;
   for (const FusedCallStats& r : FusedCallSummary(set)) {

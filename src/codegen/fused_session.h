@@ -64,6 +64,10 @@ struct FusedCallStats {
 };
 std::vector<FusedCallStats> FusedCallSummary(const FusedKernelSet& set);
 
+// Call sites whose kernel never ran: no kernel (the body runs inlined), or every call ran the body.
+// One line each: "<function> at <node>: <why>"; `nodes` (optional) gets the node names.
+std::vector<std::string> IdleCallSites(const FusedKernelSet& set, std::vector<std::string>* nodes = nullptr);
+
 // One line per fused function: name, status (compiled / cached / why not), variants, calls and
 // fallbacks (calls that ran the body), variants generated at run time.
 std::string DescribeFusedKernels(const FusedKernelSet& set);

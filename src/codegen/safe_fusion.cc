@@ -96,8 +96,12 @@ struct GroupInputs {
 std::string GateKey(const FusedKernelSet::Entry& e, const Function& f, const GroupInputs& in,
                     const SafeFusionOptions& safe) {
   const int threads = safe.threads > 0 ? safe.threads : omp_get_max_threads();
-  std::string k = fmt::format("gate-v1|{}|{}|threads {}|repeats {}|min_gain {}\n", KernelCompiler::TargetName(),
-                              KernelCompiler::CompilerFlags(), threads, safe.repeats, safe.min_gain);
+  // The gaf build (reference and library kernels) and the compiler's flags are part of the key.
+  std::string k = fmt::format("gate-v2|{}|{}|build {} {}|threads {}|repeats {}|min_gain {}\n", KernelCompiler::TargetName(),
+                              KernelCompiler::CompilerFlags(), __DATE__, __TIME__, threads, safe.repeats, safe.min_gain);
+  k += "constants";
+  for (const Tensor* c : in.constants) k += c ? " c" : " -";
+  k += "\n";
   for (const auto& v : e.Bound()) {
     k += "variant\n";
     for (const auto& st : v->kernel.stages)
@@ -176,17 +180,6 @@ void GateGroup(const FusedKernelSet::Entry& e, const Function& f, int64_t opset,
         r.reason.clear();
       }
     }
-  struct Store {  // on every path out of the measurement below
-    const GateCache& cache;
-    const std::string& key;
-    SafeKernelResult& r;
-    ~Store() {
-      if (key.empty() || (r.reason_kind != "" && r.reason_kind != "speed")) return;
-      cache.Put(key, {{"pairs", r.pairs}, {"pairs_won", r.pairs_won}, {"pairs_needed", r.pairs_needed},
-                      {"measured_unfused_us", r.measured_unfused_us}, {"measured_fused_us", r.measured_fused_us},
-                      {"noise", r.noise}, {"reason_kind", r.reason_kind}, {"reason", r.reason}});
-    }
-  } store{cache, key, r};
   // One repeat: every sample through the reference, then through the kernel (the variant that
   // serves it), back to back; the first pair is a warm-up.
   std::vector<double> tu, tf;
@@ -240,6 +233,11 @@ void GateGroup(const FusedKernelSet::Entry& e, const Function& f, int64_t opset,
                              100 * safe.min_gain);
     }
   }
+  // Stored only here, after a complete measurement (a measurement that threw stores nothing).
+  if (!key.empty())
+    cache.Put(key, {{"pairs", r.pairs}, {"pairs_won", r.pairs_won}, {"pairs_needed", r.pairs_needed},
+                    {"measured_unfused_us", r.measured_unfused_us}, {"measured_fused_us", r.measured_fused_us},
+                    {"noise", r.noise}, {"reason_kind", r.reason_kind}, {"reason", r.reason}});
 }
 
 // The key under which identical groups (same function, variants, shapes in every sample and, for
@@ -253,6 +251,8 @@ std::string GroupKey(const Node& call, const FusedKernelSet::Entry* e, const Mod
   for (const auto& in : call.inputs) {
     const bool constant = !in.empty() && fused.graph.FindInitializer(in) != nullptr;
     if (constant) {
+      const Tensor* c = fused.graph.FindInitializer(in);
+      key += fmt::format("|c{}{}", static_cast<int>(c->dtype()), ShapeToString(c->shape()));
       if (e == nullptr || !e->kernel.owned_constants.empty()) key += "=" + in;
       continue;
     }
@@ -273,8 +273,8 @@ std::string GroupKey(const Node& call, const FusedKernelSet::Entry* e, const Mod
 // main graph (which groups are fused, how they are wired) and functions, and the workload's shapes.
 std::string EndToEndKey(const Model& fused, const VerifyOptions& vo, const SafeFusionOptions& safe) {
   const int threads = safe.threads > 0 ? safe.threads : omp_get_max_threads();
-  std::string k = fmt::format("e2e-v1|{}|{}|threads {}|repeats {}\n", KernelCompiler::TargetName(),
-                              KernelCompiler::CompilerFlags(), threads, vo.repeats);
+  std::string k = fmt::format("e2e-v2|{}|{}|build {} {}|threads {}|repeats {}\n", KernelCompiler::TargetName(),
+                              KernelCompiler::CompilerFlags(), __DATE__, __TIME__, threads, vo.repeats);
   auto node_line = [&k](const Node& n) {
     k += n.domain + "." + n.op_type + "(";
     for (const auto& in : n.inputs) k += in + ",";
@@ -282,6 +282,10 @@ std::string EndToEndKey(const Model& fused, const VerifyOptions& vo, const SafeF
     for (const auto& o : n.outputs) k += o + ",";
     k += "\n";
   };
+  k += "baseline\n";
+  if (vo.original != nullptr)
+    for (const Node& n : vo.original->graph.nodes) node_line(n);
+  k += "fused\n";
   for (const Node& n : fused.graph.nodes) node_line(n);
   for (const Function& f : fused.functions) {
     k += "function " + f.domain + "." + f.name + "\n";
@@ -312,6 +316,7 @@ Model SafeGraphAutoFusion::GateEndToEnd(Model fused, const SafeFusionOptions& sa
       if (r.fused && r.candidate >= 0 && !rollbacks.count(r.candidate)) k.push_back(&r);
     return k;
   };
+  const bool any_passed = !kept().empty();
   for (int round = 0; round < 4; ++round) {
     std::vector<SafeKernelResult*> groups = kept();
     if (groups.empty()) break;
@@ -337,6 +342,7 @@ Model SafeGraphAutoFusion::GateEndToEnd(Model fused, const SafeFusionOptions& sa
         }
       }
     if (!reused) {
+      rep.end_to_end_reused.clear();
       perf = VerifyPerformance(fused, po);
       int needed = 0;
       if (safe.check_speed && Decide(perf.pairs_won, perf.repeats, &needed) == PairVerdict::kUndecided) {
@@ -344,8 +350,7 @@ Model SafeGraphAutoFusion::GateEndToEnd(Model fused, const SafeFusionOptions& sa
         longer.repeats = 3 * po.repeats;
         perf = VerifyPerformance(fused, longer);
       }
-      for (const FusedCallStats& c : perf.calls)
-        if (c.calls > 0 && c.KernelCalls() == 0) idle.insert(c.function);
+      idle.insert(perf.idle_nodes.begin(), perf.idle_nodes.end());
       if (!key.empty())
         gates.Put(key, {{"baseline_ms", perf.baseline_ms}, {"fused_ms", perf.fused_ms}, {"speedup", perf.speedup},
                         {"pairs", perf.repeats}, {"pairs_won", perf.pairs_won}, {"pairs_needed", perf.pairs_needed},
@@ -365,7 +370,7 @@ Model SafeGraphAutoFusion::GateEndToEnd(Model fused, const SafeFusionOptions& sa
     // A kept group whose kernel never ran end to end is not fused: roll it back and measure again.
     bool changed = false;
     for (SafeKernelResult* r : groups)
-      if (idle.count(r->function)) {
+      if (idle.count(r->node)) {
         r->fused = false;
         r->rolled_back_end_to_end = true;
         r->reason_kind = "compile";
@@ -406,19 +411,24 @@ Model SafeGraphAutoFusion::GateEndToEnd(Model fused, const SafeFusionOptions& sa
   }
   if (kept().empty() || safe.check_speed) {  // conservative: what was not shown faster is not kept
     rep.original_kept = true;
-    rep.end_to_end_verdict = kept().empty()
-                                 ? "original kept: no fused group passed its gates"
-                                 : fmt::format("original kept: the fused model was not faster than the model as given "
-                                               "(faster in {} of {} pairs, {} needed) after {} rounds of rollback",
-                                               rep.end_to_end_pairs_won, rep.end_to_end_pairs,
-                                               rep.end_to_end_pairs_needed, rep.end_to_end_rounds);
+    rep.end_to_end_verdict =
+        !any_passed        ? "original kept: no fused group passed its gates"
+        : kept().empty()   ? fmt::format("original kept: the end-to-end gate rolled back every group (faster in {} of {} "
+                                         "pairs, {} needed, in its last round)",
+                                         rep.end_to_end_pairs_won, rep.end_to_end_pairs, rep.end_to_end_pairs_needed)
+                           : fmt::format("original kept: the fused model was not faster than the model as given "
+                                         "(faster in {} of {} pairs, {} needed) after {} rounds of rollback",
+                                         rep.end_to_end_pairs_won, rep.end_to_end_pairs, rep.end_to_end_pairs_needed,
+                                         rep.end_to_end_rounds);
     for (SafeKernelResult& r : rep.kernels)
       if (r.fused) {
         r.fused = false;
         r.rolled_back_end_to_end = true;
         r.reason_kind = "speed";
         r.reason = "end to end: the model as given was kept";
+        if (r.candidate >= 0) rollbacks[r.candidate] = {Verdict::kSkipSpeed, r.reason};
       }
+    if (!rollbacks.empty()) RollBack(rollbacks);  // candidates' verdicts and the decision log say so too
     return original;
   }
   return fused;

@@ -98,17 +98,6 @@ Feeds InputsOf(const Session& s, const Feeds& sample, const char* which) {
 
 }  // namespace
 
-std::vector<std::string> PrecisionReport::NeverRan() const {
-  std::vector<std::string> out;
-  for (const FusedCallStats& c : calls)
-    if (c.calls > 0 && c.KernelCalls() == 0)
-      out.push_back(fmt::format("{} ({} call(s), all ran the body: {})", c.function, c.calls,
-                                c.kernel ? c.last_fallback : c.status));
-    else if (c.calls == 0 && !c.kernel)
-      out.push_back(fmt::format("{} (no kernel: {})", c.function, c.status));
-  return out;
-}
-
 PrecisionReport VerifyPrecision(const Model& fused, const Model& original, const VerifyOptions& o) {
   PrecisionReport r;
   const Workload w = WorkloadOf(original, o);
@@ -160,6 +149,7 @@ PrecisionReport VerifyPrecision(const Model& fused, const Model& original, const
   if (rt.kernels) {
     r.kernels = DescribeFusedKernels(*rt.kernels);
     r.calls = FusedCallSummary(*rt.kernels);
+    r.never_ran = IdleCallSites(*rt.kernels);
   }
   return r;
 }
@@ -216,6 +206,7 @@ PerformanceReport VerifyPerformance(const Model& fused, const VerifyOptions& o) 
   r.pairs_needed = SignTestWins(static_cast<int>(b.size()), 0.01);
   r.kernels = DescribeFusedKernels(*rt.kernels);
   r.calls = FusedCallSummary(*rt.kernels);
+  IdleCallSites(*rt.kernels, &r.idle_nodes);
   return r;
 }
 

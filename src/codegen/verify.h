@@ -50,11 +50,12 @@ struct PrecisionReport {
   double min_cosine = 1, max_abs_error = 0;
   std::string kernels;  // fused kernels used (DescribeFusedKernels), empty without
   std::vector<FusedCallStats> calls;  // per fused function: kernel calls and fallbacks
+  std::vector<std::string> never_ran; // per call site whose kernel never ran (IdleCallSites)
   int samples = 0;                    // runs compared
   std::string workload;               // how the inputs were obtained
   bool Passes(double min_cos, double max_abs) const { return min_cosine >= min_cos && max_abs_error <= max_abs; }
-  // Fused functions with a site whose kernel never ran (every call ran the body), with the reason.
-  std::vector<std::string> NeverRan() const;
+  // Call sites whose kernel never ran (no kernel, or every call ran the body), with the reason.
+  const std::vector<std::string>& NeverRan() const { return never_ran; }
 };
 
 struct PerformanceReport {
@@ -64,6 +65,7 @@ struct PerformanceReport {
   int pairs_won = 0, pairs_needed = 0;                // fused faster in pairs; sign test at 1%
   std::string kernels;
   std::vector<FusedCallStats> calls;
+  std::vector<std::string> idle_nodes;                // call sites whose kernel never ran
   std::string baseline;                               // "original model" or "functions inlined"
 };
 
