@@ -292,7 +292,7 @@ Tensor FillInput(const ValueInfo& v, const Shape& shape, int64_t past, const Int
 
 struct Solver {
   const Model& model;
-  const Feeds& given;
+  const Feeds& given;  // must outlive the solver (callers pass a named object, never a temporary)
   uint32_t seed;
   std::vector<const ValueInfo*> inputs;
   std::vector<const ValueInfo*> declared;  // values with a declared shape holding a param
@@ -582,7 +582,8 @@ std::map<std::string, Tensor> RandomFeeds(const Model& model, const std::map<std
 }
 
 ShapeMap RecordShapes(const Model& model, const std::map<std::string, int64_t>& dims) {
-  Solver s(model, {}, 0);
+  const Feeds none;  // the solver keeps a reference: not a temporary
+  Solver s(model, none, 0);
   ShapeMap out = s.Solve(dims).observed;
   for (const auto& [name, t] : model.graph.initializers) out[name] = ValueShape{t.dtype(), t.shape(), true};
   return out;
