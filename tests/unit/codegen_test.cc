@@ -9,6 +9,7 @@
 #include "codegen/row_kernel.h"
 #include "codegen/row_program.h"
 #include "runtime/session.h"
+#include "row_case.h"
 #include "test_util.h"
 
 namespace gaf {
@@ -17,11 +18,7 @@ namespace fs = std::filesystem;
 using testing::IntAttr;
 using testing::MakeNode;
 
-struct Case {
-  Function f;
-  std::vector<Tensor> inputs;
-  std::vector<bool> constant;
-};
+using Case = testing::RowCase;
 
 Tensor Random(Shape s, uint32_t seed, float lo = -2.f, float hi = 2.f) { return testing::RandomFloat(std::move(s), seed, lo, hi); }
 
@@ -34,40 +31,10 @@ Attribute Ints(const std::string& name, std::vector<int64_t> v) {
 }
 
 // Reference: the body as a graph, constants as initializers, run by the Session.
-std::vector<Tensor> Reference(const Case& c) {
-  Graph g;
-  for (size_t i = 0; i < c.f.inputs.size(); ++i) {
-    if (c.constant[i]) {
-      g.initializers.emplace_back(c.f.inputs[i], c.inputs[i]);
-    } else {
-      ValueInfo v;
-      v.name = c.f.inputs[i];
-      v.dtype = c.inputs[i].dtype();
-      g.inputs.push_back(v);
-    }
-  }
-  g.nodes = c.f.nodes;
-  for (const auto& o : c.f.outputs) {
-    ValueInfo v;
-    v.name = o;
-    g.outputs.push_back(v);
-  }
-  Session s(testing::MakeModel(g));
-  std::map<std::string, Tensor> feeds;
-  for (size_t i = 0; i < c.f.inputs.size(); ++i)
-    if (!c.constant[i]) feeds[c.f.inputs[i]] = c.inputs[i];
-  return s.Run(feeds);
-}
+std::vector<Tensor> Reference(const Case& c, int64_t opset = 17) { return testing::RowCaseReference(c, opset); }
 
-GeneratedRowKernel Generate(const Case& c, const std::string& symbol) {
-  RowKernelRequest req;
-  req.function = &c.f;
-  for (size_t i = 0; i < c.inputs.size(); ++i) {
-    req.input_types.push_back(c.inputs[i].dtype());
-    req.input_shapes.push_back(c.inputs[i].shape());
-    req.constants.push_back(c.constant[i] ? &c.inputs[i] : nullptr);
-  }
-  return GenerateRowKernel(req, symbol);
+GeneratedRowKernel Generate(const Case& c, const std::string& symbol, int64_t opset = 17) {
+  return testing::RowCaseGenerate(c, symbol, opset);
 }
 
 Case RmsNorm() {

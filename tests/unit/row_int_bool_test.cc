@@ -13,6 +13,7 @@
 #include "codegen/row_kernel.h"
 #include "onnx_io/onnx_io.h"
 #include "runtime/session.h"
+#include "row_case.h"
 #include "test_util.h"
 
 namespace gaf {
@@ -21,11 +22,7 @@ namespace fs = std::filesystem;
 using testing::IntsAttr;
 using testing::MakeNode;
 
-struct Case {
-  Function f;
-  std::vector<Tensor> inputs;
-  std::vector<bool> constant;
-};
+using Case = testing::RowCase;
 
 using testing::RandomFloat;
 
@@ -44,41 +41,10 @@ Tensor Int64s(Shape s, std::vector<int64_t> v) {
   return t;
 }
 
-std::vector<Tensor> Reference(const Case& c, int64_t opset = 17) {
-  Graph g;
-  for (size_t i = 0; i < c.f.inputs.size(); ++i) {
-    if (c.constant[i]) {
-      g.initializers.emplace_back(c.f.inputs[i], c.inputs[i]);
-    } else {
-      ValueInfo v;
-      v.name = c.f.inputs[i];
-      v.dtype = c.inputs[i].dtype();
-      g.inputs.push_back(v);
-    }
-  }
-  g.nodes = c.f.nodes;
-  for (const auto& o : c.f.outputs) {
-    ValueInfo v;
-    v.name = o;
-    g.outputs.push_back(v);
-  }
-  Session s(testing::MakeModel(g, opset));
-  std::map<std::string, Tensor> feeds;
-  for (size_t i = 0; i < c.f.inputs.size(); ++i)
-    if (!c.constant[i]) feeds[c.f.inputs[i]] = c.inputs[i];
-  return s.Run(feeds);
-}
+std::vector<Tensor> Reference(const Case& c, int64_t opset = 17) { return testing::RowCaseReference(c, opset); }
 
 GeneratedRowKernel Generate(const Case& c, const std::string& symbol, int64_t opset = 17) {
-  RowKernelRequest req;
-  req.function = &c.f;
-  req.opset = opset;
-  for (size_t i = 0; i < c.inputs.size(); ++i) {
-    req.input_types.push_back(c.inputs[i].dtype());
-    req.input_shapes.push_back(c.inputs[i].shape());
-    req.constants.push_back(c.constant[i] ? &c.inputs[i] : nullptr);
-  }
-  return GenerateRowKernel(req, symbol);
+  return testing::RowCaseGenerate(c, symbol, opset);
 }
 
 std::string CacheDir() { return (fs::temp_directory_path() / "gaf_row_int_bool_test_cache").string(); }
