@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <functional>
 #include <set>
 
@@ -78,7 +79,9 @@ std::string VariantSignature(const KernelVariant& v) {
 bool GuardsHold(const KernelVariant& v, const std::vector<const Tensor*>& inputs) {
   for (const auto& [i, want] : v.guards) {
     const Tensor* t = i < inputs.size() ? inputs[i] : nullptr;
-    if (t == nullptr || t->dtype() != want.dtype() || t->shape() != want.shape() || t->ToInt64s() != want.ToInt64s())
+    // Same integer type and shape: the values compare byte for byte (no copies on every call).
+    if (t == nullptr || t->dtype() != want.dtype() || t->shape() != want.shape() ||
+        std::memcmp(t->raw(), want.raw(), want.nbytes()) != 0)
       return false;
   }
   return true;
