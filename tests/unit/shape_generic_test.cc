@@ -238,7 +238,11 @@ TEST(ShapeGeneric, SpeedGateRollsBackADeliberatelySlowKernel) {
     ++slow;
     EXPECT_FALSE(k.fused) << k.node;
     EXPECT_EQ(k.reason_kind, "speed") << k.node << ": " << k.reason;
-    EXPECT_EQ(k.pairs_won, 0) << k.node;
+    // 300 us slower on every call: it loses nearly every pair. One won pair can happen on a
+    // shared machine (the baseline side preempted); a gate that did not time the kernel would
+    // win about half.
+    EXPECT_GT(k.pairs, 0) << k.node;
+    EXPECT_LE(k.pairs_won * 6, k.pairs) << k.node << ": " << k.pairs_won << " of " << k.pairs;
   }
   EXPECT_GT(slow, 0) << r.ToText();
 }
