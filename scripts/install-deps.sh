@@ -11,7 +11,9 @@ PKGS=(
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libonnx-testdata                                  # ONNX backend conformance tests
-  python3 python3-onnx python3-numpy                # fixture generation scripts
+  python3 python3-onnx python3-numpy                # fixture generation scripts, the Python package
+  python3-dev pybind11-dev python3-pybind11 python3-pytest   # the Python package (python/) and its tests
+  python3-torch                                     # PyTorch models in (torch.onnx.export), examples, tests
 )
 missing=()
 for p in "${PKGS[@]}"; do

@@ -11,6 +11,7 @@
 #include "cli/commands.h"
 #include "cli/inputs.h"
 #include "fusion/auto_fusion.h"
+#include "fusion/report_json.h"
 #include "codegen/safe_fusion.h"
 #include "models/generate.h"
 #include "ir/error.h"
@@ -51,7 +52,7 @@ struct FusionArgs {
 };
 
 void AddCommonOptions(CLI::App* cmd, FusionArgs* a) {
-  cmd->add_option("model", a->model, "ONNX model file")->required();
+  cmd->add_option("model", a->model, "ONNX model file, or a TorchScript file (with -i)")->required();
   cmd->add_option("--preset", a->preset, "rule preset: transformer, cnn, rnn, all, none (default transformer)");
   cmd->add_option("--rules", a->rules_file, "extra rules from a rule file (docs/rule_format.md)");
   cmd->add_option("--fuse-rules", a->fuse_rules, "use only these rules (names, or chains like MatMul+Relu)");
@@ -74,7 +75,7 @@ std::unique_ptr<SafeGraphAutoFusion> MakeFuser(const FusionArgs& a) {
   o.benefit_threshold = a.threshold;
   o.auto_fuse = !a.no_auto;
   o.dims = ParseDimBindings(a.dims);
-  Model model = LoadModel(a.model);
+  Model model = LoadModelArg(a.model, a.inputs);
   o.workload = LoadWorkload(model, a.inputs, o.dims);
   // fuse --safe on a decoder without -i: the gates measure a short generation (prefill and decode
   // steps with a growing past), which is what `generate` runs.
@@ -103,64 +104,6 @@ std::string Operators(const FusionCandidate& c, size_t max_len = 44) {
   std::string ops = Join(c.op_types, "+");
   if (ops.size() > max_len) ops = ops.substr(0, max_len - 3) + fmt::format("...({} ops)", c.op_types.size());
   return ops;
-}
-
-bool HasEstimate(const FusionCandidate& c) {
-  return c.verdict != Verdict::kMaybe && c.verdict != Verdict::kSkipIllegal && c.cost.time_before_us > 0;
-}
-
-json CandidateJson(const FusionCandidate& c, const HardwareProfile& hw) {
-  json j{{"id", c.id},
-         {"rule", c.rule},
-         {"rule_source", c.rule_source},
-         {"fused_op", c.fused_op},
-         {"operators", c.op_types},
-         {"nodes", c.node_names},
-         {"inputs", c.inputs},
-         {"outputs", c.outputs},
-         {"verdict", VerdictName(c.verdict)},
-         {"reason", c.reason}};
-  if (HasEstimate(c)) {
-    const GroupCost& k = c.cost;
-    const double saving = k.time_before_us > 0 ? (k.time_before_us - k.time_after_us) / k.time_before_us : 0;
-    j["estimate"] = {{"flops", k.flops},
-                     {"bytes_before", k.bytes_before},
-                     {"bytes_after", k.bytes_after},
-                     {"round_trips_before", k.round_trips_before},
-                     {"round_trips_after", k.round_trips_after},
-                     {"time_before_us", k.time_before_us},
-                     {"time_after_us", k.time_after_us},
-                     {"predicted_saving", saving},
-                     {"gflops_before", k.gflops_before},
-                     {"gflops_after", k.gflops_after},
-                     {"footprint_bytes", k.footprint_bytes},
-                     {"local_memory_bytes", hw.local_memory_bytes},
-                     {"fits_local_memory", k.fits_local_memory},
-                     {"tiling", k.tiling},
-                     {"formula", k.formula}};
-  } else {
-    j["estimate"] = nullptr;
-  }
-  return j;
-}
-
-json EstimateJson(const FusionEstimate& e) {
-  const double t_red = e.time_before_us > 0 ? 1 - e.time_after_us / e.time_before_us : 0;
-  const double b_red = e.bytes_before > 0 ? 1 - e.bytes_after / e.bytes_before : 0;
-  return json{{"profile", e.profile},
-              {"candidates", e.candidates},
-              {"fused", e.fused},
-              {"skipped_by_reason", e.skipped_by_reason},
-              {"time_before_us", e.time_before_us},
-              {"time_after_us", e.time_after_us},
-              {"performance_improvement", t_red},
-              {"predicted_speedup", e.predicted_speedup},
-              {"bytes_before", e.bytes_before},
-              {"bytes_after", e.bytes_after},
-              {"memory_traffic_reduction", b_red},
-              {"nodes_before", e.nodes_before},
-              {"nodes_after", e.nodes_after},
-              {"note", e.note}};
 }
 
 std::string SummaryLine(const FusionEstimate& e) {
