@@ -57,7 +57,7 @@ std::vector<int64_t> ParseIds(const std::string& s) {
 }
 
 void RunGenerate(const GenerateArgs& a) {
-  Model m = LoadModel(a.model);
+  Model m = LoadModelArg(a.model, a.inputs);
   SessionOptions so;
   so.num_threads = a.threads;
   // Fused operators run with generated kernels unless --reference-kernels; models without fused

@@ -64,8 +64,9 @@ std::string HumanBytes(double b) {
   return fmt::format("{:.1f} {}", b, units[u]);
 }
 
-void RunInfo(const std::string& path, bool as_json) {
-  Model m = LoadModel(path);
+void RunInfo(const std::string& path, const std::vector<std::string>& input_specs, bool as_json) {
+  Model m = LoadModelArg(path, input_specs);
+  if (!IsTorchScriptFile(path)) ParseInputSpecs(m, input_specs);  // -i of an ONNX model: checked only
   std::map<std::string, int> hist;
   int64_t nodes = 0;
   CountOps(m.graph, hist, nodes);
@@ -190,7 +191,7 @@ struct RunArgs {
 
 void RunRun(const RunArgs& a) {
   if (!a.output_dir.empty()) CheckOutputDir(a.output_dir, "-o");
-  Model m = LoadModel(a.model);
+  Model m = LoadModelArg(a.model, a.inputs);
   SessionOptions so;
   so.num_threads = a.threads;
   so.profile = a.profile;
@@ -285,15 +286,17 @@ void AddInfoCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand("info", "Show a model's opsets, inputs, outputs, op histogram and parameters");
   auto path = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
-  cmd->add_option("model", *path, "ONNX model file")->required();
+  auto inputs = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("model", *path, "ONNX model file, or a TorchScript file (with -i)")->required();
+  cmd->add_option("-i,--input", *inputs, kTorchScriptInputHelp);
   cmd->add_flag("--json", *as_json, "machine-readable output");
-  cmd->callback([path, as_json] { RunInfo(*path, *as_json); });
+  cmd->callback([path, inputs, as_json] { RunInfo(*path, *inputs, *as_json); });
 }
 
 void AddRunCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand("run", "Run a model on given or random inputs and summarize its outputs");
   auto a = std::make_shared<RunArgs>();
-  cmd->add_option("model", a->model, "ONNX model file")->required();
+  cmd->add_option("model", a->model, "ONNX model file, or a TorchScript file (with -i)")->required();
   cmd->add_option("--input,-i", a->inputs,
                   "NAME=FILE.npy|FILE.pb|random, or a test_data_set_N folder; inputs not given are made to match "
                   "(symbolic dims bound consistently)");
@@ -314,16 +317,20 @@ void AddRunCommand(CLI::App& app) {
 void AddDumpCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand("dump", "Print the model's graph as readable text");
   auto path = std::make_shared<std::string>();
-  cmd->add_option("model", *path, "ONNX model file")->required();
-  cmd->callback([path] { fmt::print("{}", DumpModel(LoadModel(*path))); });
+  auto inputs = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("model", *path, "ONNX model file, or a TorchScript file (with -i)")->required();
+  cmd->add_option("-i,--input", *inputs, kTorchScriptInputHelp);
+  cmd->callback([path, inputs] { fmt::print("{}", DumpModel(LoadModelArg(*path, *inputs))); });
 }
 
 void AddCheckCommand(CLI::App& app) {
   auto* cmd = app.add_subcommand("check", "Run the ONNX checker and our verifier on a model");
   auto path = std::make_shared<std::string>();
-  cmd->add_option("model", *path, "ONNX model file")->required();
-  cmd->callback([path] {
-    Model m = LoadModel(*path);
+  auto inputs = std::make_shared<std::vector<std::string>>();
+  cmd->add_option("model", *path, "ONNX model file, or a TorchScript file (with -i)")->required();
+  cmd->add_option("-i,--input", *inputs, kTorchScriptInputHelp);
+  cmd->callback([path, inputs] {
+    Model m = LoadModelArg(*path, *inputs);
     std::string msg = CheckModel(m);
     GAF_CHECK(msg.empty(), "{}: ONNX checker: {}", *path, msg);
     fmt::print("{}: valid (ONNX checker and graph verifier passed)\n", *path);

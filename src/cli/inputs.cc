@@ -2,13 +2,27 @@
 
 #include <fmt/format.h>
 
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "ir/error.h"
 #include "models/generate.h"
 #include "onnx_io/npy.h"
 #include "onnx_io/onnx_io.h"
+
+extern char** environ;
 
 namespace gaf::cli {
 namespace fs = std::filesystem;
@@ -42,19 +56,249 @@ void CheckAgainstModel(const Model& model, const std::string& spec, const std::s
             ShapeToString(t.shape()));
 }
 
+// ---- TorchScript files: recognized by their zip layout, exported to ONNX by torch_io.py
+
+#ifndef GAF_TORCH_IO_SCRIPT
+#define GAF_TORCH_IO_SCRIPT "python/graph_autofusion/torch_io.py"
+#endif
+
+uint32_t Le32(const unsigned char* p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+uint16_t Le16(const unsigned char* p) { return uint16_t(p[0] | p[1] << 8); }
+
+bool IsTorchScriptEntry(const std::string& name) {
+  const size_t slash = name.find('/');
+  if (slash == std::string::npos || slash == 0) return false;
+  const std::string rest = name.substr(slash + 1);
+  if (rest.rfind("code/", 0) == 0 && rest.size() > 5) return true;
+  const size_t last = name.rfind('/');
+  const std::string base = name.substr(last + 1);
+  return base == "constants.pkl" || base == "data.pkl";
+}
+
+// 1: a TorchScript entry found; 0: the central directory was read and has none; -1: unreadable.
+int ScanZipCentralDirectory(std::ifstream& f, uint64_t size) {
+  constexpr uint64_t kEocd = 22, kMaxComment = 65535, kMaxDirectory = 64ull << 20;
+  if (size < kEocd) return -1;
+  const uint64_t tail = std::min<uint64_t>(size, kEocd + kMaxComment);
+  std::string buf(tail, '\0');
+  f.seekg(static_cast<std::streamoff>(size - tail));
+  if (!f.read(buf.data(), static_cast<std::streamsize>(tail))) return -1;
+  const auto* b = reinterpret_cast<const unsigned char*>(buf.data());
+  int64_t at = -1;
+  for (int64_t i = static_cast<int64_t>(tail - kEocd); i >= 0; --i)
+    if (b[i] == 'P' && b[i + 1] == 'K' && b[i + 2] == 5 && b[i + 3] == 6) {
+      at = i;
+      break;
+    }
+  if (at < 0) return -1;
+  const uint64_t entries = Le16(b + at + 10), dir_size = Le32(b + at + 12), dir_offset = Le32(b + at + 16);
+  // ZIP64 (0xFFFF.. fields) or a directory out of bounds: not read here.
+  if (entries == 0xFFFF || dir_size == 0xFFFFFFFFu || dir_offset == 0xFFFFFFFFu) return -1;
+  if (dir_size > kMaxDirectory || dir_offset + dir_size > size) return -1;
+  std::string dir(dir_size, '\0');
+  f.seekg(static_cast<std::streamoff>(dir_offset));
+  if (!f.read(dir.data(), static_cast<std::streamsize>(dir_size))) return -1;
+  const auto* d = reinterpret_cast<const unsigned char*>(dir.data());
+  uint64_t pos = 0;
+  for (uint64_t e = 0; e < entries; ++e) {
+    if (pos + 46 > dir_size || Le32(d + pos) != 0x02014b50u) return -1;
+    const uint64_t name_len = Le16(d + pos + 28), extra = Le16(d + pos + 30), comment = Le16(d + pos + 32);
+    if (pos + 46 + name_len > dir_size) return -1;
+    if (IsTorchScriptEntry(std::string(dir.data() + pos + 46, name_len))) return 1;
+    pos += 46 + name_len + extra + comment;
+  }
+  return 0;
+}
+
+std::string EnvOr(const char* var, const char* fallback) {
+  const char* v = std::getenv(var);
+  return v != nullptr && *v != '\0' ? v : fallback;
+}
+
+// A private temporary folder, removed with everything in it.
+struct TempDir {
+  std::string path;
+  TempDir() {
+    std::string tmpl = (fs::path(EnvOr("TMPDIR", "/tmp")) / "gaf_torch_XXXXXX").string();
+    if (mkdtemp(tmpl.data()) == nullptr) {
+      tmpl = "/tmp/gaf_torch_XXXXXX";
+      GAF_CHECK(mkdtemp(tmpl.data()) != nullptr, "cannot make a temporary folder: {}", std::strerror(errno));
+    }
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
+std::string ReadSmallFile(const std::string& path, size_t max_bytes) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return "";
+  f.seekg(0, std::ios::end);
+  const std::streamoff size = f.tellg();
+  if (size <= 0) return "";
+  const std::streamoff from = size > static_cast<std::streamoff>(max_bytes) ? size - static_cast<std::streamoff>(max_bytes) : 0;
+  f.seekg(from);
+  std::string s(static_cast<size_t>(size - from), '\0');
+  f.read(s.data(), static_cast<std::streamsize>(s.size()));
+  return s;
+}
+
+std::string LastLine(const std::string& text) {
+  std::istringstream in(text);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    while (!line.empty() && (line.back() == '\r' || line.back() == ' ')) line.pop_back();
+    if (!line.empty()) last = line;
+  }
+  if (last.rfind("error: ", 0) == 0) last = last.substr(7);
+  return last;
+}
+
+// An argument that argparse must not take for an option.
+std::string PathArg(const std::string& p) { return !p.empty() && p[0] == '-' ? "./" + p : p; }
+
+// Runs argv (no shell) with stdin from /dev/null and stdout/stderr into files; the exit status,
+// or -1 with *why set when it could not be started or was killed.
+int RunProgram(const std::vector<std::string>& argv, const std::string& out_file, const std::string& err_file,
+               std::string* why) {
+  std::vector<char*> cargv;
+  for (const std::string& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+  cargv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&fa, 1, out_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  posix_spawn_file_actions_addopen(&fa, 2, err_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  pid_t pid = 0;
+  const int rc = posix_spawn(&pid, cargv[0], &fa, nullptr, cargv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) {
+    *why = fmt::format("cannot run {}: {}", argv[0], std::strerror(rc));
+    return -1;
+  }
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) {
+      *why = fmt::format("waiting for {}: {}", argv[0], std::strerror(errno));
+      return -1;
+    }
+  }
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  *why = WIFSIGNALED(status) ? fmt::format("{} was killed by signal {}", argv[0], WTERMSIG(status))
+                             : fmt::format("{} stopped abnormally", argv[0]);
+  return -1;
+}
+
+Model LoadTorchScript(const std::string& path, const std::vector<std::string>& input_specs) {
+  GAF_CHECK(!input_specs.empty(),
+            "{} is a TorchScript file: give sample inputs (-i NAME=FILE.npy) so it can be exported to ONNX", path);
+  std::vector<std::string> inputs;
+  for (const std::string& s : input_specs) {
+    const size_t eq = s.find('=');
+    std::error_code ec;
+    if (eq == std::string::npos) {
+      GAF_CHECK(!fs::is_directory(s, ec),
+                "-i {}: a test_data_set folder is not supported for a TorchScript model ({}); give NAME=FILE.npy", s,
+                path);
+      GAF_CHECK(fs::is_regular_file(s, ec), "-i {}: no such file", s);
+    } else {
+      const std::string name = s.substr(0, eq), file = s.substr(eq + 1);
+      GAF_CHECK(eq > 0 && !file.empty(), "-i '{}': expected NAME=FILE.npy|FILE.pb", s);
+      GAF_CHECK(file != "random",
+                "-i {}: a TorchScript model is exported with the inputs given, so '{}' needs a file (NAME=FILE.npy)", s,
+                name);
+    }
+    inputs.push_back("--input=" + s);
+  }
+  const std::string python = EnvOr("GAF_PYTHON", "/usr/bin/python3");
+  const std::string script = EnvOr("GAF_TORCH_IO_SCRIPT", GAF_TORCH_IO_SCRIPT);
+  std::error_code ec;
+  GAF_CHECK(fs::is_regular_file(script, ec),
+            "{} is a TorchScript file: its converter {} is missing (set GAF_TORCH_IO_SCRIPT to torch_io.py)", path,
+            script);
+  TempDir tmp;
+  const std::string onnx_path = (fs::path(tmp.path) / "model.onnx").string();
+  std::vector<std::string> argv = {python, script, "convert", PathArg(path), "-o", onnx_path};
+  argv.insert(argv.end(), inputs.begin(), inputs.end());
+  std::string why;
+  const int rc = RunProgram(argv, (fs::path(tmp.path) / "stdout").string(), (fs::path(tmp.path) / "stderr").string(),
+                            &why);
+  if (rc == -1 && why.find("No such file") != std::string::npos)
+    throw Error(fmt::format("{} is a TorchScript file: converting it needs Python 3 with PyTorch ({}; apt-get install "
+                            "python3-torch)", path, why));
+  GAF_CHECK(rc != -1, "{} is a TorchScript file: exporting it to ONNX failed: {}", path, why);
+  GAF_CHECK(rc != 3, "{} is a TorchScript file: converting it needs PyTorch (apt-get install python3-torch)", path);
+  if (rc != 0) {
+    std::string line = LastLine(ReadSmallFile((fs::path(tmp.path) / "stderr").string(), 64 << 10));
+    if (line.empty()) line = fmt::format("{} exited with status {}", script, rc);
+    throw Error(line.rfind(path, 0) == 0 ? line : fmt::format("{}: exporting it to ONNX failed: {}", path, line));
+  }
+  GAF_CHECK(fs::is_regular_file(onnx_path, ec), "{}: the converter wrote no ONNX model", path);
+  std::ifstream f(onnx_path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  GAF_CHECK(f.good() || f.eof(), "{}: cannot read the exported ONNX model", path);
+  return ModelFromBytes(bytes, tmp.path, path + " (exported to ONNX)");
+}
+
 }  // namespace
+
+bool IsTorchScriptFile(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return false;
+  const uint64_t size = fs::file_size(path, ec);
+  if (ec || size < 4) return false;
+  std::ifstream f(path, std::ios::binary);
+  std::array<char, 4> magic{};
+  if (!f.read(magic.data(), 4) || std::memcmp(magic.data(), "PK\x03\x04", 4) != 0) return false;
+  const int scan = ScanZipCentralDirectory(f, size);
+  if (scan >= 0) return scan == 1;
+  std::string ext = fs::path(path).extension().string();
+  std::transform(ext.begin(), ext.end(), ext.begin(), [](unsigned char c) { return std::tolower(c); });
+  return ext == ".pt" || ext == ".pth" || ext == ".ts" || ext == ".zip";
+}
+
+Model LoadModelArg(const std::string& path, const std::vector<std::string>& input_specs) {
+  if (IsTorchScriptFile(path)) return LoadTorchScript(path, input_specs);
+  return LoadModel(path);
+}
 
 std::vector<Feeds> ParseInputSpecs(const Model& model, const std::vector<std::string>& specs, bool allow_random) {
   const std::vector<std::string> names = InputNames(model);
   Feeds named;                  // NAME=FILE values
   std::vector<Feeds> folders;   // one per DIR
   std::vector<std::string> folder_specs;
+  size_t next_position = 0;     // FILE values: the next input in the model's order
   for (const std::string& s : specs) {
     const size_t eq = s.find('=');
+    std::error_code ec;
+    if (eq == std::string::npos && fs::is_regular_file(s, ec)) {
+      // A file by position: the next input not yet taken.
+      while (next_position < names.size() && named.count(names[next_position])) ++next_position;
+      GAF_CHECK(next_position < names.size(), "-i {}: more inputs given than the model has ({} input(s): {})", s,
+                names.size(), Joined(names));
+      const std::string& name = names[next_position++];
+      try {
+        named[name] = LoadTensorFile(s);
+      } catch (const UnsupportedError&) {
+        throw;
+      } catch (const Error& e) {
+        const std::string msg = e.what();
+        throw Error(msg.find(s) != std::string::npos ? fmt::format("-i {}: {}", name, msg)
+                                                     : fmt::format("-i {}: {}: {}", name, s, msg));
+      }
+      CheckAgainstModel(model, s, name, named[name]);
+      continue;
+    }
     if (eq == std::string::npos) {
-      // A test_data_set_N folder (anything without '=' is taken for one).
-      GAF_CHECK(fs::is_directory(s), "-i {}: expected NAME=FILE.npy|FILE.pb or a test_data_set_N folder ({})", s,
-                fs::exists(s) ? "not a folder" : "no such folder");
+      // A test_data_set_N folder.
+      GAF_CHECK(fs::is_directory(s), "-i {}: expected NAME=FILE.npy|FILE.pb, FILE.npy|FILE.pb or a test_data_set_N "
+                "folder ({})", s, fs::exists(s) ? "not a folder" : "no such file or folder");
       std::vector<std::pair<std::string, Tensor>> loaded;
       try {
         loaded = LoadTestDataSet(s, names);

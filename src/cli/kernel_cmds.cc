@@ -52,7 +52,7 @@ struct CompileArgs {
 void RunCompile(const CompileArgs& a) {
   GAF_CHECK(!a.output.empty(), "compile needs an output folder (-o DIR)");
   CheckOutputDir(a.output, "-o");
-  Model m = LoadModel(a.model);
+  Model m = LoadModelArg(a.model, a.inputs);
   const std::map<std::string, int64_t> dims = ParseDimBindings(a.dims);
   const Workload w = LoadWorkload(m, a.inputs, dims);
   if (HasFusedOperators(m)) {
@@ -114,7 +114,7 @@ void RunVerify(const VerifyArgs& a) {
   vo.repeats = a.repeat;
   vo.half_weights = a.half_weights ? HalfWeights::kDecode : HalfWeights::kOff;
   // Without --original the reference is the fused model's own bodies: the original operators.
-  Model original = a.original.empty() ? fused : LoadModel(a.original);
+  Model original = a.original.empty() ? fused : LoadModelArg(a.original, a.inputs);
   PrecisionReport p = VerifyPrecision(fused, original, vo);
   PerformanceReport perf;
   if (a.repeat > 0) {
@@ -195,7 +195,7 @@ struct Stage {
 };
 
 void RunBench(const BenchArgs& a) {
-  Model original = LoadModel(a.model);
+  Model original = LoadModelArg(a.model, a.inputs);
   GAF_CHECK(!HasFusedOperators(original), "{}: already fused; bench takes the original model and fuses it", a.model);
   FusionOptions o;
   o.preset = a.preset;
@@ -323,7 +323,7 @@ void AddKernelCommands(CLI::App& app) {
   {
     auto a = std::make_shared<CompileArgs>();
     auto* cmd = app.add_subcommand("compile", "Generate and batch-compile the fused kernels of a model into a folder");
-    cmd->add_option("model", a->model, "fused ONNX model (or an unfused one: it is fused with --preset first)")->required();
+    cmd->add_option("model", a->model, "fused ONNX model (or an unfused one: it is fused with --preset first; or a TorchScript file, with -i)")->required();
     cmd->add_option("-o,--output", a->output, "folder for the sources, build.ninja and the kernel library")->required();
     cmd->add_option("--preset", a->preset, "rule preset when the model is not fused yet (default transformer)");
     cmd->add_option("--rules", a->rules, "extra rules when the model is not fused yet");
@@ -335,7 +335,7 @@ void AddKernelCommands(CLI::App& app) {
     auto a = std::make_shared<VerifyArgs>();
     auto* cmd = app.add_subcommand("verify", "Precision of a fused model run with its generated kernels (cosine, max abs error per output)");
     cmd->add_option("fused", a->fused, "fused ONNX model")->required();
-    cmd->add_option("--original", a->original, "the original model (default: the fused model's own function bodies)");
+    cmd->add_option("--original", a->original, "the original model (ONNX, or TorchScript with -i; default: the fused model's own function bodies)");
     cmd->add_option("-i,--input", a->inputs, kInputHelp);
     cmd->add_option("--dim", a->dims, "NAME=VALUE for a symbolic dimension of random inputs");
     cmd->add_option("--threads", a->threads, "threads (default: all cores)");
@@ -354,7 +354,7 @@ void AddKernelCommands(CLI::App& app) {
   {
     auto a = std::make_shared<BenchArgs>();
     auto* cmd = app.add_subcommand("bench", "Stage table: baseline unfused, + fusion (+ safe fusion), measured side by side");
-    cmd->add_option("model", a->model, "ONNX model (not fused)")->required();
+    cmd->add_option("model", a->model, "ONNX model (not fused), or a TorchScript file (with -i)")->required();
     cmd->add_option("--preset", a->preset, "rule preset (default transformer)");
     cmd->add_option("--rules", a->rules, "extra rules from a rule file");
     cmd->add_option("--dim", a->dims, "NAME=VALUE for a symbolic dimension of random inputs");

@@ -50,6 +50,8 @@ hdr += " " * (64 - 10 - len(hdr) - 1) + "\n"
 open(sys.argv[1], "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr)) + hdr.encode() + b"\0" * 12)
 PY
 expect_error "wrong input shape" "$BIN" run "$MODEL" -i "image=$TMP/wrong.npy"
+expect_error "wrong input shape, by position" "$BIN" run "$MODEL" -i "$TMP/wrong.npy"
+grep -q "input 'image' expects shape" "$TMP/err" || { echo "FAIL -i FILE by position: $(cat "$TMP/err")"; fail=$((fail + 1)); }
 # Kernel commands: wrong kinds of model and bad rule files name the problem.
 expect_error "verify an unfused model" "$BIN" verify "$MODEL"
 expect_error "verify a missing original" "$BIN" verify "$MODEL" --original "$TMP/nope.onnx"
@@ -84,6 +86,49 @@ done
 expect_error "generate -i of another input" "$BIN" generate "$DEC/model.onnx" -i "attention_mask=$DEC/test_data_set_0/input_1.pb"
 # A test_data_set folder is one sample: it runs.
 "$BIN" run "$DEC/model.onnx" -i "$DEC/test_data_set_0" >/dev/null 2>"$TMP/err" || { echo "FAIL run -i test_data_set_0: $(cat "$TMP/err")"; fail=$((fail + 1)); }
+# TorchScript files are models too (exported to ONNX by python/graph_autofusion/torch_io.py with
+# the -i sample inputs). Without -i, and without PyTorch, one line says what to do; this part
+# needs no PyTorch (a zip in torch.jit.save's layout, and a stand-in torch that fails to import).
+/usr/bin/python3 - "$TMP/layout.pt" <<'PY'
+import sys, zipfile
+with zipfile.ZipFile(sys.argv[1], "w") as z:
+    z.writestr("layout/data.pkl", b"")
+    z.writestr("layout/code/__torch__.py", "")
+PY
+expect_error "TorchScript file without -i" "$BIN" info "$TMP/layout.pt"
+grep -q "layout.pt is a TorchScript file: give sample inputs (-i NAME=FILE.npy) so it can be exported to ONNX" "$TMP/err" ||
+  { echo "FAIL TorchScript without -i: $(cat "$TMP/err")"; fail=$((fail + 1)); }
+expect_error "TorchScript file with a test_data_set folder" "$BIN" run "$TMP/layout.pt" -i "$DEC/test_data_set_0"
+mkdir -p "$TMP/notorch/torch"
+echo "raise ImportError('No module named torch')" >"$TMP/notorch/torch/__init__.py"
+expect_error "TorchScript file without PyTorch" env PYTHONPATH="$TMP/notorch" "$BIN" run "$TMP/layout.pt" -i "$TMP/wrong.npy"
+grep -q "layout.pt is a TorchScript file: converting it needs PyTorch (apt-get install python3-torch)" "$TMP/err" ||
+  { echo "FAIL TorchScript without PyTorch: $(cat "$TMP/err")"; fail=$((fail + 1)); }
+# With PyTorch (3 torch runs: make the file, info, run): a traced module loads and runs.
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  /usr/bin/python3 - "$TMP" <<'PY'
+import sys, numpy as np, torch
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 3)
+    def forward(self, x, y):
+        return torch.relu(self.lin(x)) + y
+torch.manual_seed(0)
+torch.jit.trace(Net(), (torch.ones(2, 4), torch.ones(2, 3))).save(sys.argv[1] + "/net.pt")
+np.save(sys.argv[1] + "/x.npy", np.ones((2, 4), np.float32))
+np.save(sys.argv[1] + "/y.npy", np.ones((2, 3), np.float32))
+PY
+  if "$BIN" info "$TMP/net.pt" -i "x=$TMP/x.npy" -i "y=$TMP/y.npy" >"$TMP/out" 2>"$TMP/err" && grep -q "Gemm" "$TMP/out" &&
+    grep -qE "^  x +float \[2,4\]" "$TMP/out"; then pass=$((pass + 1)); else
+    echo "FAIL info of a TorchScript file: $(cat "$TMP/err" "$TMP/out")"; fail=$((fail + 1)); fi
+  # x by position, y by name.
+  if "$BIN" run "$TMP/net.pt" -i "$TMP/x.npy" -i "y=$TMP/y.npy" >"$TMP/out" 2>"$TMP/err" &&
+    grep -q "output_0 .*float\[2,3\]" "$TMP/out"; then pass=$((pass + 1)); else
+    echo "FAIL run of a TorchScript file: $(cat "$TMP/err" "$TMP/out")"; fail=$((fail + 1)); fi
+else
+  echo "skipped: the TorchScript cases that need PyTorch (/usr/bin/python3 has no torch; apt-get install python3-torch)"
+fi
 # Byte-flipped copies: must never crash.
 size=$(stat -c %s "$MODEL")
 for seed in $(seq 1 25); do
