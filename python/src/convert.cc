@@ -55,13 +55,17 @@ Tensor ToTensor(const pyb::handle& value, const std::string& what) {
     throw Error(fmt::format("{}: expected an array (numpy array or torch tensor), got {}", what,
                             std::string(pyb::str(value.get_type().attr("__name__")))));
   }
+  if (arr.dtype().attr("byteorder").cast<std::string>() == ">")  // big-endian data: native order first
+    arr = arr.attr("astype")(arr.dtype().attr("newbyteorder")("="));
   const DataType dt = DataTypeOfNumpy(arr.dtype());
   GAF_CHECK(dt != DataType::kUndefined, "{}: numpy dtype {} is not a tensor type the runtime has", what,
             std::string(pyb::str(arr.dtype())));
   Shape shape(arr.shape(), arr.shape() + arr.ndim());
   TensorBytes(dt, shape, what);  // checked against the size limits before anything is copied
   const bool contiguous = (arr.flags() & pyb::array::c_style) != 0;
-  const bool aligned = reinterpret_cast<uintptr_t>(arr.data()) % 64 == 0;
+  // Kernels need element alignment only (no aligned vector loads on tensor data), which numpy's
+  // ALIGNED flag says; they never write into inputs, so read-only arrays are fine too.
+  const bool aligned = (arr.flags() & pyb::detail::npy_api::NPY_ARRAY_ALIGNED_) != 0;
   if (contiguous && aligned) {
     // The array stays alive as long as the tensor (and any tensor sharing its buffer) does; its
     // reference is dropped with the interpreter lock held.

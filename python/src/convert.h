@@ -1,5 +1,5 @@
 // numpy <-> gaf::Tensor for the Python package. Inputs are wrapped without a copy when the array
-// is C-contiguous, aligned as the kernels expect (64 bytes) and of a type the runtime has; outputs
+// is C-contiguous, aligned for its element type and in native byte order; outputs
 // become numpy arrays over the tensor's own buffer (no copy).
 #pragma once
 
