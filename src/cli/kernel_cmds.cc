@@ -210,12 +210,14 @@ void RunBench(const BenchArgs& a) {
   const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency());
 
   std::vector<std::unique_ptr<Stage>> stages;
-  auto add = [&](const std::string& name, const Model& m, bool kernels, const std::string& note, bool half = false) {
+  auto add = [&](const std::string& name, const Model& m, bool kernels, const std::string& note, bool half = false,
+                 bool fold = true) {
     auto st = std::make_unique<Stage>();
     st->name = name;
     st->model = m;
     st->note = note;
     SessionOptions s = so;
+    s.fold_shapes = fold;
     if (kernels) {
       KernelCompiler compiler;
       st->kernels = Compile(st->model, compiler, o.workload, o.dims, half ? HalfWeights::kDecode : HalfWeights::kOff);
@@ -225,11 +227,15 @@ void RunBench(const BenchArgs& a) {
     st->session = std::make_unique<Session>(st->model, s);
     stages.push_back(std::move(st));
   };
-  add("baseline (unfused)", original, false, "reference kernels, one per operator");
+  // The stages of the original's table, each adding one mechanism: fusion, then the plan's
+  // scheduling (constants folded when the session is made, shape computation cached per shape).
+  add("baseline (unfused)", original, false, "reference kernels, one per operator, every node run", false, false);
   GraphAutoFusion f(original, o);
   Model fused = f.Fuse();
   add("+ fusion", fused, true,
-      fmt::format("{} groups ({} functions), generated kernels", f.fuse_summary().groups, f.fuse_summary().functions));
+      fmt::format("{} groups ({} functions), generated kernels", f.fuse_summary().groups, f.fuse_summary().functions), false, false);
+  add("+ scheduling", fused, true,
+      "the same, constants folded once and shape computation reused while the shapes it reads are unchanged");
   std::string safe_summary, half_note =
       "float16 storage of constant MatMul weights (numerics change: verify --half-weights --dim sequence_length=1)";
   if (a.safe) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <set>
 #include <unordered_set>
 
@@ -238,20 +239,32 @@ Graph FunctionBodyGraph(const Function& f) {
 
 // ---------------- plans ----------------
 
+struct Session::PlanStep {
+  const Node* node = nullptr;
+  const KernelInfo* kernel = nullptr;
+  int64_t opset = 0;
+  std::vector<int> in_slots;   // -1 = absent optional input
+  std::vector<int> out_slots;  // -1 = absent output
+  std::vector<int> release;    // slots whose last use is this step
+  // Shape computation (main graph only): a root (Shape, Size) always runs; a derived step (a
+  // deterministic operator whose inputs are constants, roots' or derived steps' outputs) is a
+  // function of those values alone, so when none of them changed since the last run its outputs
+  // are the ones it produced then (`cached`), and it does not run.
+  bool root = false, derived = false;
+  mutable bool cache_valid = false;
+  mutable std::vector<Tensor> cached;
+};
+
 struct Session::Plan {
-  struct Step {
-    const Node* node = nullptr;
-    const KernelInfo* kernel = nullptr;
-    int64_t opset = 0;
-    std::vector<int> in_slots;   // -1 = absent optional input
-    std::vector<int> out_slots;  // -1 = absent output
-    std::vector<int> release;    // slots whose last use is this step
-  };
+  using Step = PlanStep;
   const Graph* graph = nullptr;
   std::unordered_map<std::string, int> slot_of;  // local values
   std::vector<std::string> slot_names;
   std::vector<int> input_slots;                        // formal graph inputs
-  std::vector<std::pair<int, const Tensor*>> consts;   // initializers
+  std::vector<std::pair<int, const Tensor*>> consts;   // initializers and folded values
+  std::deque<Tensor> folded;                           // values of steps computed once when planned
+  std::vector<std::pair<std::string, const Tensor*>> folded_values;  // reported to the observer
+  int folded_steps = 0, derived_steps = 0;
   std::vector<int> output_slots;
   std::vector<std::string> outer_names;  // values read from enclosing scopes
   std::vector<int> outer_slots;
@@ -314,6 +327,7 @@ const Session::Plan& Session::PlanFor(const Graph& g) {
     plan->steps.push_back(std::move(st));
   }
   for (const ValueInfo& v : g.outputs) plan->output_slots.push_back(slot(v.name));
+  if (&g == &model_.graph && options_.fold_shapes) FoldAndMarkShapeSteps(*plan);
 
   // Last use of each slot: the last step reading it directly or through a subgraph.
   std::vector<int> last(plan->slot_names.size(), -1);
@@ -434,6 +448,166 @@ void CheckFeed(const ValueInfo& v, const Tensor& t) {
 
 }  // namespace
 
+void Session::RunStep(const PlanStep& st, std::vector<Tensor>& slots, SubgraphRunner& runner, bool top) {
+  const Node& node = *st.node;
+  KernelContext ctx{node, st.opset, {}, {}, &runner, omp_get_max_threads()};
+  ctx.inputs.resize(st.in_slots.size(), nullptr);
+  std::vector<Tensor> upcast;  // keeps converted half inputs alive
+  DataType half_type = DataType::kUndefined;
+  for (size_t i = 0; i < st.in_slots.size(); ++i) {
+    int s = st.in_slots[i];
+    if (s < 0) continue;
+    const Tensor& t = slots[s];
+    GAF_CHECK(t.defined(), "{}: input '{}' has no value (produced by an earlier failed or skipped node?)",
+              node.Describe(), node.inputs[i]);
+    ctx.inputs[i] = &t;
+    if (st.kernel->upcast_half && IsHalf(t.dtype())) half_type = t.dtype();
+  }
+  if (half_type != DataType::kUndefined) {
+    upcast.reserve(ctx.inputs.size());
+    for (auto& in : ctx.inputs) {
+      if (in != nullptr && IsHalf(in->dtype())) {
+        upcast.push_back(in->CastTo(DataType::kFloat));
+        in = &upcast.back();
+      }
+    }
+  }
+  ctx.outputs.resize(node.outputs.size());
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    st.kernel->fn(ctx);
+  } catch (const UnsupportedError&) {
+    throw;
+  } catch (const Error& e) {
+    std::string msg = e.what();
+    if (msg.find(node.Describe()) == std::string::npos) msg = node.Describe() + ": " + msg;
+    throw Error(msg);
+  } catch (const std::exception& e) {
+    throw Error(fmt::format("{}: {}", node.Describe(), e.what()));
+  }
+  if (options_.profile) {
+    double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    OpProfile& p = profile_[node.op_type];
+    p.op_type = node.op_type;
+    p.calls++;
+    p.seconds += dt;
+  }
+  for (size_t o = 0; o < st.out_slots.size(); ++o) {
+    if (st.out_slots[o] < 0) continue;
+    Tensor& out = ctx.outputs[o];
+    GAF_CHECK(out.defined(), "{}: kernel produced no value for output '{}'", node.Describe(), node.outputs[o]);
+    if (half_type != DataType::kUndefined && out.dtype() == DataType::kFloat) out = out.CastTo(half_type);
+    if (options_.observer && top) options_.observer(node.outputs[o], out);
+    slots[st.out_slots[o]] = std::move(out);
+  }
+}
+
+namespace {
+
+// Values kept per shape step between runs: small (shape data is a few integers; a mask built from
+// shapes can be larger, and is kept up to this size).
+constexpr size_t kMaxCachedBytes = 1 << 20;
+// Values up to this many elements are compared with the last run's, so an unchanged result (the
+// batch dim of a changed shape) keeps its consumers cached.
+constexpr int64_t kMaxComparedElements = 64;
+
+bool SameValue(const Tensor& a, const Tensor& b) {
+  if (a.dtype() != b.dtype() || a.shape() != b.shape() || a.dtype() == DataType::kString) return false;
+  return a.raw() == b.raw() || std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0;
+}
+
+bool HasSubgraph(const Node& n) {
+  for (const Attribute& a : n.attributes)
+    if (a.g || !a.graphs.empty()) return true;
+  return false;
+}
+
+// Operators whose outputs are a function of their input values and attributes (no state, no
+// randomness, no subgraph): these may be computed once when planned or reused across runs.
+bool IsPureOperator(const Node& n) {
+  static const std::unordered_set<std::string> kImpure = {"RandomUniform", "RandomNormal", "RandomUniformLike",
+                                                          "RandomNormalLike", "Bernoulli", "Multinomial", "Dropout"};
+  return n.domain.empty() && !kImpure.count(n.op_type) && !HasSubgraph(n);
+}
+
+}  // namespace
+
+void Session::RememberShapeStep(const PlanStep& st, const std::vector<Tensor>& slots, std::vector<char>& changed) {
+  size_t bytes = 0;
+  for (int o : st.out_slots) bytes += o >= 0 ? slots[o].nbytes() : 0;
+  const bool had = st.cache_valid;
+  st.cached.resize(st.out_slots.size());
+  for (size_t o = 0; o < st.out_slots.size(); ++o) {
+    const int s = st.out_slots[o];
+    if (s < 0) continue;
+    const Tensor& t = slots[s];
+    changed[s] = !(had && t.numel() <= kMaxComparedElements && SameValue(t, st.cached[o]));
+    st.cached[o] = bytes <= kMaxCachedBytes ? t : Tensor();
+  }
+  st.cache_valid = bytes <= kMaxCachedBytes;
+}
+
+void Session::FoldAndMarkShapeSteps(Plan& plan) {
+  // Constant slots: initializers that no feed can override (an IR < 4 initializer that is also a
+  // graph input can be fed), then the outputs of steps folded here.
+  std::vector<char> is_const(plan.slot_names.size(), 0), is_shape(plan.slot_names.size(), 0);
+  std::unordered_set<std::string> fed;
+  for (const ValueInfo& v : plan.graph->inputs) fed.insert(v.name);
+  for (const auto& [s, t] : plan.consts) is_const[s] = !fed.count(plan.slot_names[s]);
+  std::vector<Tensor> slots(plan.slot_names.size());
+  for (const auto& [s, t] : plan.consts) slots[s] = *t;
+  std::vector<Plan::Step> kept;
+  kept.reserve(plan.steps.size());
+  FrameRunner runner(this, nullptr);
+  const bool profile = options_.profile;
+  options_.profile = false;  // folding is not running: the profile counts runs only
+  for (Plan::Step& st : plan.steps) {
+    const Node& n = *st.node;
+    const bool own_kernel = call_kernel_of_.count(&n) > 0;
+    const bool pure = !own_kernel && IsPureOperator(n);
+    bool all_const = pure, all_known = pure;
+    for (int i : st.in_slots) {
+      if (i < 0) continue;
+      all_const = all_const && is_const[i];
+      all_known = all_known && (is_const[i] || is_shape[i]);
+    }
+    if (all_const) {
+      // Computed now, once; a failure is left to the run (the same error then, with the feeds).
+      bool ok = true;
+      try {
+        RunStep(st, slots, runner, false);
+      } catch (const std::exception&) {
+        ok = false;
+      }
+      size_t bytes = 0;
+      for (int o : st.out_slots) bytes += ok && o >= 0 ? slots[o].nbytes() : 0;
+      // A Constant shares its attribute's tensor; anything else is kept when it is small.
+      if (ok && (n.op_type == "Constant" || bytes <= kMaxCachedBytes)) {
+        for (size_t o = 0; o < st.out_slots.size(); ++o) {
+          const int s = st.out_slots[o];
+          if (s < 0) continue;
+          plan.folded.push_back(slots[s]);
+          plan.consts.emplace_back(s, &plan.folded.back());
+          plan.folded_values.emplace_back(n.outputs[o], &plan.folded.back());
+          is_const[s] = 1;
+        }
+        ++plan.folded_steps;
+        continue;
+      }
+    }
+    st.root = !own_kernel && n.domain.empty() && (n.op_type == "Shape" || n.op_type == "Size");
+    st.derived = !st.root && all_known && !all_const;
+    if (st.root || st.derived) {
+      for (int o : st.out_slots)
+        if (o >= 0) is_shape[o] = 1;
+      plan.derived_steps += st.derived;
+    }
+    kept.push_back(std::move(st));
+  }
+  plan.steps = std::move(kept);
+  options_.profile = profile;
+}
+
 std::vector<Tensor> Session::Execute(const Plan& plan, Frame* parent, const std::vector<Tensor>& graph_inputs,
                                      const std::map<std::string, Tensor>* feeds) {
   Frame frame;
@@ -465,59 +639,28 @@ std::vector<Tensor> Session::Execute(const Plan& plan, Frame* parent, const std:
   }
 
   FrameRunner runner(this, &frame);
-  int threads = omp_get_max_threads();
+  const bool top = parent == nullptr;
+  if (top && options_.observer)
+    for (const auto& [name, t] : plan.folded_values) options_.observer(name, *t);
+  // Shape steps: whether a derived value differs from the last run's (constants never do).
+  std::vector<char> changed;
+  if (plan.derived_steps > 0) changed.assign(plan.slot_names.size(), 0);
   for (const Plan::Step& st : plan.steps) {
-    const Node& node = *st.node;
-    KernelContext ctx{node, st.opset, {}, {}, &runner, threads};
-    ctx.inputs.resize(st.in_slots.size(), nullptr);
-    std::vector<Tensor> upcast;  // keeps converted half inputs alive
-    DataType half_type = DataType::kUndefined;
-    for (size_t i = 0; i < st.in_slots.size(); ++i) {
-      int s = st.in_slots[i];
-      if (s < 0) continue;
-      const Tensor& t = frame.slots[s];
-      GAF_CHECK(t.defined(), "{}: input '{}' has no value (produced by an earlier failed or skipped node?)",
-                node.Describe(), node.inputs[i]);
-      ctx.inputs[i] = &t;
-      if (st.kernel->upcast_half && IsHalf(t.dtype())) half_type = t.dtype();
-    }
-    if (half_type != DataType::kUndefined) {
-      upcast.reserve(ctx.inputs.size());
-      for (auto& in : ctx.inputs) {
-        if (in != nullptr && IsHalf(in->dtype())) {
-          upcast.push_back(in->CastTo(DataType::kFloat));
-          in = &upcast.back();
+    if (st.derived && st.cache_valid) {
+      bool same = true;
+      for (int i : st.in_slots) same = same && (i < 0 || !changed[i]);
+      if (same) {
+        for (size_t o = 0; o < st.out_slots.size(); ++o) {
+          if (st.out_slots[o] < 0) continue;
+          frame.slots[st.out_slots[o]] = st.cached[o];
+          if (options_.observer && top) options_.observer(st.node->outputs[o], st.cached[o]);
         }
+        for (int s : st.release) frame.slots[s] = Tensor();
+        continue;
       }
     }
-    ctx.outputs.resize(node.outputs.size());
-    auto t0 = std::chrono::steady_clock::now();
-    try {
-      st.kernel->fn(ctx);
-    } catch (const UnsupportedError&) {
-      throw;
-    } catch (const Error& e) {
-      std::string msg = e.what();
-      if (msg.find(node.Describe()) == std::string::npos) msg = node.Describe() + ": " + msg;
-      throw Error(msg);
-    } catch (const std::exception& e) {
-      throw Error(fmt::format("{}: {}", node.Describe(), e.what()));
-    }
-    if (options_.profile) {
-      double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      OpProfile& p = profile_[node.op_type];
-      p.op_type = node.op_type;
-      p.calls++;
-      p.seconds += dt;
-    }
-    for (size_t o = 0; o < st.out_slots.size(); ++o) {
-      if (st.out_slots[o] < 0) continue;
-      Tensor& out = ctx.outputs[o];
-      GAF_CHECK(out.defined(), "{}: kernel produced no value for output '{}'", node.Describe(), node.outputs[o]);
-      if (half_type != DataType::kUndefined && out.dtype() == DataType::kFloat) out = out.CastTo(half_type);
-      if (options_.observer && parent == nullptr) options_.observer(node.outputs[o], out);
-      frame.slots[st.out_slots[o]] = std::move(out);
-    }
+    RunStep(st, frame.slots, runner, top);
+    if ((st.root || st.derived) && !changed.empty()) RememberShapeStep(st, frame.slots, changed);
     for (int s : st.release) frame.slots[s] = Tensor();
   }
   std::vector<Tensor> results;
@@ -542,6 +685,7 @@ std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,
     for (const ValueInfo& v : model_.graph.inputs) known |= v.name == name;
     GAF_CHECK(known, "'{}' is not an input of the model", name);
   }
+  std::lock_guard<std::mutex> lock(run_mutex_);  // one run at a time (plans keep shape caches)
   int threads = options_.num_threads > 0 ? options_.num_threads : omp_get_num_procs();
   omp_set_num_threads(threads);
   std::vector<Tensor> all = Execute(PlanFor(model_.graph), nullptr, {}, &feeds);

@@ -11,6 +11,7 @@
 #include <optional>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -36,6 +37,11 @@ struct SessionOptions {
   // for that weight where it is faster (ops/conv.h, PreparedConv: oneDNN's blocked layouts);
   // false keeps the registry's Conv for every node.
   bool prepared_kernels = true;
+  // Steps of the main graph whose inputs are all constant are computed once, when the session is
+  // made (Constant nodes, shape arithmetic on constants); shape computation (Shape/Size and the
+  // pure operators on their results and constants) runs again only when a value it reads changed
+  // since the last run, else its outputs of the last run are used (a decoder's decode steps).
+  bool fold_shapes = true;
 };
 
 struct OpProfile {
@@ -63,11 +69,18 @@ class Session {
   // Per op type totals since construction (only with options.profile), largest first.
   std::vector<OpProfile> Profile() const;
 
-  struct Plan;    // compiled form of one graph
-  struct Frame;   // values of one graph execution
+  struct Plan;      // compiled form of one graph
+  struct PlanStep;  // one node of a plan
+  struct Frame;     // values of one graph execution
 
  private:
   const Plan& PlanFor(const Graph& g);
+  // Runs one step on `slots` (its inputs there, its outputs written there); `top`: a step of the
+  // main graph (the observer sees its outputs).
+  void RunStep(const PlanStep& st, std::vector<Tensor>& slots, SubgraphRunner& runner, bool top);
+  // Constant folding and shape caching of the main graph's plan (SessionOptions::fold_shapes).
+  void FoldAndMarkShapeSteps(Plan& plan);
+  static void RememberShapeStep(const PlanStep& st, const std::vector<Tensor>& slots, std::vector<char>& changed);
   std::vector<Tensor> Execute(const Plan& plan, Frame* parent, const std::vector<Tensor>& graph_inputs,
                               const std::map<std::string, Tensor>* feeds);
   friend class FrameRunner;
@@ -77,6 +90,7 @@ class Session {
   std::vector<ValueInfo> inputs_, outputs_;
   std::unordered_map<const Graph*, std::unique_ptr<Plan>> plans_;
   std::map<std::string, OpProfile> profile_;
+  std::mutex run_mutex_;
   std::deque<KernelInfo> call_kernels_;                 // kernels of kept function calls
   std::unordered_map<const Node*, const KernelInfo*> call_kernel_of_;
 };

@@ -1,0 +1,129 @@
+// The plan's constant folding and shape caching (SessionOptions::fold_shapes): results equal the
+// unfolded session's at every shape, folded steps never run, shape steps run again only when a
+// value they read changed.
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "runtime/session.h"
+#include "test_util.h"
+
+namespace gaf {
+namespace {
+
+using testing::MakeModel;
+using testing::MakeNode;
+using testing::RandomFloat;
+
+Attribute TensorAttr(const std::string& name, Tensor t) {
+  Attribute a;
+  a.name = name;
+  a.type = Attribute::Type::kTensor;
+  a.t = std::move(t);
+  return a;
+}
+
+// x [N, 4] -> r = Reshape(x, [1, 4N]) (shape arithmetic on Shape(x)), z = Cast(Range(0, N, 1)):
+// both depend on N, so a stale cached value would show.
+Model ShapeModel() {
+  Graph g;
+  g.inputs.push_back(testing::FloatValue("x", {-1, 4}));
+  g.SetInitializer("zero", Tensor::Scalar<int64_t>(0));
+  g.SetInitializer("step", Tensor::Scalar<int64_t>(1));
+  g.SetInitializer("axes", Tensor::FromInt64s({0}));
+  g.nodes.push_back(MakeNode("Constant", {}, {"four"}, "four", {TensorAttr("value", Tensor::Scalar<int64_t>(4))}));
+  g.nodes.push_back(MakeNode("Constant", {}, {"one"}, "one", {TensorAttr("value", Tensor::FromInt64s({1}))}));
+  g.nodes.push_back(MakeNode("Shape", {"x"}, {"s"}, "shape"));
+  g.nodes.push_back(MakeNode("Gather", {"s", "zero"}, {"n"}, "gather"));
+  g.nodes.push_back(MakeNode("Mul", {"n", "four"}, {"n4"}, "mul"));
+  g.nodes.push_back(MakeNode("Unsqueeze", {"n4", "axes"}, {"n4v"}, "unsqueeze"));
+  g.nodes.push_back(MakeNode("Concat", {"one", "n4v"}, {"shape2"}, "concat", {testing::IntAttr("axis", 0)}));
+  g.nodes.push_back(MakeNode("Reshape", {"x", "shape2"}, {"r"}, "reshape"));
+  g.nodes.push_back(MakeNode("Range", {"zero", "n", "step"}, {"range"}, "range"));
+  g.nodes.push_back(MakeNode("Cast", {"range"}, {"z"}, "cast", {testing::IntAttr("to", 1)}));
+  ValueInfo r{"r", DataType::kFloat}, z{"z", DataType::kFloat};
+  g.outputs = {r, z};
+  return MakeModel(std::move(g));
+}
+
+int64_t Calls(const Session& s, const std::string& op) {
+  for (const OpProfile& p : s.Profile())
+    if (p.op_type == op) return p.calls;
+  return 0;
+}
+
+void ExpectSame(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].shape(), b[i].shape()) << what << " output " << i;
+    EXPECT_EQ(a[i].ToDoubles(), b[i].ToDoubles()) << what << " output " << i;
+  }
+}
+
+TEST(ShapeCache, ResultsFollowEveryShapeChange) {
+  Model m = ShapeModel();
+  Session folded(m), plain(m, SessionOptions{.fold_shapes = false});
+  uint32_t seed = 1;
+  for (int64_t n : {2, 3, 3, 5, 2, 2}) {
+    std::map<std::string, Tensor> feeds{{"x", RandomFloat({n, 4}, seed++)}};
+    std::vector<Tensor> got = folded.Run(feeds), want = plain.Run(feeds);
+    ExpectSame(got, want, "N=" + std::to_string(n));
+    EXPECT_EQ(got[0].shape(), (Shape{1, 4 * n}));
+    EXPECT_EQ(got[1].numel(), n);
+  }
+}
+
+TEST(ShapeCache, ConstantsFoldOnceAndShapeStepsRunOnlyWhenTheirInputsChange) {
+  Model m = ShapeModel();
+  Session s(m, SessionOptions{.profile = true});
+  auto run = [&](int64_t n) { s.Run({{"x", RandomFloat({n, 4}, static_cast<uint32_t>(n))}}); };
+  run(3);
+  EXPECT_EQ(Calls(s, "Constant"), 0) << "Constant nodes are folded when the session is made";
+  EXPECT_EQ(Calls(s, "Range"), 1);
+  EXPECT_EQ(Calls(s, "Reshape"), 1);
+  run(3);  // same shape: Shape runs, what it feeds is reused
+  EXPECT_EQ(Calls(s, "Shape"), 2);
+  EXPECT_EQ(Calls(s, "Gather"), 1);
+  EXPECT_EQ(Calls(s, "Range"), 1);
+  EXPECT_EQ(Calls(s, "Reshape"), 2) << "Reshape reads x, a graph input: it always runs";
+  run(4);  // another shape: the shape steps run again
+  EXPECT_EQ(Calls(s, "Gather"), 2);
+  EXPECT_EQ(Calls(s, "Range"), 2);
+  EXPECT_EQ(Calls(s, "Concat"), 2);
+}
+
+TEST(ShapeCache, UnchangedValuesOfAChangedShapeKeepTheirConsumersCached) {
+  // Gather of dim 1 (always 4) of a shape whose dim 0 changes: Mul on it stays cached.
+  Model m = ShapeModel();
+  std::vector<Node> nodes;
+  for (Node& n : m.graph.nodes) {
+    if (n.name == "gather") n.inputs[1] = "step";  // index 1: the fixed dim
+    if (n.name != "reshape") nodes.push_back(n);
+  }
+  m.graph.nodes = nodes;
+  m.graph.outputs.erase(m.graph.outputs.begin());  // z only
+  Session s(m, SessionOptions{.profile = true});
+  Session plain(m, SessionOptions{.fold_shapes = false});
+  for (int64_t n : {2, 3, 6}) {
+    std::map<std::string, Tensor> feeds{{"x", RandomFloat({n, 4}, 7)}};
+    ExpectSame(s.Run(feeds), plain.Run(feeds), "N=" + std::to_string(n));
+  }
+  EXPECT_EQ(Calls(s, "Shape"), 3);
+  EXPECT_EQ(Calls(s, "Gather"), 3) << "Gather reads the changed shape";
+  EXPECT_EQ(Calls(s, "Mul"), 1) << "its result (4) did not change, so Mul was reused";
+  EXPECT_EQ(Calls(s, "Range"), 1);
+}
+
+TEST(ShapeCache, ObserverSeesFoldedValues) {
+  Model m = ShapeModel();
+  std::set<std::string> seen;
+  SessionOptions o;
+  o.observer = [&](const std::string& name, const Tensor&) { seen.insert(name); };
+  Session s(m, o);
+  s.Run({{"x", RandomFloat({2, 4}, 1)}});
+  s.Run({{"x", RandomFloat({2, 4}, 2)}});
+  for (const char* v : {"four", "one", "s", "n", "n4", "shape2", "r", "range", "z"}) EXPECT_TRUE(seen.count(v)) << v;
+}
+
+}  // namespace
+}  // namespace gaf
