@@ -163,7 +163,7 @@ class GraphAutoFusion:
                                   bool(half_weights))
         self._safe_report = SafeFusionReport(json.loads(self._fuser.safe_report_json()),
                                              self._fuser.safe_report_text())
-        self._fused = self._wrap(m, {"safe_fusion": dict(self._safe_report)},
+        self._fused = self._wrap(m, {"safe_fusion": self._safe_report},  # with its text
                                  half=bool(self._safe_report.get("half_weights_kept")))
         return self._fused
 

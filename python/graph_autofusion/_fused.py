@@ -10,6 +10,7 @@ import numpy as np
 
 from . import _core
 from ._inputs import normalize_samples, to_numpy
+from ._reports import SafeFusionReport
 
 _META = "graph_autofusion.json"
 _FORMAT = 1
@@ -156,8 +157,9 @@ class FusedModel:
         data = self.model.save(os.path.join(directory, "model.onnx"), True)
         for name, rep in self.reports.items():
             _write_atomic(os.path.join(directory, f"{name}_report.json"), json.dumps(rep, indent=2))
-            if name == "safe_fusion":
-                _write_atomic(os.path.join(directory, "safe_fusion_report.txt"), str(rep) + "\n")
+            if name == "safe_fusion":  # the text form, not the dict's repr
+                text = str(rep if isinstance(rep, SafeFusionReport) else SafeFusionReport(rep))
+                _write_atomic(os.path.join(directory, "safe_fusion_report.txt"), text + "\n")
         if self.samples:
             arrays = {f"{i}/{k}": v for i, s in enumerate(self.samples) for k, v in s.items()}
             tmp = os.path.join(directory, ".samples.tmp.npz")
@@ -201,6 +203,8 @@ class FusedModel:
             if os.path.isfile(p):
                 with open(p, encoding="utf-8") as f:
                     reports[name] = json.load(f)
+                if name == "safe_fusion":
+                    reports[name] = SafeFusionReport(reports[name])
         return cls(model, description=str(meta.get("description", directory)), reports=reports, samples=samples,
                    threads=threads, kernel_cache=kernel_cache, half_weights=bool(meta.get("half_weights", False)))
 

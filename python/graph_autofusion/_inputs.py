@@ -3,6 +3,7 @@
 
 import os
 import sys
+import tempfile
 
 import numpy as np
 
@@ -107,9 +108,12 @@ def _from_torch(model, description, example_inputs, dynamic_axes, opset, input_n
         raise TypeError(f"{description}: a PyTorch model needs example_inputs=... (a tensor, a tuple of tensors or a "
                         f"dict of name -> tensor; a list of several samples makes the dims that differ dynamic) to be "
                         f"exported to ONNX")
-    res = torch_io.export(model, example_inputs, input_names=input_names, output_names=output_names,
-                          dynamic_axes=dynamic_axes, opset=opset)
-    m = _core.Model.load(res.path)
+    # The exported file is only a way in: Model.load reads it (and any external data) into memory,
+    # so the folder goes away at once instead of one /tmp/gaf_torch_* folder per model.
+    with tempfile.TemporaryDirectory(prefix="gaf_torch_") as tmp:
+        res = torch_io.export(model, example_inputs, input_names=input_names, output_names=output_names,
+                              dynamic_axes=dynamic_axes, opset=opset, path=os.path.join(tmp, "model.onnx"))
+        m = _core.Model.load(res.path)
     samples = list(getattr(res, "samples", None) or [res.feeds])
     module = model
     if isinstance(model, (str, os.PathLike)):
@@ -117,5 +121,5 @@ def _from_torch(model, description, example_inputs, dynamic_axes, opset, input_n
         module = torch.jit.load(os.fspath(model), map_location="cpu")
     kind = "torchscript" if isinstance(model, (str, os.PathLike)) or type(model).__name__.startswith(
         ("RecursiveScriptModule", "ScriptModule", "TopLevelTracedModule")) else "torch"
-    return ModelSource(m, kind, f"{description} (exported with torch.onnx.export, opset {opset})", path=res.path,
+    return ModelSource(m, kind, f"{description} (exported with torch.onnx.export, opset {opset})",
                        torch_module=module, samples=samples, export=res)
