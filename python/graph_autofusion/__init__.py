@@ -28,3 +28,16 @@ def example_llama(preset="tiny"):
     """The built-in Llama-style decoder (random weights) as a FusedModel-ready ONNX model
     (_core.Model): presets tiny, small, bench."""
     return _core.llama_model(preset)
+
+
+def _register_torch_operator():
+    """TorchScript saved from FusedModel.to_torch() calls graph_autofusion::run: the operator is
+    registered on import whenever PyTorch is installed (costs PyTorch's import time)."""
+    import importlib.util  # noqa: PLC0415
+
+    if importlib.util.find_spec("torch") is None:
+        return  # no python3-torch: everything but to_torch() works
+    from . import _torch_op  # noqa: F401, PLC0415
+
+
+_register_torch_operator()

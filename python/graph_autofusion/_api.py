@@ -26,7 +26,8 @@ class FusionRule:
                  pattern=None):
         if pattern is not None and (op1 is not None or op2 is not None or more_ops):
             raise TypeError("FusionRule: give either op1, op2, ... or pattern, not both")
-        if not isinstance(benefit_threshold, (int, float)) or not 0 <= benefit_threshold < 1:
+        if isinstance(benefit_threshold, bool) or not isinstance(benefit_threshold, (int, float)) \
+                or not 0 <= benefit_threshold < 1:
             raise ValueError(f"FusionRule: benefit_threshold {benefit_threshold!r} must be a number in [0, 1) "
                              f"(0.2 = the fused group must be predicted 20% faster)")
         if not isinstance(priority, int) or isinstance(priority, bool):
@@ -39,7 +40,7 @@ class FusionRule:
         else:
             ops = [op1, op2, *more_ops] if pattern is None else str(pattern).split("+")
             ops = [o for o in ops if o is not None]
-            if len(ops) < 2 and pattern is None:
+            if len(ops) < 2:
                 raise ValueError("FusionRule: a rule needs at least two operators (op1 and op2)")
             for o in ops:
                 if not isinstance(o, str) or not o.strip():
@@ -156,8 +157,11 @@ class GraphAutoFusion:
             raise ValueError(f"min_cosine {min_cosine!r}: expected a number in (0, 1]")
         if max_abs_error < 0:
             raise ValueError(f"max_abs_error {max_abs_error!r}: expected a number >= 0")
-        if not isinstance(repeats, int) or repeats < 3:
-            raise ValueError(f"repeats {repeats!r}: expected an integer >= 3")
+        if not isinstance(repeats, int) or isinstance(repeats, bool) or repeats < 1:
+            raise ValueError(f"repeats {repeats!r}: expected an integer >= 1")
+        if check_speed and repeats < 7:
+            raise ValueError(f"repeats {repeats}: the speed gate's sign test at 1% needs at least 7 pairs "
+                             f"(or check_speed=False)")
         m = self._fuser.fuse_safe(float(min_cosine), float(max_abs_error), bool(check_speed), int(repeats),
                                   float(min_gain), not remeasure, int(self.threads), self.kernel_cache,
                                   bool(half_weights))

@@ -335,8 +335,8 @@ def test_report_and_verification_before_fusing(gaf, mlp_onnx):
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"repeats": 2}, "repeats 2: expected an integer >= 3"),
-    ({"repeats": 5}, "5 repeats are too few for the speed gate"),
+    ({"repeats": 0}, "repeats 0: expected an integer >= 1"),
+    ({"repeats": 5}, "repeats 5: the speed gate's sign test at 1% needs at least 7 pairs"),
     ({"min_cosine": 0}, "min_cosine 0: expected a number in (0, 1]"),
     ({"max_abs_error": -1}, "max_abs_error -1: expected a number >= 0"),
 ])
