@@ -2,6 +2,7 @@
 // compilation on top of GraphAutoFusion.
 #include "codegen/safe_fusion.h"
 
+#include <filesystem>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -723,6 +724,10 @@ std::string SafeGraphAutoFusion::CompileFusedOperators(const std::string& dir) {
     work.samples.push_back(RandomFeeds(fused, options_.dims));
     work.source = "random inputs";
   }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  GAF_CHECK(!ec && std::filesystem::is_directory(dir), "CompileFusedOperators: cannot create the folder {}: {}", dir,
+            ec ? ec.message() : "a file of that name exists");
   KernelCompiler compiler(dir);
   auto set = CompileFusedKernels(fused, compiler, work, kFusedDomain);
   std::string s = fmt::format("kernel library: {} ({})\n",
