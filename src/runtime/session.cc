@@ -687,6 +687,12 @@ std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,
   }
   std::lock_guard<std::mutex> lock(run_mutex_);  // one run at a time (plans keep shape caches)
   int threads = options_.num_threads > 0 ? options_.num_threads : omp_get_num_procs();
+  // The calling thread's OpenMP setting is restored afterwards: a host program sharing the OpenMP
+  // runtime (PyTorch in the Python package) keeps its own thread count.
+  struct RestoreThreads {
+    int n = omp_get_max_threads();
+    ~RestoreThreads() { omp_set_num_threads(n); }
+  } restore;
   omp_set_num_threads(threads);
   std::vector<Tensor> all = Execute(PlanFor(model_.graph), nullptr, {}, &feeds);
   if (output_names.empty()) return all;
