@@ -2,6 +2,7 @@
 with snake_case spellings beside them."""
 
 import json
+import os
 import time
 
 import numpy as np
@@ -32,6 +33,13 @@ class FusionRule:
                              f"(0.2 = the fused group must be predicted 20% faster)")
         if not isinstance(priority, int) or isinstance(priority, bool):
             raise TypeError(f"FusionRule: priority must be an integer, got {priority!r}")
+        if not -2**31 <= priority < 2**31:
+            raise ValueError(f"FusionRule: priority {priority} is out of range (a 32-bit integer)")
+        for what, v in (("fuse_pattern", fuse_pattern), ("name", name)):
+            if v is not None and not isinstance(v, str):
+                raise TypeError(f"FusionRule: {what} must be a string, got {type(v).__name__}")
+        if pattern is not None and not isinstance(pattern, str):
+            raise TypeError(f"FusionRule: pattern must be a string, got {type(pattern).__name__}")
         if pattern is not None and "\n" in str(pattern).strip():
             rules = _core.parse_rules(str(pattern), name or "FusionRule(pattern=...)")
             if len(rules) != 1:
@@ -45,6 +53,8 @@ class FusionRule:
             for o in ops:
                 if not isinstance(o, str) or not o.strip():
                     raise TypeError(f"FusionRule: operator names must be non-empty strings, got {o!r}")
+                if any(ord(c) < 32 for c in o):  # the library's sentence would end at a NUL
+                    raise ValueError(f"FusionRule: operator name {o!r} holds a control character")
             chain = "+".join(o.strip() for o in ops)
             self._rule = _core.chain_rule(chain, name or chain, fuse_pattern or "", float(benefit_threshold),
                                           int(priority))
@@ -92,6 +102,7 @@ class GraphAutoFusion:
             raise ValueError(f"benefit_threshold {benefit_threshold!r}: expected a number in [0, 1)")
         self._source = load_model(model, example_inputs=example_inputs, dynamic_axes=dynamic_axes, opset=opset,
                                   input_names=input_names, output_names=output_names)
+        self._given = model  # VerifyPrecision(fused, model) with the same object or path reuses the export
         self.model = self._source.model
         info = json.loads(self.model.info())
         self._input_names = [i["name"] for i in info["inputs"]]
@@ -190,10 +201,16 @@ class GraphAutoFusion:
         per output. A torch module as ``model`` is run by PyTorch itself."""
         fused = self._fused_arg(fused_model)
         samples = normalize_samples(inputs, fused.input_names) if inputs is not None else self._samples
-        if model is None or model is self._source.torch_module or model is self.model:
+        if model is None or model is self._source.torch_module or model is self.model or model is self._given \
+                or _same_path(model, self._given):
             ref = self._source
         else:
-            ref = load_model(model, example_inputs=samples[0] if samples else None)
+            # Another torch model is exported on every sample (positionally, under the fused model's
+            # input and output names), so the dims that differ between samples are dynamic.
+            names = [n for n in fused.input_names if samples and n in samples[0]]
+            examples = [tuple(s[n] for n in names) for s in samples] or None
+            ref = load_model(model, example_inputs=examples, input_names=names or None,
+                             output_names=fused.output_names)
         torch_ref = ref.torch_module
         rep = json.loads(_core.verify_precision(fused.model, ref.model, samples, {}, int(self.threads), 0,
                                                 fused.half_weights, self.kernel_cache))
@@ -272,6 +289,12 @@ class GraphAutoFusion:
         if isinstance(fused_model, FusedModel):
             return fused_model
         return FusedModel(load_model(fused_model).model, threads=self.threads, kernel_cache=self.kernel_cache)
+
+
+def _same_path(a, b):
+    if not isinstance(a, (str, os.PathLike)) or not isinstance(b, (str, os.PathLike)):
+        return False
+    return os.path.realpath(os.fspath(a)) == os.path.realpath(os.fspath(b))
 
 
 def _core_samples(fused):

@@ -5,6 +5,7 @@ import json
 import os
 import sys
 import tempfile
+import zipfile
 
 import numpy as np
 
@@ -187,26 +188,48 @@ class FusedModel:
                 raise _core.Error(f"{meta_path}: not valid JSON ({e})") from None
         if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
             raise _core.Error(f"{meta_path}: unknown format {meta.get('format') if isinstance(meta, dict) else '?'}")
+        # A crafted file gets a one-line Error naming the field, not a TypeError from deep inside.
+        for key, types, what in (("reports", list, "a list of report names"), ("half_weights", bool, "true or false"),
+                                 ("description", str, "a string")):
+            if key in meta and not isinstance(meta[key], types):
+                raise _core.Error(f"{meta_path}: '{key}' must be {what}, not {type(meta[key]).__name__}")
+        if not all(isinstance(n, str) for n in meta.get("reports", [])):
+            raise _core.Error(f"{meta_path}: 'reports' must be a list of report names (strings)")
         model = _core.Model.load(os.path.join(directory, "model.onnx"))
         samples = []
         sp = os.path.join(directory, "samples.npz")
         if os.path.isfile(sp):
-            with np.load(sp, allow_pickle=False) as z:
-                by = {}
-                for key in z.files:
-                    i, _, name = key.partition("/")
-                    by.setdefault(int(i), {})[name] = z[key]
-                samples = [by[i] for i in sorted(by)]
+            try:
+                with np.load(sp, allow_pickle=False) as z:
+                    by = {}
+                    for key in z.files:
+                        i, _, name = key.partition("/")
+                        if not i.isdigit() or not name:
+                            raise ValueError(f"entry '{key}' is not '<sample>/<input name>'")
+                        a = z[key]
+                        if a.dtype.hasobject:
+                            raise ValueError(f"entry '{key}' holds Python objects")
+                        by.setdefault(int(i), {})[name] = a
+                    samples = [by[i] for i in sorted(by)]
+            except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+                raise _core.Error(f"{sp}: not the sample inputs save_pretrained writes ({e})") from None
         reports = {}
         for name in meta.get("reports", []):
-            p = os.path.join(directory, f"{os.path.basename(str(name))}_report.json")
+            p = os.path.join(directory, f"{os.path.basename(name)}_report.json")
             if os.path.isfile(p):
-                with open(p, encoding="utf-8") as f:
-                    reports[name] = json.load(f)
-                if name == "safe_fusion":
-                    reports[name] = SafeFusionReport(reports[name])
-        return cls(model, description=str(meta.get("description", directory)), reports=reports, samples=samples,
-                   threads=threads, kernel_cache=kernel_cache, half_weights=bool(meta.get("half_weights", False)))
+                try:
+                    with open(p, encoding="utf-8") as f:
+                        rep = json.load(f)
+                    if not isinstance(rep, dict):
+                        raise ValueError(f"a {type(rep).__name__}, not an object")
+                    if name == "safe_fusion":
+                        rep = SafeFusionReport(rep)
+                        str(rep)  # its fields have the types the text needs
+                except (ValueError, TypeError, KeyError, AttributeError, UnicodeDecodeError) as e:
+                    raise _core.Error(f"{p}: not a report written by save_pretrained ({e})") from None
+                reports[name] = rep
+        return cls(model, description=meta.get("description", str(directory)), reports=reports, samples=samples,
+                   threads=threads, kernel_cache=kernel_cache, half_weights=meta.get("half_weights", False))
 
     def to_torch(self):
         """An ``nn.Module`` whose forward runs this model (through the ``graph_autofusion::run``
