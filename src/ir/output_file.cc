@@ -79,8 +79,12 @@ void CheckOutputPath(const std::string& path, const std::vector<std::string>& in
     GAF_CHECK(S_ISREG(st.st_mode), "{} {}: exists and is not a regular file (a folder, device or FIFO); refusing to replace it",
               what, path);
   }
-  if (overwrite) return;
+  // The folder it goes into must be there (checked now: the work before the write can take minutes).
+  const fs::path parent = fs::path(path).parent_path();
   std::error_code ec;
+  GAF_CHECK(parent.empty() || fs::is_directory(parent, ec), "{} {}: the folder {} does not exist", what, path,
+            parent.string());
+  if (overwrite) return;
   for (const std::string& in : inputs) {
     if (in.empty() || !fs::exists(in, ec)) continue;
     GAF_CHECK(!fs::exists(path, ec) || !fs::equivalent(path, in, ec),
