@@ -17,16 +17,9 @@ using testing::FloatValue;
 using testing::IntAttr;
 using testing::MakeModel;
 using testing::MakeNode;
+using testing::TensorAttr;
 
 using testing::IntsAttr;
-
-Attribute TensorAttr(const std::string& name, Tensor t) {
-  Attribute a;
-  a.name = name;
-  a.type = Attribute::Type::kTensor;
-  a.t = std::move(t);
-  return a;
-}
 
 const FusionRule& Rule(const std::string& name) {
   static const std::vector<FusionRule> rules = BuiltinRules();

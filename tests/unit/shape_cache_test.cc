@@ -13,15 +13,8 @@ namespace {
 
 using testing::MakeModel;
 using testing::MakeNode;
+using testing::TensorAttr;
 using testing::RandomFloat;
-
-Attribute TensorAttr(const std::string& name, Tensor t) {
-  Attribute a;
-  a.name = name;
-  a.type = Attribute::Type::kTensor;
-  a.t = std::move(t);
-  return a;
-}
 
 // x [N, 4] -> r = Reshape(x, [1, 4N]) (shape arithmetic on Shape(x)), z = Cast(Range(0, N, 1)):
 // both depend on N, so a stale cached value would show.

@@ -38,6 +38,14 @@ inline Attribute IntsAttr(const std::string& name, std::vector<int64_t> v) {
   return a;
 }
 
+inline Attribute TensorAttr(const std::string& name, Tensor t) {
+  Attribute a;
+  a.name = name;
+  a.type = Attribute::Type::kTensor;
+  a.t = std::move(t);
+  return a;
+}
+
 inline Node MakeNode(const std::string& op, std::vector<std::string> ins, std::vector<std::string> outs,
                      std::string name = "", std::vector<Attribute> attrs = {}) {
   Node n;
