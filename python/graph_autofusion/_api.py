@@ -4,6 +4,7 @@ with snake_case spellings beside them."""
 import json
 import os
 import time
+import warnings
 
 import numpy as np
 
@@ -59,6 +60,12 @@ class FusionRule:
             self._rule = _core.chain_rule(chain, name or chain, fuse_pattern or "", float(benefit_threshold),
                                           int(priority))
         self.op_types = [o for o in (op1, op2, *more_ops) if o is not None]
+        unknown = _core.unknown_ops(self._rule)
+        if unknown:
+            # Allowed (a model may hold operators of other domains), but usually a typo.
+            warnings.warn(f"FusionRule {self.name!r}: {', '.join(repr(o) for o in unknown)} is not an ONNX operator "
+                          f"graph-autofusion knows; the rule matches only nodes of exactly that op type",
+                          stacklevel=2)
 
     name = property(lambda self: self._rule.name)
     fuse_pattern = property(lambda self: self._rule.fuse_pattern)

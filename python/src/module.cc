@@ -27,6 +27,7 @@
 #include "models/generate.h"
 #include "models/llama.h"
 #include "onnx_io/onnx_io.h"
+#include "ops/kernel.h"
 #include "runtime/session.h"
 
 namespace gaf::py {
@@ -371,6 +372,15 @@ PYBIND11_MODULE(_core, m) {
   m.def("chain_rule", &ChainRule, pyb::arg("chain"), pyb::arg("name"), pyb::arg("fuse_pattern"), pyb::arg("threshold"),
         pyb::arg("priority"));
   m.def("parse_rules", &ParseRules, pyb::arg("text"), pyb::arg("source"));
+  // Op types a rule names that no operator of the runtime has (after the short aliases).
+  m.def("unknown_ops", [](const FusionRule& r) {
+    std::vector<std::string> out;
+    for (const PatternNode& n : r.pattern.nodes)
+      for (const std::string& op : n.ops)
+        if (OpRegistry::Global().Find("", op) == nullptr && std::find(out.begin(), out.end(), op) == out.end())
+          out.push_back(op);
+    return out;
+  });
   m.def("preset_rules", &PresetRules, pyb::arg("preset"));
 
   pyb::class_<Fuser>(m, "Fuser")

@@ -375,3 +375,14 @@ def test_compile_into_an_impossible_folder_names_it(gaf, mlp_onnx, tmp_path):
     with pytest.raises(gaf.Error) as e:
         gaf.GraphAutoFusion(mlp_onnx).CompileFusedOperators(str(blocker / "ops"))
     assert str(blocker) in str(e.value)
+
+
+def test_rule_naming_an_unknown_operator_warns(gaf):
+    with pytest.warns(UserWarning, match=r"'NoSuchOp' is not an ONNX operator graph-autofusion knows"):
+        gaf.FusionRule(op1="MatMul", op2="NoSuchOp", fuse_pattern="X")
+    import warnings  # noqa: PLC0415
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the original's LayerNorm+Add (an alias) and alternatives do not warn
+        gaf.FusionRule(op1="LayerNorm", op2="Add", fuse_pattern="LayerNormAdd", benefit_threshold=0.2, priority=2)
+        gaf.FusionRule(pattern="MatMul+Relu|Clip")
