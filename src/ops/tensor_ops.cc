@@ -381,7 +381,7 @@ void TransposeKernel(KernelContext& ctx) {
     perm[i] = a;
     out[i] = x.shape()[a];
   }
-  ctx.outputs[0] = Tensor(x.dtype(), out);
+  ctx.outputs[0] = Tensor::Uninitialized(x.dtype(), out);  // every element is written
   TransposeTensor(x, ctx.outputs[0], x.shape(), perm, node);
 }
 
@@ -406,7 +406,7 @@ void ConcatKernel(KernelContext& ctx) {
                 node.Describe(), ShapeToString(x0.shape()), ShapeToString(t->shape()), axis);
     out[axis] = CheckedAdd(out[axis], t->shape()[axis], "concatenated size");
   }
-  Tensor y(x0.dtype(), out);
+  Tensor y = Tensor::Uninitialized(x0.dtype(), out);  // the inputs cover every element
   const size_t es = DataTypeSize(x0.dtype());
   const int64_t outer = Product(out, 0, axis), inner = Product(out, axis + 1, r);
   const int64_t out_row = out[axis] * inner * es;
@@ -798,7 +798,7 @@ void ExpandKernel(KernelContext& ctx) {
   CheckNotString(x, node);
   std::vector<int64_t> shp = ctx.input(1).ToInt64s();
   Shape out = BroadcastShapes(x.shape(), Shape(shp.begin(), shp.end()), node);
-  Tensor y(x.dtype(), out);
+  Tensor y = Tensor::Uninitialized(x.dtype(), out);  // StridedCopy writes every element
   if (y.numel() > 0) {
     std::vector<int64_t> st = BroadcastStrides(x.shape(), out);
     DispatchBySize(x.dtype(), node, [&](auto tag) {
