@@ -52,7 +52,8 @@ class AnalysisReport(Report):
     def text(self):
         prof = self.get("profile", {})
         local_kb = prof.get("local_memory_bytes", 0) / 1024
-        lines = ["[INFO] Fusion benefit analysis:"]
+        lines = [f"[INFO] Fusion benefit analysis: (predicted by the cost model for profile {prof.get('name', '?')}, "
+                 f"local memory {local_kb:.0f} KB; FuseSafe measures)"]
         if not self.get("shapes_known", True):
             lines.append(f"[INFO]   note: no shapes, so no estimates (verdicts Maybe): {self.get('shapes_error', '')}")
         for c in self.get("candidates", []):

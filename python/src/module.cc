@@ -209,6 +209,12 @@ pyb::list RunRuntime(Runtime& rt, const pyb::dict& feeds, const std::vector<std:
   {
     pyb::gil_scoped_release release;
     out = rt.session->Run(f, outputs);
+    f.clear();
+    // numpy arrays are writable: an output whose buffer the session keeps (a folded constant, a
+    // cached shape value, an initializer) is copied, so writing into it cannot change later runs.
+    // Outputs sharing the caller's own input arrays (a Reshape of an input) stay without a copy.
+    for (Tensor& t : out)
+      if (t.SharesBuffer()) t = t.Clone();
   }
   pyb::list l;
   for (const Tensor& t : out) l.append(ToNumpy(t));

@@ -319,3 +319,28 @@ def test_fuse_safe_releases_the_gil(gaf):
     # report is there either way.
     assert fuser.GetSafeFusionReport()["candidates"] > 0
     assert advanced > 5000, (advanced, seconds)
+
+
+def test_writing_into_an_output_does_not_change_later_runs(gaf):
+    """Outputs the session keeps (a folded constant, a cached shape value) come out as copies; an
+    output that is a view of the caller's own input still shares its memory."""
+    from onnx import TensorProto, helper  # noqa: PLC0415
+
+    g = helper.make_graph(
+        [helper.make_node("Constant", [], ["c"], value=helper.make_tensor("v", TensorProto.FLOAT, [2], [1.0, 2.0])),
+         helper.make_node("Shape", ["x"], ["s"]),
+         helper.make_node("Reshape", ["x", "flat"], ["r"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("c", TensorProto.FLOAT, [2]),
+         helper.make_tensor_value_info("s", TensorProto.INT64, [2]),
+         helper.make_tensor_value_info("r", TensorProto.FLOAT, [6])],
+        [helper.make_tensor("flat", TensorProto.INT64, [1], [6])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    fused = gaf.FusedModel(gaf._core.Model.from_bytes(m.SerializeToString()))
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    c, s, r = fused(x)
+    assert np.shares_memory(r, x)
+    c[:] = -7
+    s[:] = -7
+    c2, s2, _ = fused(x)
+    assert c2.tolist() == [1.0, 2.0] and s2.tolist() == [2, 3]

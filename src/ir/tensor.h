@@ -153,6 +153,8 @@ class Tensor {
   int64_t ScalarAsInt64() const;
   // Convert to another data type (numeric and bool; float16/bfloat16 through float).
   Tensor CastTo(DataType dt) const;
+  // Whether another tensor holds this buffer too (a session's constants or caches, an input).
+  bool SharesBuffer() const { return storage_.use_count() > 1; }
 
  private:
   void CheckType(DataType want) const;

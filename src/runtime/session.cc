@@ -582,6 +582,9 @@ void Session::FoldAndMarkShapeSteps(Plan& plan) {
       size_t bytes = 0;
       for (int o : st.out_slots) bytes += ok && o >= 0 ? slots[o].nbytes() : 0;
       // A Constant shares its attribute's tensor; anything else is kept when it is small.
+      if (ok && !(n.op_type == "Constant" || bytes <= kMaxCachedBytes))
+        for (int o : st.out_slots)
+          if (o >= 0) slots[o] = Tensor();  // too large to keep: computed in every run instead
       if (ok && (n.op_type == "Constant" || bytes <= kMaxCachedBytes)) {
         for (size_t o = 0; o < st.out_slots.size(); ++o) {
           const int s = st.out_slots[o];

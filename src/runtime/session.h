@@ -60,7 +60,9 @@ class Session {
   const std::vector<ValueInfo>& outputs() const { return outputs_; }
   const Model& model() const { return model_; }
 
-  // Runs the graph. Feeds are checked against the declared input types and known dimensions;
+  // Runs the graph. Outputs may share their buffers with the session's constants and cached
+  // shape values (fold_shapes) or with the feeds: never write into them (Clone() first).
+  // Feeds are checked against the declared input types and known dimensions;
   // a mismatch is a gaf::Error naming the input. Returns the requested outputs (all graph outputs
   // when `output_names` is empty), in that order.
   std::vector<Tensor> Run(const std::map<std::string, Tensor>& feeds,
