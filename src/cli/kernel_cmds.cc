@@ -221,6 +221,7 @@ void RunBench(const BenchArgs& a) {
     st->note = note;
     SessionOptions s = so;
     s.fold_shapes = fold;
+    s.rewrite_products = fold;
     if (kernels) {
       KernelCompiler compiler;
       st->kernels = Compile(st->model, compiler, o.workload, o.dims, half ? HalfWeights::kDecode : HalfWeights::kOff);
@@ -231,14 +232,16 @@ void RunBench(const BenchArgs& a) {
     stages.push_back(std::move(st));
   };
   // The stages of the original's table, each adding one mechanism: fusion, then the plan's
-  // scheduling (constants folded when the session is made, shape computation cached per shape).
+  // scheduling (constants folded when the session is made, shape computation cached per shape,
+  // the product rewrites of runtime/plan_rewrite.h).
   add("baseline (unfused)", original, false, "reference kernels, one per operator, every node run", false, false);
   GraphAutoFusion f(original, o);
   Model fused = f.Fuse();
   add("+ fusion", fused, true,
       fmt::format("{} groups ({} functions), generated kernels", f.fuse_summary().groups, f.fuse_summary().functions), false, false);
   add("+ scheduling", fused, true,
-      "the same, constants folded once and shape computation reused while the shapes it reads are unchanged");
+      "the same, constants folded once, shape computation reused while the shapes it reads are unchanged, products "
+      "reading the KV cache and transposed operands in place, sibling products in one pass");
   std::string safe_summary, half_note =
       "float16 storage of constant MatMul weights (numerics change: verify --half-weights --dim sequence_length=1)";
   if (a.safe) {

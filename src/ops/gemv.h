@@ -15,6 +15,17 @@ namespace gaf {
 void GemvF32(const float* x, const float* w, int64_t ldw, float* y, int64_t K, int64_t N,
              bool accumulate);
 
+// Several products of the same x (the query/key/value or gate/up projections of a decode step):
+// y_i = x * W_i, run as one set of tasks over all the weights, so the threads stream them without
+// a barrier between products. Each y_i is what GemvF32 gives (same summation order).
+struct GemvOutput {
+  const float* w;
+  int64_t ldw;
+  float* y;
+  int64_t N;
+};
+void GemvF32Many(const float* x, int64_t K, const GemvOutput* outs, int count);
+
 // As GemvF32 with W stored as IEEE float16 bits, widened to float while streaming.
 void GemvF16(const float* x, const uint16_t* w_half, int64_t ldw, float* y, int64_t K, int64_t N,
              bool accumulate);

@@ -83,5 +83,6 @@ void RegisterNnKernels(OpRegistry& r);           // MatMul, Gemm, Conv, ConvTran
 void RegisterRnnKernels(OpRegistry& r);          // LSTM, GRU, RNN
 void RegisterControlFlowKernels(OpRegistry& r);  // If, Loop, Scan
 void RegisterLossAndQuantKernels(OpRegistry& r); // losses, (de)quantization, NMS, GridSample, RoiAlign, Det, windows, random
+void RegisterPlanKernels(OpRegistry& r);         // operators of the session's plan rewrites (runtime/plan_rewrite.h)
 
 }  // namespace gaf

@@ -12,6 +12,7 @@ static void RegisterAllKernels(OpRegistry& r) {
   RegisterRnnKernels(r);
   RegisterControlFlowKernels(r);
   RegisterLossAndQuantKernels(r);
+  RegisterPlanKernels(r);
 }
 
 OpRegistry& OpRegistry::Global() {

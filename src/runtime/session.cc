@@ -375,26 +375,29 @@ class FrameRunner : public SubgraphRunner {
 };
 
 Session::Session(const Model& model, SessionOptions options) : model_(model), options_(options) {
+  std::vector<std::pair<std::string, KernelInfo>> kept;  // node name/outputs -> kernel
   if (options_.function_kernels) {
-    std::vector<std::pair<std::string, KernelInfo>> kept;  // node name/outputs -> kernel
     InlineFunctions(model_, [&](const Node& call, const Function& f) {
       std::optional<KernelInfo> k = options_.function_kernels(call, f);
       if (!k) return false;
       kept.emplace_back(call.outputs.empty() ? call.name : call.outputs[0], std::move(*k));
       return true;
     });
-    // Bind kernels to the kept call nodes (identified by their first output, which is unique).
-    for (auto& [key, info] : kept) {
-      for (const Node& n : model_.graph.nodes) {
-        if ((n.outputs.empty() ? n.name : n.outputs[0]) == key) {
-          call_kernels_.push_back(std::move(info));
-          call_kernel_of_[&n] = &call_kernels_.back();
-          break;
-        }
-      }
-    }
   } else {
     InlineFunctions(model_);
+  }
+  // The observer sees every value the graph names: it gets the graph as it is.
+  if (options_.rewrite_products && !options_.observer)
+    rewrites_ = RewriteProducts(model_, /*group_siblings=*/!options_.node_kernels);
+  // Bind kernels to the kept call nodes (identified by their first output, which is unique).
+  for (auto& [key, info] : kept) {
+    for (const Node& n : model_.graph.nodes) {
+      if ((n.outputs.empty() ? n.name : n.outputs[0]) == key) {
+        call_kernels_.push_back(std::move(info));
+        call_kernel_of_[&n] = &call_kernels_.back();
+        break;
+      }
+    }
   }
   if (options_.node_kernels) {
     for (const Node& n : model_.graph.nodes) {
@@ -480,7 +483,9 @@ void Session::RunStep(const PlanStep& st, std::vector<Tensor>& slots, SubgraphRu
     throw;
   } catch (const Error& e) {
     std::string msg = e.what();
-    if (msg.find(node.Describe()) == std::string::npos) msg = node.Describe() + ": " + msg;
+    // A plan rewrite's node reports its original operators' errors as they are.
+    if (msg.find(node.Describe()) == std::string::npos && node.domain != kPlanDomain)
+      msg = node.Describe() + ": " + msg;
     throw Error(msg);
   } catch (const std::exception& e) {
     throw Error(fmt::format("{}: {}", node.Describe(), e.what()));

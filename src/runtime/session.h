@@ -18,6 +18,7 @@
 
 #include "ir/graph.h"
 #include "ops/kernel.h"
+#include "runtime/plan_rewrite.h"
 
 namespace gaf {
 
@@ -42,6 +43,10 @@ struct SessionOptions {
   // pure operators on their results and constants) runs again only when a value it reads changed
   // since the last run, else its outputs of the last run are used (a decoder's decode steps).
   bool fold_shapes = true;
+  // MatMuls read a transposed operand, and a key/value cache repeated per query head, where they
+  // are instead of through the copies the graph makes (runtime/plan_rewrite.h). Off while an
+  // observer is set (it sees the graph's values as written).
+  bool rewrite_products = true;
 };
 
 struct OpProfile {
@@ -70,6 +75,8 @@ class Session {
 
   // Per op type totals since construction (only with options.profile), largest first.
   std::vector<OpProfile> Profile() const;
+  // What the plan rewrote (SessionOptions::rewrite_products).
+  const ProductRewrites& product_rewrites() const { return rewrites_; }
 
   struct Plan;      // compiled form of one graph
   struct PlanStep;  // one node of a plan
@@ -93,6 +100,7 @@ class Session {
   std::unordered_map<const Graph*, std::unique_ptr<Plan>> plans_;
   std::map<std::string, OpProfile> profile_;
   std::mutex run_mutex_;
+  ProductRewrites rewrites_;
   std::deque<KernelInfo> call_kernels_;                 // kernels of kept function calls
   std::unordered_map<const Node*, const KernelInfo*> call_kernel_of_;
 };

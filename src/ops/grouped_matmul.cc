@@ -1,0 +1,228 @@
+// GroupedMatMul and SiblingMatMul (domain ai.graph_autofusion.plan): the products a session's
+// plan rewrites make from MatMul nodes (runtime/plan_rewrite.h). GroupedMatMul reads a second
+// operand the graph copied (transposed, or a key/value cache repeated per query head) in place:
+//
+//   inputs  A, B [, expand_shape, reshape_shape]
+//   attrs   trans_b   1: B is given untransposed; the product reads it as Bᵀ (last two axes)
+//           kv_group  1: B is a key/value cache [b, g, t, d] that the graph repeated per query head
+//                        (Unsqueeze at axis 2, Expand to [b, g, r, t, d], Reshape to [b, g*r, t, d]);
+//                        the product reads each cache head once for its r query heads
+//           fallback  the original nodes, as a graph on (A, B, expand_shape, reshape_shape)
+//
+// With kv_group the query heads of one cache head are r consecutive heads of A, so A viewed as
+// [b, g, r*S, K] multiplies each cache head [t, d] in one product of r*S rows. Whenever a run's
+// shapes are not of that form (or not float32), the fallback graph runs: the original operators,
+// so the result is always MatMul's.
+#include <algorithm>
+#include <vector>
+
+#include "ops/gemm.h"
+#include "ops/gemv.h"
+#include "ops/kernel.h"
+#include "ops/kernel_util.h"
+
+namespace gaf {
+namespace {
+
+// The shape Reshape would give `in` for target `shape` (allowzero = 0), or empty when invalid.
+Shape ResolveReshape(const Shape& in, const std::vector<int64_t>& shape) {
+  Shape out(shape.begin(), shape.end());
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == 0) {
+      if (i >= in.size()) return {};
+      out[i] = in[i];
+    }
+    if (out[i] == -1) {
+      if (infer >= 0) return {};
+      infer = static_cast<int64_t>(i);
+      continue;
+    }
+    if (out[i] < 0) return {};
+    known *= out[i];
+  }
+  const int64_t n = NumElements(in);
+  if (infer >= 0) {
+    if (known == 0 || n % known != 0) return {};
+    out[infer] = n / known;
+  }
+  return NumElements(out) == n ? out : Shape{};
+}
+
+// Repeat factor r when Reshape(Expand(Unsqueeze(x, 2), e), s) of x = [b, g, t, d] is [b, g*r, t, d]
+// with each cache head repeated r times; 0 otherwise.
+int64_t KvRepeat(const Shape& x, const std::vector<int64_t>& e, const std::vector<int64_t>& s) {
+  if (x.size() != 4 || e.size() > 5) return 0;
+  const Shape u = {x[0], x[1], 1, x[2], x[3]};
+  Shape ex(5);
+  for (size_t i = 0; i < 5; ++i) {
+    const int64_t want = i + e.size() >= 5 ? e[i + e.size() - 5] : 1;
+    if (u[i] == want || want == 1) ex[i] = u[i];
+    else if (u[i] == 1 && want > 1) ex[i] = want;
+    else return 0;
+  }
+  if (ex[0] != x[0] || ex[1] != x[1] || ex[3] != x[2] || ex[4] != x[3]) return 0;
+  const Shape r = ResolveReshape(ex, s);
+  if (r != Shape{x[0], x[1] * ex[2], x[2], x[3]}) return 0;
+  return ex[2];
+}
+
+void RunFallback(KernelContext& ctx) {
+  const Graph* g = ctx.node.GetGraph("fallback");
+  GAF_CHECK(g != nullptr && ctx.subgraphs != nullptr, "{}: no fallback graph", ctx.node.Describe());
+  std::vector<Tensor> ins;
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) ins.push_back(ctx.has_input(i) ? *ctx.inputs[i] : Tensor());
+  std::vector<Tensor> out = ctx.subgraphs->RunSubgraph(*g, ins);
+  GAF_CHECK(out.size() == ctx.num_outputs(), "{}: fallback graph gave {} outputs", ctx.node.Describe(), out.size());
+  for (size_t i = 0; i < out.size(); ++i) ctx.outputs[i] = std::move(out[i]);
+}
+
+// C[M,N] = A[M,K] * op(B), row-major, directly: for small products, where a library call costs
+// more than the arithmetic (a decode step's attention over a short cache).
+void SmallProduct(int64_t M, int64_t N, int64_t K, bool trans_b, const float* __restrict A,
+                  const float* __restrict B, float* __restrict C) {
+  if (trans_b) {  // C[m,n] = A[m,:] . B[n,:], both rows contiguous
+    for (int64_t n = 0; n < N; ++n) {
+      const float* b = B + n * K;
+      for (int64_t m = 0; m < M; ++m) {
+        const float* a = A + m * K;
+        float s = 0.f;
+#pragma omp simd reduction(+ : s)
+        for (int64_t k = 0; k < K; ++k) s += a[k] * b[k];
+        C[m * N + n] = s;
+      }
+    }
+    return;
+  }
+  for (int64_t m = 0; m < M; ++m) {  // C[m,:] = sum_k A[m,k] B[k,:]
+    float* c = C + m * N;
+    std::fill(c, c + N, 0.f);
+    for (int64_t k = 0; k < K; ++k) {
+      const float a = A[m * K + k];
+      const float* b = B + k * N;
+#pragma omp simd
+      for (int64_t n = 0; n < N; ++n) c[n] += a * b[n];
+    }
+  }
+}
+
+// Below this many multiply-adds a product is computed by SmallProduct.
+constexpr int64_t kSmallProduct = int64_t{1} << 18;
+// Below this many multiply-adds in all, the products run on the calling thread.
+constexpr int64_t kParallelWork = int64_t{1} << 15;
+
+// C[i] = A[i] * op(B[i]) for `batches` products of [M,K] x [K,N] at the given element strides.
+void Products(int64_t batches, int64_t M, int64_t N, int64_t K, bool trans_b, const float* A, int64_t a_stride,
+              const float* B, int64_t b_stride, float* C) {
+  const int64_t ldb = trans_b ? K : N;
+  const bool small = M * N * K <= kSmallProduct;
+  auto one = [&](int64_t i) {
+    if (small)
+      SmallProduct(M, N, K, trans_b, A + i * a_stride, B + i * b_stride, C + i * M * N);
+    else
+      SgemmF32(false, trans_b, M, N, K, 1.f, A + i * a_stride, K, B + i * b_stride, ldb, 0.f, C + i * M * N, N);
+  };
+  // Few, large products: each uses the whole team; many small ones: one per thread.
+  const int64_t work = batches * M * N * K;
+  if (batches > 1 && M * N * K < (int64_t{1} << 22) && work > kParallelWork) {
+    ParallelFor(batches, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t i = b0; i < b1; ++i) one(i);
+    });
+  } else {
+    for (int64_t i = 0; i < batches; ++i) one(i);
+  }
+}
+
+void GroupedMatMulKernel(KernelContext& ctx) {
+  const Node& node = ctx.node;
+  const Tensor& A = ctx.input(0);
+  const Tensor& B = ctx.input(1);
+  const bool trans_b = node.GetInt("trans_b", 0) != 0, kv = node.GetInt("kv_group", 0) != 0;
+  if (A.dtype() != DataType::kFloat || B.dtype() != DataType::kFloat || A.rank() < 2 || B.rank() < 2)
+    return RunFallback(ctx);
+  const Shape& as = A.shape();
+  if (kv) {
+    if (!ctx.has_input(2) || !ctx.has_input(3) || A.rank() != 4) return RunFallback(ctx);
+    const int64_t r = KvRepeat(B.shape(), ctx.input(2).ToInt64s(), ctx.input(3).ToInt64s());
+    const int64_t b = B.dim(0), g = B.dim(1), t = B.dim(2), d = B.dim(3);
+    const int64_t K = trans_b ? d : t, N = trans_b ? t : d;
+    if (r <= 0 || as[0] != b || as[1] != g * r || as[3] != K) return RunFallback(ctx);
+    const int64_t S = as[2];
+    Tensor Y = Tensor::Uninitialized(DataType::kFloat, {b, g * r, S, N});
+    Products(b * g, r * S, N, K, trans_b, A.data<float>(), r * S * K, B.data<float>(), t * d, Y.data<float>());
+    ctx.outputs[0] = Y;
+    return;
+  }
+  // Plain MatMul with B read transposed: batch dims broadcast as MatMul's.
+  const Shape& bs = B.shape();
+  const int64_t M = as[as.size() - 2], K = as.back();
+  const int64_t N = trans_b ? bs[bs.size() - 2] : bs.back(), KB = trans_b ? bs.back() : bs[bs.size() - 2];
+  if (K != KB) return RunFallback(ctx);  // the fallback names the mismatch
+  const Shape ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2);
+  const Shape ob = BroadcastShapes(ab, bb, node);
+  Shape os = ob;
+  os.push_back(M);
+  os.push_back(N);
+  Tensor Y = Tensor::Uninitialized(DataType::kFloat, os);
+  const int64_t nb = NumElements(ob);
+  if (nb == 0 || M == 0 || N == 0) {
+    ctx.outputs[0] = Tensor(DataType::kFloat, os);
+    return;
+  }
+  const std::vector<int64_t> sa = BroadcastStrides(ab, ob), sb = BroadcastStrides(bb, ob);
+  const std::vector<int64_t> ostr = Strides(ob);
+  const float* a = A.data<float>();
+  const float* bp = B.data<float>();
+  float* y = Y.data<float>();
+  ParallelFor(nb, nb > 1 && M * N * K < (int64_t{1} << 22) ? 1 : nb, [&](int64_t b0, int64_t b1) {
+    for (int64_t i = b0; i < b1; ++i) {
+      int64_t ao = 0, bo = 0;
+      for (size_t dd = 0; dd < ob.size(); ++dd) {
+        const int64_t c = i / ostr[dd] % ob[dd];
+        ao += c * sa[dd];
+        bo += c * sb[dd];
+      }
+      SgemmF32(false, trans_b, M, N, K, 1.f, a + ao * M * K, K, bp + bo * N * K, trans_b ? K : N, 0.f,
+               y + i * M * N, N);
+    }
+  });
+  ctx.outputs[0] = Y;
+}
+
+// SiblingMatMul: inputs A, W_1..W_n (float32 [K, N_i] constants), outputs Y_i = MatMul(A, W_i).
+// A batch-1 A streams all the weights in one set of GEMV tasks; other batches run each product.
+void SiblingMatMulKernel(KernelContext& ctx) {
+  const Tensor& A = ctx.input(0);
+  const int n = static_cast<int>(ctx.num_inputs()) - 1;
+  bool fast = A.dtype() == DataType::kFloat && A.rank() >= 1 && n == static_cast<int>(ctx.num_outputs());
+  const int64_t K = A.rank() >= 1 ? A.shape().back() : 0;
+  for (int i = 0; fast && i < n; ++i) {
+    const Tensor* w = ctx.inputs[1 + i];
+    fast = w != nullptr && w->dtype() == DataType::kFloat && w->rank() == 2 && w->dim(0) == K;
+  }
+  if (!fast || K == 0) return RunFallback(ctx);
+  const int64_t M = A.numel() / K;
+  std::vector<GemvOutput> outs;
+  for (int i = 0; i < n; ++i) {
+    const Tensor& w = *ctx.inputs[1 + i];
+    Shape s = A.shape();
+    s.back() = w.dim(1);
+    ctx.outputs[i] = Tensor::Uninitialized(DataType::kFloat, s);
+    outs.push_back({w.data<float>(), w.dim(1), ctx.outputs[i].data<float>(), w.dim(1)});
+  }
+  if (M == 1) {
+    GemvF32Many(A.data<float>(), K, outs.data(), n);
+    return;
+  }
+  for (const GemvOutput& o : outs)
+    if (M > 0) SgemmF32(false, false, M, o.N, K, 1.f, A.data<float>(), K, o.w, o.ldw, 0.f, o.y, o.N);
+}
+
+}  // namespace
+
+void RegisterPlanKernels(OpRegistry& r) {
+  r.Register({"ai.graph_autofusion.plan", "GroupedMatMul", OpKind::kContraction, GroupedMatMulKernel, true});
+  r.Register({"ai.graph_autofusion.plan", "SiblingMatMul", OpKind::kContraction, SiblingMatMulKernel, true});
+}
+
+}  // namespace gaf

@@ -1,0 +1,227 @@
+// Session plan rewrites of products (see plan_rewrite.h).
+#include "runtime/plan_rewrite.h"
+
+#include <fmt/format.h>
+
+#include <memory>
+#include <unordered_map>
+#include <unordered_set>
+
+namespace gaf {
+namespace {
+
+struct ProductIndex {
+  std::unordered_map<std::string, int> producer;  // value -> node index
+  std::unordered_map<std::string, int> uses;      // value -> readers (nodes, subgraphs, graph outputs)
+  std::unordered_set<std::string> constants;      // initializers and Constant outputs
+
+  explicit ProductIndex(const Graph& g) {
+    for (const auto& [n, t] : g.initializers) constants.insert(n);
+    for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
+      const Node& n = g.nodes[i];
+      for (const std::string& o : n.outputs)
+        if (!o.empty()) producer[o] = i;
+      if (n.op_type == "Constant" && n.domain.empty() && !n.outputs.empty()) constants.insert(n.outputs[0]);
+      for (const std::string& in : n.inputs)
+        if (!in.empty()) ++uses[in];
+      for (const Attribute& a : n.attributes) {
+        std::vector<const Graph*> subs;
+        if (a.g) subs.push_back(a.g.get());
+        for (const auto& sg : a.graphs) subs.push_back(sg.get());
+        for (const Graph* sg : subs)
+          for (const std::string& v : OuterScopeValues(*sg)) ++uses[v];
+      }
+    }
+    for (const ValueInfo& v : g.outputs) uses[v.name] += 2;  // never absorbed
+  }
+  // The node producing `v` when it is op `op` of ai.onnx and `v` has no other reader.
+  const Node* SoleProducer(const Graph& g, const std::string& v, const char* op) const {
+    auto p = producer.find(v);
+    auto u = uses.find(v);
+    if (p == producer.end() || u == uses.end() || u->second != 1) return nullptr;
+    const Node& n = g.nodes[p->second];
+    return n.op_type == op && n.domain.empty() ? &n : nullptr;
+  }
+};
+
+// The integer values of a constant input (initializer or Constant node), or nullopt.
+bool ConstInts(const Graph& g, const ProductIndex& ix, const std::string& v, std::vector<int64_t>* out) {
+  if (const Tensor* t = g.FindInitializer(v)) {
+    if (t->dtype() != DataType::kInt64 && t->dtype() != DataType::kInt32) return false;
+    *out = t->ToInt64s();
+    return true;
+  }
+  auto p = ix.producer.find(v);
+  if (p == ix.producer.end()) return false;
+  const Node& n = g.nodes[p->second];
+  if (n.op_type != "Constant" || !n.domain.empty()) return false;
+  if (const Tensor* t = n.GetTensor("value"); t != nullptr && (t->dtype() == DataType::kInt64 || t->dtype() == DataType::kInt32)) {
+    *out = t->ToInt64s();
+    return true;
+  }
+  if (n.HasAttr("value_ints")) {
+    *out = n.GetInts("value_ints");
+    return true;
+  }
+  return false;
+}
+
+bool SwapsLastTwo(const std::vector<int64_t>& perm) {
+  const size_t r = perm.size();
+  if (r < 2) return false;
+  for (size_t i = 0; i + 2 < r; ++i)
+    if (perm[i] != static_cast<int64_t>(i)) return false;
+  return perm[r - 2] == static_cast<int64_t>(r - 1) && perm[r - 1] == static_cast<int64_t>(r - 2);
+}
+
+}  // namespace
+
+namespace {
+
+// MatMuls of one input by float32 [K, N] initializers (the query/key/value projections; gate and
+// up) become one SiblingMatMul at the first one's place: its inputs are there already.
+void GroupSiblings(Graph& g, ProductRewrites& stats) {
+  std::unordered_map<std::string, std::vector<size_t>> by_input;
+  std::vector<std::string> order;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    const Node& n = g.nodes[i];
+    if (n.op_type != "MatMul" || !n.domain.empty() || n.inputs.size() != 2 || n.outputs.size() != 1) continue;
+    const Tensor* w = g.FindInitializer(n.inputs[1]);
+    if (w == nullptr || w->dtype() != DataType::kFloat || w->rank() != 2) continue;
+    auto [it, fresh] = by_input.try_emplace(n.inputs[0]);
+    if (fresh) order.push_back(n.inputs[0]);
+    // Siblings share K (a weight of another K would fail MatMul's check).
+    if (!it->second.empty() && g.FindInitializer(g.nodes[it->second[0]].inputs[1])->dim(0) != w->dim(0)) continue;
+    it->second.push_back(i);
+  }
+  std::vector<char> drop(g.nodes.size(), 0);
+  for (const std::string& a : order) {
+    const std::vector<size_t>& idx = by_input[a];
+    if (idx.size() < 2) continue;
+    Node& first = g.nodes[idx[0]];
+    auto fallback = std::make_shared<Graph>();
+    fallback->name = first.name + "/fallback";
+    Node group;
+    group.name = first.name;
+    group.op_type = "SiblingMatMul";
+    group.domain = kPlanDomain;
+    group.inputs = {a};
+    fallback->inputs.push_back(ValueInfo{a});
+    std::string names;
+    for (size_t i : idx) {
+      const Node& m = g.nodes[i];
+      group.inputs.push_back(m.inputs[1]);
+      group.outputs.push_back(m.outputs[0]);
+      fallback->inputs.push_back(ValueInfo{m.inputs[1]});
+      fallback->nodes.push_back(m);
+      fallback->outputs.push_back(ValueInfo{m.outputs[0]});
+      names += (names.empty() ? "" : ", ") + m.Describe();
+      if (i != idx[0]) drop[i] = 1;
+    }
+    Attribute fb;
+    fb.name = "fallback";
+    fb.type = Attribute::Type::kGraph;
+    fb.g = std::move(fallback);
+    group.attributes = {fb};
+    stats.notes.push_back(fmt::format("{} products of {} in one pass over their weights: {}", idx.size(), a, names));
+    stats.sibling_groups++;
+    stats.siblings += static_cast<int>(idx.size());
+    first = std::move(group);
+  }
+  std::vector<Node> kept;
+  for (size_t i = 0; i < g.nodes.size(); ++i)
+    if (!drop[i]) kept.push_back(std::move(g.nodes[i]));
+  g.nodes = std::move(kept);
+}
+
+}  // namespace
+
+ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
+  ProductRewrites stats;
+  Graph& g = model.graph;
+  const int64_t opset = model.OpsetVersion("");
+  const ProductIndex ix(g);
+  std::unordered_set<const Node*> absorbed;
+  for (Node& n : g.nodes) {
+    if (n.op_type != "MatMul" || !n.domain.empty() || n.inputs.size() != 2 || n.outputs.size() != 1) continue;
+    std::string v = n.inputs[1];
+    std::vector<const Node*> chain;  // absorbed nodes, last first
+    bool trans = false, kv = false;
+    std::string expand_shape, reshape_shape;
+    if (const Node* t = ix.SoleProducer(g, v, "Transpose"); t != nullptr && SwapsLastTwo(t->GetInts("perm"))) {
+      trans = true;
+      chain.push_back(t);
+      v = t->inputs[0];
+    }
+    if (const Node* r = ix.SoleProducer(g, v, "Reshape"); r != nullptr && r->GetInt("allowzero", 0) == 0 &&
+                                                           r->inputs.size() == 2 && !r->inputs[1].empty()) {
+      const Node* e = ix.SoleProducer(g, r->inputs[0], "Expand");
+      const Node* u = e != nullptr && e->inputs.size() == 2 ? ix.SoleProducer(g, e->inputs[0], "Unsqueeze") : nullptr;
+      std::vector<int64_t> axes;
+      bool have_axes = false;
+      if (u != nullptr) {
+        if (opset < 13) {
+          axes = u->GetInts("axes");
+          have_axes = true;
+        } else if (u->inputs.size() == 2) {
+          have_axes = ConstInts(g, ix, u->inputs[1], &axes);
+        }
+      }
+      // Axis 2 of the rank-5 result: [b, g, t, d] -> [b, g, 1, t, d].
+      if (have_axes && axes.size() == 1 && (axes[0] == 2 || axes[0] == -3)) {
+        kv = true;
+        chain.push_back(r);
+        chain.push_back(e);
+        chain.push_back(u);
+        expand_shape = e->inputs[1];
+        reshape_shape = r->inputs[1];
+        v = u->inputs[0];
+      }
+    }
+    if ((!trans && !kv) || ix.constants.count(v)) continue;
+
+    // The original operators, as a graph on the new node's inputs.
+    auto fallback = std::make_shared<Graph>();
+    fallback->name = n.name + "/fallback";
+    std::vector<std::string> formal = {n.inputs[0], v};
+    if (kv) {
+      formal.push_back(expand_shape);
+      formal.push_back(reshape_shape);
+    }
+    for (const std::string& f : formal) fallback->inputs.push_back(ValueInfo{f});
+    for (auto it = chain.rbegin(); it != chain.rend(); ++it) fallback->nodes.push_back(**it);
+    fallback->nodes.push_back(n);
+    fallback->outputs.push_back(ValueInfo{n.outputs[0]});
+
+    stats.notes.push_back(fmt::format("{}: reads {} {}{}", n.Describe(), v, trans ? "transposed" : "",
+                                      kv ? (trans ? ", once per cache head" : "once per cache head") : ""));
+    stats.transposed += trans;
+    stats.kv_grouped += kv;
+    for (const Node* c : chain) absorbed.insert(c);
+    n.op_type = "GroupedMatMul";
+    n.domain = kPlanDomain;
+    n.inputs = formal;
+    Attribute tb, kg, fb;
+    tb.name = "trans_b";
+    tb.type = Attribute::Type::kInt;
+    tb.i = trans;
+    kg.name = "kv_group";
+    kg.type = Attribute::Type::kInt;
+    kg.i = kv;
+    fb.name = "fallback";
+    fb.type = Attribute::Type::kGraph;
+    fb.g = std::move(fallback);
+    n.attributes = {tb, kg, fb};
+  }
+  if (!absorbed.empty()) {
+    std::vector<Node> kept;
+    kept.reserve(g.nodes.size() - absorbed.size());
+    for (Node& n : g.nodes)
+      if (!absorbed.count(&n)) kept.push_back(std::move(n));
+    g.nodes = std::move(kept);
+  }
+  if (group_siblings) GroupSiblings(g, stats);
+  return stats;
+}
+
+}  // namespace gaf

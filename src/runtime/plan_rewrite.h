@@ -1,0 +1,38 @@
+// Rewrites of a session's own copy of the main graph (SessionOptions::rewrite_products) that let
+// products read their operands where they are instead of through copies the graph makes first:
+//
+//   MatMul(A, Transpose(X) swapping the last two axes)          -> GroupedMatMul(A, X) trans_b
+//   MatMul(A, Reshape(Expand(Unsqueeze(X, axis 2), e), s))       -> GroupedMatMul(A, X, e, s) kv_group
+//   (and both together: Q·Kᵀ over a key cache repeated per query head, as torch.onnx.export
+//   writes grouped-query attention: the transposed and repeated cache is never materialized)
+//   MatMul(A, W1), MatMul(A, W2), ... with constant [K, N] weights  -> SiblingMatMul(A, W1, W2, ...)
+//   (query/key/value, gate/up: a decode step streams all their weights in one set of tasks)
+//
+// Only copies consumed by that MatMul alone are absorbed, never a graph output or a constant
+// (constants are folded once anyway). GroupedMatMul checks each run's shapes and runs the
+// original operators (kept as its `fallback` graph) when they are not of the rewritten form, so
+// results are MatMul's. The saved model is never changed: this is the session's execution plan.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace gaf {
+
+// Domain of the operators the rewrites make (never written to a model file).
+inline constexpr const char* kPlanDomain = "ai.graph_autofusion.plan";
+
+struct ProductRewrites {
+  int transposed = 0;  // products reading B transposed in place
+  int kv_grouped = 0;  // products reading a repeated key/value cache once per cache head
+  int sibling_groups = 0, siblings = 0;  // SiblingMatMul nodes, and the MatMuls they replace
+  std::vector<std::string> notes;  // one line per rewritten node
+};
+
+// Rewrites `model`'s main graph in place (nodes of subgraphs are left alone). group_siblings:
+// also make SiblingMatMul nodes (off where MatMul kernels are replaced per node: float16 weights).
+ProductRewrites RewriteProducts(Model& model, bool group_siblings = true);
+
+}  // namespace gaf

@@ -1,0 +1,202 @@
+// The session's product rewrites (runtime/plan_rewrite.h): grouped-query attention as
+// torch.onnx.export writes it (the key/value cache unsqueezed, expanded and reshaped per query
+// head, the keys transposed) runs as GroupedMatMul reading the cache in place, with results equal
+// to the graph as written; shapes the fast path does not cover run the original operators; copies
+// that something else reads, and constant operands, are left alone.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "runtime/session.h"
+#include "test_util.h"
+
+namespace gaf {
+namespace {
+
+using testing::IntsAttr;
+using testing::MakeModel;
+using testing::MakeNode;
+using testing::RandomFloat;
+
+// q [B, 4, S, 8], k and v caches [Bk, 2, T, 8]; y = softmax(q kᵀ) v with the cache repeated for
+// the 2 query heads of each cache head. `expand` is the Expand target (broadcast against
+// [Bk, 2, 1, T, 8]); with `scores_out` the transposed keys are a graph output as well.
+Model GqaModel(std::vector<int64_t> expand, bool keys_out = false) {
+  Graph g;
+  g.inputs = {testing::FloatValue("q", {-1, 4, -1, 8}), testing::FloatValue("kc", {-1, 2, -1, 8}),
+              testing::FloatValue("vc", {-1, 2, -1, 8})};
+  g.SetInitializer("axes", Tensor::FromInt64s({2}));
+  g.SetInitializer("eshape", Tensor::FromInt64s(expand));
+  g.SetInitializer("rshape", Tensor::FromInt64s({0, 4, -1, 8}));
+  for (const char* c : {"k", "v"}) {
+    const std::string x = std::string(c) + "c", p = c;
+    g.nodes.push_back(MakeNode("Unsqueeze", {x, "axes"}, {p + "u"}, p + "_unsqueeze"));
+    g.nodes.push_back(MakeNode("Expand", {p + "u", "eshape"}, {p + "e"}, p + "_expand"));
+    g.nodes.push_back(MakeNode("Reshape", {p + "e", "rshape"}, {p + "r"}, p + "_reshape"));
+  }
+  g.nodes.push_back(MakeNode("Transpose", {"kr"}, {"kt"}, "k_transpose", {IntsAttr("perm", {0, 1, 3, 2})}));
+  g.nodes.push_back(MakeNode("MatMul", {"q", "kt"}, {"s"}, "qk"));
+  g.nodes.push_back(MakeNode("Softmax", {"s"}, {"p"}, "softmax", {testing::IntAttr("axis", -1)}));
+  g.nodes.push_back(MakeNode("MatMul", {"p", "vr"}, {"y"}, "pv"));
+  g.outputs = {ValueInfo{"y", DataType::kFloat}, ValueInfo{"s", DataType::kFloat}};
+  if (keys_out) g.outputs.push_back(ValueInfo{"kt", DataType::kFloat});
+  return MakeModel(std::move(g), 17);
+}
+
+int64_t Calls(const Session& s, const std::string& op) {
+  for (const OpProfile& p : s.Profile())
+    if (p.op_type == op) return p.calls;
+  return 0;
+}
+
+void ExpectClose(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].shape(), b[i].shape()) << what << " output " << i;
+    const std::vector<double> x = a[i].ToDoubles(), y = b[i].ToDoubles();
+    double worst = 0;
+    for (size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::abs(x[j] - y[j]));
+    EXPECT_LT(worst, 1e-4) << what << " output " << i;
+  }
+}
+
+std::map<std::string, Tensor> Feeds(int64_t b, int64_t bk, int64_t s, int64_t t, uint32_t seed) {
+  return {{"q", RandomFloat({b, 4, s, 8}, seed)},
+          {"kc", RandomFloat({bk, 2, t, 8}, seed + 1)},
+          {"vc", RandomFloat({bk, 2, t, 8}, seed + 2)}};
+}
+
+TEST(ProductRewrite, GroupedQueryAttentionReadsTheCacheInPlace) {
+  Model m = GqaModel({1, 1, 2, 1, 1});
+  SessionOptions on{.profile = true}, off{.profile = true};
+  off.rewrite_products = false;
+  Session fast(m, on), plain(m, off);
+  EXPECT_EQ(fast.product_rewrites().kv_grouped, 2);
+  EXPECT_EQ(fast.product_rewrites().transposed, 1);
+  EXPECT_EQ(plain.product_rewrites().kv_grouped, 0);
+  // Decode (S = 1), prefill, a long cache (the library path), batch 2.
+  const std::vector<std::array<int64_t, 3>> shapes = {{1, 1, 1}, {1, 1, 17}, {1, 7, 7}, {1, 64, 700}, {2, 3, 40}};
+  uint32_t seed = 10;
+  for (const auto& [b, s, t] : shapes) {
+    auto feeds = Feeds(b, b, s, t, seed += 3);
+    ExpectClose(fast.Run(feeds), plain.Run(feeds), fmt::format("b={} s={} t={}", b, s, t));
+  }
+  const int64_t runs = static_cast<int64_t>(shapes.size());
+  EXPECT_EQ(Calls(fast, "GroupedMatMul"), 2 * runs);
+  EXPECT_EQ(Calls(fast, "Expand"), 0);
+  EXPECT_EQ(Calls(fast, "Transpose"), 0);
+  EXPECT_EQ(Calls(fast, "MatMul"), 0);  // the fast path ran: no fallback MatMul
+  EXPECT_EQ(Calls(plain, "Expand"), 2 * runs);
+}
+
+TEST(ProductRewrite, OtherShapesRunTheOriginalOperators) {
+  // The cache's batch of 1 is expanded to the queries' batch of 2: not one cache head per group of
+  // query heads, so GroupedMatMul runs its fallback graph.
+  Model m = GqaModel({2, 1, 2, 1, 1});
+  SessionOptions on{.profile = true}, off;
+  off.rewrite_products = false;
+  Session fast(m, on), plain(m, off);
+  ASSERT_EQ(fast.product_rewrites().kv_grouped, 2);
+  auto feeds = Feeds(2, 1, 3, 5, 7);
+  ExpectClose(fast.Run(feeds), plain.Run(feeds), "batch-broadcast cache");
+  EXPECT_EQ(Calls(fast, "Expand"), 2);  // inside the fallback graphs
+  EXPECT_EQ(Calls(fast, "MatMul"), 2);
+  // Invalid shapes give the original operator's error, naming the original node: a cache batch of
+  // 3 does not broadcast to 2.
+  const std::string e = testing::ErrorOf([&] { fast.Run(Feeds(2, 3, 3, 5, 7)); });
+  EXPECT_NE(e.find("k_expand"), std::string::npos) << e;
+  EXPECT_EQ(e, testing::ErrorOf([&] { plain.Run(Feeds(2, 3, 3, 5, 7)); }));
+}
+
+TEST(ProductRewrite, CopiesReadElsewhereAndConstantsStay) {
+  // The transposed keys are a graph output: the Transpose stays, only the values are grouped.
+  Session s(GqaModel({1, 1, 2, 1, 1}, /*keys_out=*/true));
+  EXPECT_EQ(s.product_rewrites().transposed, 0);
+  EXPECT_EQ(s.product_rewrites().kv_grouped, 1);
+  auto out = s.Run(Feeds(1, 1, 2, 3, 3));
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[2].shape(), (Shape{1, 4, 8, 3}));
+
+  // MatMul(x, Transpose(W)) with W constant: folded once by the plan, not rewritten.
+  Graph g;
+  g.inputs = {testing::FloatValue("x", {3, 4})};
+  g.SetInitializer("w", RandomFloat({5, 4}, 2));
+  g.nodes.push_back(MakeNode("Transpose", {"w"}, {"wt"}, "t", {IntsAttr("perm", {1, 0})}));
+  g.nodes.push_back(MakeNode("MatMul", {"x", "wt"}, {"y"}, "mm"));
+  g.outputs = {ValueInfo{"y", DataType::kFloat}};
+  Session c(MakeModel(std::move(g)));
+  EXPECT_EQ(c.product_rewrites().transposed, 0);
+}
+
+TEST(ProductRewrite, TransposedOperandWithBroadcastBatch) {
+  // y = a [2, 3, 5, 4] x Transpose(b [3, 6, 4]) -> [2, 3, 5, 6]: B read transposed, batch broadcast.
+  Graph g;
+  g.inputs = {testing::FloatValue("a", {2, 3, 5, 4}), testing::FloatValue("b", {3, 6, 4})};
+  g.nodes.push_back(MakeNode("Transpose", {"b"}, {"bt"}, "t", {IntsAttr("perm", {0, 2, 1})}));
+  g.nodes.push_back(MakeNode("MatMul", {"a", "bt"}, {"y"}, "mm"));
+  g.outputs = {ValueInfo{"y", DataType::kFloat}};
+  Model m = MakeModel(std::move(g));
+  SessionOptions off;
+  off.rewrite_products = false;
+  Session fast(m), plain(m, off);
+  EXPECT_EQ(fast.product_rewrites().transposed, 1);
+  std::map<std::string, Tensor> feeds = {{"a", RandomFloat({2, 3, 5, 4}, 4)}, {"b", RandomFloat({3, 6, 4}, 5)}};
+  ExpectClose(fast.Run(feeds), plain.Run(feeds), "broadcast batch");
+}
+
+// y_i = MatMul(x, w_i) for three [K, N_i] weights of one input.
+Model SiblingModel(int64_t K) {
+  Graph g;
+  g.inputs = {testing::FloatValue("x", {-1, K})};
+  const int64_t n[3] = {600, 130, 130};
+  for (int i = 0; i < 3; ++i) {
+    const std::string w = "w" + std::to_string(i), y = "y" + std::to_string(i);
+    g.SetInitializer(w, RandomFloat({K, n[i]}, 20 + i, -0.1f, 0.1f));
+    g.nodes.push_back(MakeNode("MatMul", {"x", w}, {y}, "proj" + std::to_string(i)));
+    g.outputs.push_back(ValueInfo{y, DataType::kFloat});
+  }
+  return MakeModel(std::move(g));
+}
+
+TEST(ProductRewrite, SiblingProductsStreamTheirWeightsInOnePass) {
+  const int64_t K = 512;
+  Model m = SiblingModel(K);
+  SessionOptions on{.profile = true}, off;
+  off.rewrite_products = false;
+  Session fast(m, on), plain(m, off);
+  EXPECT_EQ(fast.product_rewrites().sibling_groups, 1);
+  EXPECT_EQ(fast.product_rewrites().siblings, 3);
+  // Batch 1 (the streaming GEMV over all three weights), a few rows (the weight streamed once for
+  // all rows), and many rows (the library): each row is summed in the same order whatever the
+  // path, so the results equal the separate products' exactly, and each row equals that row alone.
+  for (int64_t rows : {1, 3, 8, 40}) {
+    std::map<std::string, Tensor> feeds = {{"x", RandomFloat({rows, K}, 30 + rows)}};
+    const std::vector<Tensor> a = fast.Run(feeds), b = plain.Run(feeds);
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(a[i].ToDoubles(), b[i].ToDoubles()) << rows << " rows, output " << i;
+    // Against double precision.
+    const Tensor& x = feeds["x"];
+    const Tensor& w = *m.graph.FindInitializer("w0");
+    double worst = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < 600; j += 37) {
+        double ref = 0;
+        for (int64_t k = 0; k < K; ++k) ref += double(x.data<float>()[r * K + k]) * w.data<float>()[k * 600 + j];
+        worst = std::max(worst, std::abs(ref - a[0].data<float>()[r * 600 + j]));
+      }
+    EXPECT_LT(worst, 1e-4) << rows << " rows";
+    if (rows > 1 && rows <= 8) {
+      Tensor row(DataType::kFloat, {1, K});
+      std::copy_n(x.data<float>() + K, K, row.data<float>());
+      std::map<std::string, Tensor> one = {{"x", row}};
+      const std::vector<Tensor> c = fast.Run(one);
+      for (int64_t j = 0; j < 600; ++j)
+        ASSERT_EQ(c[0].data<float>()[j], a[0].data<float>()[600 + j]) << rows << " rows, column " << j;
+    }
+  }
+  EXPECT_EQ(Calls(fast, "SiblingMatMul"), 6);  // 4 batches and 2 single rows
+  EXPECT_EQ(Calls(fast, "MatMul"), 0);
+}
+
+}  // namespace
+}  // namespace gaf
