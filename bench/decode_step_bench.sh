@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# One decode step of a decoder in the past/present layout (Optimum / torch.onnx.export with a KV
+# cache), ours against ONNX Runtime (all optimizations) on the same inputs, at a given batch and
+# past length: each round runs `autofusion run` and bench/ort_run.js once each (fresh processes,
+# interleaved), each timing REPEAT steps after a warm-up; medians over rounds.
+#
+#   bench/decode_step_bench.sh MODEL [BATCH=1] [PAST=16]
+#
+# Environment: BUILD (build), THREADS (2), REPEAT (20), ROUNDS (3).
+# Needs: the build, /usr/bin/python3 with numpy and onnx, and `npm install` in bench/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+model=$1
+batch=${2:-1}
+past=${3:-16}
+BUILD=${BUILD:-build}
+THREADS=${THREADS:-2}
+REPEAT=${REPEAT:-20}
+ROUNDS=${ROUNDS:-3}
+dir=$(mktemp -d)
+trap 'rm -rf "$dir"' EXIT
+
+# Inputs from the model's declared inputs: batch_size=BATCH, sequence_length=1,
+# past_sequence_length=PAST (a sum of dims is evaluated); token ids 1..; positions after the past.
+/usr/bin/python3 - "$model" "$dir" "$batch" "$past" <<'EOF'
+import sys, numpy as np, onnx
+model, out, batch, past = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+dims = {"batch_size": batch, "sequence_length": 1, "past_sequence_length": past}
+m = onnx.load(model, load_external_data=False)
+inits = {t.name for t in m.graph.initializer}
+rng = np.random.default_rng(0)
+args = []
+for i in m.graph.input:
+    if i.name in inits:
+        continue
+    shape = []
+    for d in i.type.tensor_type.shape.dim:
+        if d.HasField("dim_value"):
+            shape.append(d.dim_value)
+        else:
+            shape.append(sum(dims[p.strip()] for p in d.dim_param.split("+")))
+    et = i.type.tensor_type.elem_type
+    if i.name == "position_ids":
+        a = np.full(shape, past, dtype=np.int64)
+    elif i.name == "input_ids":
+        a = (np.arange(np.prod(shape)) % 50 + 1).reshape(shape).astype(np.int64)
+    elif et == onnx.TensorProto.INT64:
+        a = np.ones(shape, dtype=np.int64)
+    else:
+        a = (rng.standard_normal(shape) * 0.5).astype(np.float32)
+    np.save(f"{out}/{i.name}.npy", a)
+    args.append(f"{i.name}={out}/{i.name}.npy")
+open(f"{out}/args", "w").write("\n".join(args))
+EOF
+mapfile -t feeds < "$dir/args"
+in_args=()
+for f in "${feeds[@]}"; do in_args+=(-i "$f"); done
+
+ours=() ort=()
+# A run that prints no time failed: show what it said.
+timed() {
+  local out t
+  out=$("$@" 2>&1) || true
+  t=$(sed -n -e 's/^ran .* in \([0-9.]*\) ms.*/\1/p' -e 's/^ort median ms: \([0-9.]*\).*/\1/p' <<<"$out")
+  if [ -z "$t" ]; then
+    echo "decode_step_bench: $1 failed:" >&2
+    tail -3 <<<"$out" >&2
+    exit 1
+  fi
+  echo "$t"
+}
+for ((r = 0; r < ROUNDS; r++)); do
+  ours+=("$(timed "$BUILD"/autofusion run "$model" "${in_args[@]}" --repeat "$REPEAT" --threads "$THREADS")")
+  ort+=("$(timed node bench/ort_run.js "$model" "${in_args[@]}" -o "$dir/ort" --opt all --threads "$THREADS" --repeat "$REPEAT")")
+done
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+mo=$(median "${ours[@]}")
+mr=$(median "${ort[@]}")
+echo "decode step, batch $batch, past $past, $THREADS thread(s), medians of $ROUNDS rounds x $REPEAT steps"
+echo "  ours ms:         $mo   (rounds: ${ours[*]})"
+echo "  ort (all) ms:    $mr   (rounds: ${ort[*]})"
+awk -v o="$mo" -v r="$mr" 'BEGIN {printf "  ours vs ort:     %.2fx\n", r / o}'
