@@ -1,14 +1,51 @@
-// float32 matrix products for kernels outside nn.cc: C[M,N] = alpha * op(A) * op(B) + beta * C,
+// float32 matrix products for kernels outside nn.cc, and MatMul by a constant weight prepared for
+// prompts (PreparedMatMul).
+//
+// SgemmF32: C[M,N] = alpha * op(A) * op(B) + beta * C,
 // row-major with leading dimensions. Batch-1 products with a row-major [K,N] B take the streaming
 // GEMV (ops/gemv.h); the rest go through oneDNN's sgemm. Inside an OpenMP parallel region the
 // product runs on the calling thread.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "ops/kernel.h"
 
 namespace gaf {
 
 void SgemmF32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
               const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+
+
+// A float32 MatMul by a constant [K, N] weight, prepared for prompts: products of more than 8 rows
+// (a prefill) run oneDNN's matmul on a copy of the weight reordered once into the layout that
+// primitive wants (its blocked layout; no packing of the weight on every call, which made sgemm
+// stream it two more times). Fewer rows keep the streaming GEMV on the weight as given. The packed
+// copy is made on the first such product, so a session that only decodes does not hold it.
+class PreparedMatMul {
+ public:
+  explicit PreparedMatMul(Tensor weight);
+  ~PreparedMatMul();
+  int64_t K() const { return weight_.dim(0); }
+  int64_t N() const { return weight_.dim(1); }
+  const Tensor& weight() const { return weight_; }
+  // C[M, N] = A[M, K] * W, row-major and contiguous.
+  void Run(const float* A, int64_t M, float* C) const;
+
+ private:
+  struct Impl;
+  Tensor weight_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Rows from which PreparedMatMul takes oneDNN's matmul on the packed weight.
+inline constexpr int64_t kPackedMatMulMinRows = 9;
+
+// Kernels for a MatMul node (inputs A, W) and a SiblingMatMul node (A, W_1..W_n) of the plan with
+// these prepared weights; other input types run the registry's kernel.
+KernelInfo PreparedMatMulKernel(std::shared_ptr<PreparedMatMul> mm);
+KernelInfo PreparedSiblingMatMulKernel(std::vector<std::shared_ptr<PreparedMatMul>> mms);
 
 }  // namespace gaf

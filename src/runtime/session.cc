@@ -2,6 +2,7 @@
 
 #include "ir/limits.h"
 #include "ops/conv.h"
+#include "ops/gemm.h"
 
 #include <omp.h>
 
@@ -409,6 +410,29 @@ Session::Session(const Model& model, SessionOptions options) : model_(model), op
     }
   }
   if (options_.prepared_kernels) {
+    // MatMuls by float32 [K, N] initializers: prompts take oneDNN's matmul on a packed weight.
+    auto prepared = [&](const std::string& w) -> std::shared_ptr<PreparedMatMul> {
+      const Tensor* t = model_.graph.FindInitializer(w);
+      if (t == nullptr || t->dtype() != DataType::kFloat || t->rank() != 2) return nullptr;
+      return std::make_shared<PreparedMatMul>(*t);
+    };
+    for (const Node& n : model_.graph.nodes) {
+      if (call_kernel_of_.count(&n)) continue;
+      if (n.op_type == "MatMul" && n.domain.empty() && n.inputs.size() == 2) {
+        if (auto mm = prepared(n.inputs[1])) {
+          call_kernels_.push_back(PreparedMatMulKernel(std::move(mm)));
+          call_kernel_of_[&n] = &call_kernels_.back();
+        }
+      } else if (n.op_type == "SiblingMatMul" && n.domain == kPlanDomain) {
+        std::vector<std::shared_ptr<PreparedMatMul>> mms;
+        for (size_t i = 1; i < n.inputs.size(); ++i)
+          if (auto mm = prepared(n.inputs[i])) mms.push_back(std::move(mm));
+        if (mms.size() + 1 == n.inputs.size()) {
+          call_kernels_.push_back(PreparedSiblingMatMulKernel(std::move(mms)));
+          call_kernel_of_[&n] = &call_kernels_.back();
+        }
+      }
+    }
     for (const Node& n : model_.graph.nodes) {
       if (call_kernel_of_.count(&n) || n.op_type != "Conv" || !n.domain.empty() || n.inputs.size() < 2) continue;
       const Tensor* w = model_.graph.FindInitializer(n.inputs[1]);

@@ -198,5 +198,22 @@ TEST(ProductRewrite, SiblingProductsStreamTheirWeightsInOnePass) {
   EXPECT_EQ(Calls(fast, "MatMul"), 0);
 }
 
+TEST(PreparedMatMul, PromptsOnAPackedWeightEqualTheReference) {
+  // y = x [.., R, 300] * w [300, 700]: the packed oneDNN matmul from 9 rows on, GEMV below.
+  Graph g;
+  g.inputs = {testing::FloatValue("x", {-1, -1, 300})};
+  g.SetInitializer("w", RandomFloat({300, 700}, 40, -0.1f, 0.1f));
+  g.nodes.push_back(MakeNode("MatMul", {"x", "w"}, {"y"}, "mm"));
+  g.outputs = {ValueInfo{"y", DataType::kFloat}};
+  Model m = MakeModel(std::move(g));
+  SessionOptions off;
+  off.prepared_kernels = false;
+  Session prepared(m), plain(m, off);
+  for (int64_t rows : {1, 5, 9, 16, 40, 9}) {  // 9 again: the cached primitive
+    std::map<std::string, Tensor> feeds = {{"x", RandomFloat({2, rows, 300}, 50 + rows)}};
+    ExpectClose(prepared.Run(feeds), plain.Run(feeds), fmt::format("{} rows", rows));
+  }
+}
+
 }  // namespace
 }  // namespace gaf

@@ -1,0 +1,122 @@
+// PreparedMatMul: oneDNN's matmul on a weight packed once (see ops/gemm.h).
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <map>
+#include <mutex>
+
+#include "ops/gemm.h"
+#include "ops/gemv.h"
+#include "ops/kernel_util.h"
+
+namespace gaf {
+namespace {
+
+dnnl::engine& MatMulEngine() {
+  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  return engine;
+}
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+// Primitives kept per weight: one per row count, up to this many (a prompt length each).
+constexpr size_t kMaxPlans = 16;
+
+}  // namespace
+
+struct PreparedMatMul::Impl {
+  struct Plan {
+    dnnl::matmul prim;
+    const dnnl::memory* weights = nullptr;  // packed copy in the primitive's layout
+  };
+  std::mutex mu;
+  std::map<int64_t, Plan> plans;                                   // by M
+  std::vector<std::pair<dnnl::memory::desc, dnnl::memory>> packed;  // per layout asked for
+};
+
+PreparedMatMul::PreparedMatMul(Tensor weight) : weight_(std::move(weight)), impl_(std::make_unique<Impl>()) {}
+PreparedMatMul::~PreparedMatMul() = default;
+
+void PreparedMatMul::Run(const float* A, int64_t M, float* C) const {
+  const int64_t K = this->K(), N = this->N();
+  if (M < kPackedMatMulMinRows || K == 0) {
+    SgemmF32(false, false, M, N, K, 1.f, A, K, weight_.data<float>(), N, 0.f, C, N);
+    return;
+  }
+  dnnl::engine& eng = MatMulEngine();
+  Impl::Plan plan;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    auto it = impl_->plans.find(M);
+    if (it == impl_->plans.end()) {
+      dnnl::memory::desc src({M, K}, dt::f32, tag::ab), w_any({K, N}, dt::f32, tag::any), dst({M, N}, dt::f32, tag::ab);
+      dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, w_any, dst), eng);
+      const dnnl::memory* packed = nullptr;
+      for (const auto& [md, mem] : impl_->packed)
+        if (md == pd.weights_desc()) packed = &mem;
+      if (packed == nullptr) {
+        dnnl::stream s(eng);
+        dnnl::memory user({{K, N}, dt::f32, tag::ab}, eng, const_cast<float*>(weight_.data<float>()));
+        dnnl::memory mem(pd.weights_desc(), eng);
+        dnnl::reorder(user, mem).execute(s, user, mem);
+        s.wait();
+        impl_->packed.emplace_back(pd.weights_desc(), mem);
+        packed = &impl_->packed.back().second;
+      }
+      if (impl_->plans.size() >= kMaxPlans) impl_->plans.clear();
+      it = impl_->plans.emplace(M, Impl::Plan{dnnl::matmul(pd), packed}).first;
+    }
+    plan = it->second;
+  }
+  dnnl::stream s(eng);
+  dnnl::memory src({{M, K}, dt::f32, tag::ab}, eng, const_cast<float*>(A));
+  dnnl::memory dst({{M, N}, dt::f32, tag::ab}, eng, C);
+  plan.prim.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, *plan.weights}, {DNNL_ARG_DST, dst}});
+  s.wait();
+}
+
+namespace {
+
+// The rows of A as [M, K] when A is float32 with last dim K (else 0 rows and false).
+bool RowsOf(const Tensor& A, int64_t K, int64_t* M) {
+  if (A.dtype() != DataType::kFloat || A.rank() < 1 || A.shape().back() != K || K == 0) return false;
+  *M = A.numel() / K;
+  return true;
+}
+
+}  // namespace
+
+KernelInfo PreparedMatMulKernel(std::shared_ptr<PreparedMatMul> mm) {
+  const KernelInfo* reference = OpRegistry::Global().Find("", "MatMul");
+  KernelInfo k = *reference;
+  k.fn = [mm, fallback = reference->fn](KernelContext& ctx) {
+    const Tensor& A = ctx.input(0);
+    int64_t M = 0;
+    // A rank-1 A is a vector (no row dim in the output): the reference handles it.
+    if (A.rank() < 2 || !RowsOf(A, mm->K(), &M)) return fallback(ctx);
+    Shape s = A.shape();
+    s.back() = mm->N();
+    ctx.outputs[0] = Tensor::Uninitialized(DataType::kFloat, s);
+    if (M > 0) mm->Run(A.data<float>(), M, ctx.outputs[0].data<float>());
+  };
+  return k;
+}
+
+KernelInfo PreparedSiblingMatMulKernel(std::vector<std::shared_ptr<PreparedMatMul>> mms) {
+  const KernelInfo* reference = OpRegistry::Global().Find("ai.graph_autofusion.plan", "SiblingMatMul");
+  KernelInfo k = *reference;
+  k.fn = [mms, fallback = reference->fn](KernelContext& ctx) {
+    const Tensor& A = ctx.input(0);
+    int64_t M = 0;
+    if (A.rank() < 2 || !RowsOf(A, mms[0]->K(), &M) || M < kPackedMatMulMinRows) return fallback(ctx);
+    for (size_t i = 0; i < mms.size(); ++i) {
+      Shape s = A.shape();
+      s.back() = mms[i]->N();
+      ctx.outputs[i] = Tensor::Uninitialized(DataType::kFloat, s);
+      mms[i]->Run(A.data<float>(), M, ctx.outputs[i].data<float>());
+    }
+  };
+  return k;
+}
+
+}  // namespace gaf
