@@ -37,7 +37,7 @@ struct SessionOptions {
   // Conv nodes of the main graph with a float32 initializer weight run a convolution prepared once
   // for that weight where it is faster (ops/conv.h, PreparedConv: oneDNN's blocked layouts), and
   // MatMuls by a float32 [K, N] initializer take oneDNN's matmul on a weight packed once for
-  // products of more than 8 rows (ops/gemm.h, PreparedMatMul); false keeps the registry's kernels.
+  // products of 6 rows or more (ops/gemm.h, PreparedMatMul); false keeps the registry's kernels.
   bool prepared_kernels = true;
   // Steps of the main graph whose inputs are all constant are computed once, when the session is
   // made (Constant nodes, shape arithmetic on constants); shape computation (Shape/Size and the
