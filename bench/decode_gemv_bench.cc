@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "ir/tensor.h"
 #include "ops/gemv.h"
 
@@ -33,40 +34,6 @@ struct Weight {
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
-}
-
-// Sum of p[0:n] as 8 concurrent streams (bench/membw's reader).
-float SumStreams(const float* p, int64_t n) {
-  constexpr int64_t kStreams = 8, kBlock = 256;
-  const int64_t m = n / kStreams / kBlock * kBlock;
-  float acc[2][16] = {};
-  for (int64_t i = 0; i < m; i += kBlock)
-    for (int64_t k = 0; k < kStreams; ++k) {
-      const float* q = p + k * m + i;
-      for (int64_t j = 0; j < kBlock; j += 32) {
-#pragma omp simd
-        for (int l = 0; l < 16; ++l) {
-          acc[0][l] += q[j + l];
-          acc[1][l] += q[j + 16 + l];
-        }
-      }
-    }
-  float s = 0;
-  for (int l = 0; l < 16; ++l) s += acc[0][l] + acc[1][l];
-  for (int64_t i = kStreams * m; i < n; ++i) s += p[i];
-  return s;
-}
-
-std::vector<int> ParseList(const std::string& v) {
-  std::vector<int> out;
-  size_t pos = 0;
-  while (pos <= v.size()) {
-    size_t c = v.find(',', pos);
-    if (c == std::string::npos) c = v.size();
-    if (c > pos) out.push_back(std::atoi(v.substr(pos, c - pos).c_str()));
-    pos = c + 1;
-  }
-  return out;
 }
 
 }  // namespace
@@ -83,7 +50,7 @@ int main(int argc, char** argv) {
     else if (k == "--inter") inter = std::atoll(v.c_str());
     else if (k == "--vocab") vocab = std::atoll(v.c_str());
     else if (k == "--rounds") rounds = std::atoi(v.c_str());
-    else if (k == "--threads") threads = ParseList(v);
+    else if (k == "--threads") threads = bench::ParseIntList(v);
     else {
       std::fprintf(stderr, "decode_gemv_bench: unknown option %s\n", k.c_str());
       return 2;
@@ -143,7 +110,7 @@ int main(int argc, char** argv) {
       const int64_t lo = starts.back() * id / nt, hi = starts.back() * (id + 1) / nt;
       for (size_t i = 0; i < w.size(); ++i) {
         const int64_t a = std::max(lo, starts[i]), b = std::min(hi, starts[i + 1]);
-        if (a < b) s += SumStreams(w[i].t.data<float>() + (a - starts[i]), b - a);
+        if (a < b) s += static_cast<float>(bench::SumStreams(w[i].t.data<float>() + (a - starts[i]), b - a));
       }
     }
     sink = sink + s;

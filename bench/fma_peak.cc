@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
+
 namespace {
 
 constexpr int kLanes = 16, kChains = 16;
@@ -45,14 +47,7 @@ int main(int argc, char** argv) {
     if (k == "--repeat") {
       repeat = std::atoi(v.c_str());
     } else if (k == "--threads") {
-      threads.clear();
-      size_t pos = 0;
-      while (pos <= v.size()) {
-        size_t c = v.find(',', pos);
-        if (c == std::string::npos) c = v.size();
-        if (c > pos) threads.push_back(std::atoi(v.substr(pos, c - pos).c_str()));
-        pos = c + 1;
-      }
+      threads = bench::ParseIntList(v);
     } else {
       std::fprintf(stderr, "usage: fma_peak [--threads 1,2] [--repeat R]\n");
       return 2;

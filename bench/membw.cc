@@ -17,36 +17,7 @@
 #include <string>
 #include <vector>
 
-namespace {
-
-// Reads its range as kStreams sub-ranges at once: a single sequential stream per core is held back
-// by the prefetchers and line-fill buffers (13.8 GB/s per core on a 2-core VM where a GEMV over
-// many weight rows at once reads 18-19), so one stream would put the floor below what kernels reach.
-constexpr size_t kStreams = 8;
-
-double SumRange(const float* p, size_t n) {
-  constexpr size_t kBlock = 256;  // floats per stream per step (1 KiB)
-  const size_t m = n / kStreams / kBlock * kBlock;
-  float acc[2][16] = {};
-  for (size_t i = 0; i < m; i += kBlock) {
-    for (size_t k = 0; k < kStreams; ++k) {
-      const float* q = p + k * m + i;
-      for (size_t j = 0; j < kBlock; j += 32) {
-#pragma omp simd
-        for (size_t l = 0; l < 16; ++l) {
-          acc[0][l] += q[j + l];
-          acc[1][l] += q[j + 16 + l];
-        }
-      }
-    }
-  }
-  float s = 0.f;
-  for (size_t l = 0; l < 16; ++l) s += acc[0][l] + acc[1][l];
-  for (size_t i = kStreams * m; i < n; ++i) s += p[i];
-  return s;
-}
-
-}  // namespace
+#include "bench_util.h"
 
 int main(int argc, char** argv) {
   size_t mib = 1024;
@@ -57,14 +28,7 @@ int main(int argc, char** argv) {
     if (k == "--mib") mib = std::strtoull(v.c_str(), nullptr, 10);
     else if (k == "--repeat") repeat = std::atoi(v.c_str());
     else if (k == "--threads") {
-      threads.clear();
-      size_t pos = 0;
-      while (pos <= v.size()) {
-        size_t c = v.find(',', pos);
-        if (c == std::string::npos) c = v.size();
-        if (c > pos) threads.push_back(std::atoi(v.substr(pos, c - pos).c_str()));
-        pos = c + 1;
-      }
+      threads = bench::ParseIntList(v);
     } else {
       std::fprintf(stderr, "usage: membw [--mib N] [--threads 1,2] [--repeat R]\n");
       return 2;
@@ -96,7 +60,7 @@ int main(int argc, char** argv) {
       {
         const int id = omp_get_thread_num(), nt = omp_get_num_threads();
         const size_t lo = n * id / nt, hi = n * (id + 1) / nt;
-        total += SumRange(a + lo, hi - lo);
+        total += bench::SumStreams(a + lo, hi - lo);
       }
       double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       sink = sink + total;

@@ -11,15 +11,11 @@
 #include <mutex>
 
 #include "ops/conv.h"
+#include "ops/dnnl_util.h"
 #include "ops/kernel_util.h"
 
 namespace gaf {
 namespace {
-
-dnnl::engine& Engine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
 
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
@@ -68,7 +64,7 @@ struct PreparedConv::Impl {
     p->x = x;
     ConvGeometry g = ConvGeometryOf(node, x, weight.shape());
     p->y = {x[0], weight.dim(0), g.out[1], g.out[2]};
-    dnnl::engine& eng = Engine();
+    dnnl::engine& eng = DnnlEngine();
     auto src_any = dnnl::memory::desc(Dims(x), dt::f32, tag::any);
     auto w_any = dnnl::memory::desc(Dims(weight.shape()), dt::f32, tag::any);
     auto dst_any = dnnl::memory::desc(Dims(p->y), dt::f32, tag::any);
@@ -151,7 +147,7 @@ void PreparedConv::Run(const Tensor& x, Tensor* y, const Tensor* residual) {
   std::shared_ptr<const Impl::Plan> p = impl_->PlanFor(x.shape());
   *y = Tensor::Uninitialized(DataType::kFloat, p->y);
   if (y->numel() == 0 || x.numel() == 0) return;
-  dnnl::engine& eng = Engine();
+  dnnl::engine& eng = DnnlEngine();
   dnnl::stream s(eng);
   dnnl::memory user_src(p->user_src_md, eng, const_cast<float*>(x.data<float>()));
   dnnl::memory user_dst(p->user_dst_md, eng, y->data<float>());

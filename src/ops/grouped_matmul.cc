@@ -16,6 +16,13 @@
 #include <algorithm>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define GAF_ATTENTION_AVX512 1
+#else
+#define GAF_ATTENTION_AVX512 0
+#endif
+
 #include "ops/gemm.h"
 #include "ops/gemv.h"
 #include "ops/kernel.h"
@@ -106,6 +113,90 @@ void SmallProduct(int64_t M, int64_t N, int64_t K, bool trans_b, const float* __
   }
 }
 
+#if GAF_ATTENTION_AVX512
+// Lane i of the result = the sum of the lanes of v[i] (16 vectors transposed and added in four
+// levels: 45 operations for 16 sums).
+inline __m512 SumEach16(const __m512* v) {
+  __m512 t[8], u[4];
+  for (int j = 0; j < 8; ++j)
+    t[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+  for (int j = 0; j < 4; ++j) {
+    const __m512d a = _mm512_castps_pd(t[2 * j]), b = _mm512_castps_pd(t[2 * j + 1]);
+    u[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
+}
+
+// Attention scores C[M,N] = A[M,D] * B[N,D]ᵀ for D a multiple of 16 (a decode step: M = the query
+// heads of one cache head, N = the cache length): 16 cache rows at a time stay in L1 while every
+// query row takes its 16 dot products, summed across lanes together.
+void ScoresAvx512(int64_t M, int64_t N, int64_t D, const float* A, const float* B, float* C) {
+  const int64_t chunks = D / 16;
+  for (int64_t n0 = 0; n0 < N; n0 += 16) {
+    const int64_t nb = std::min<int64_t>(16, N - n0);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* a = A + m * D;
+      __m512 part[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        __m512 acc = _mm512_setzero_ps();
+        if (i < nb) {
+          const float* b = B + (n0 + i) * D;
+          for (int64_t c = 0; c < chunks; ++c)
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + 16 * c), _mm512_loadu_ps(b + 16 * c), acc);
+        }
+        part[i] = acc;
+      }
+      _mm512_mask_storeu_ps(C + m * N + n0, static_cast<__mmask16>((1u << nb) - 1), SumEach16(part));
+    }
+  }
+}
+
+// C[M, 16*DV] = P[M,T] * V[T, 16*DV] for MB rows of P at a time: the MB x DV sums in registers
+// while V streams by (read once per MB rows: from L2 after the first block).
+template <int DV, int MB>
+void ValuesBlock(int64_t mb, int64_t T, const float* P, const float* V, float* C) {
+  __m512 acc[MB][DV];
+  for (int i = 0; i < MB; ++i)
+    for (int c = 0; c < DV; ++c) acc[i][c] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < T; ++t) {
+    __m512 v[DV];
+    for (int c = 0; c < DV; ++c) v[c] = _mm512_loadu_ps(V + t * 16 * DV + 16 * c);
+    for (int i = 0; i < MB; ++i) {
+      if (i >= mb) break;
+      const __m512 p = _mm512_set1_ps(P[i * T + t]);
+      for (int c = 0; c < DV; ++c) acc[i][c] = _mm512_fmadd_ps(p, v[c], acc[i][c]);
+    }
+  }
+  for (int i = 0; i < MB && i < mb; ++i)
+    for (int c = 0; c < DV; ++c) _mm512_storeu_ps(C + i * 16 * DV + 16 * c, acc[i][c]);
+}
+
+template <int DV, int MB>
+void ValuesAvx512(int64_t M, int64_t T, const float* P, const float* V, float* C) {
+  for (int64_t m0 = 0; m0 < M; m0 += MB)
+    ValuesBlock<DV, MB>(std::min<int64_t>(MB, M - m0), T, P + m0 * T, V, C + m0 * 16 * DV);
+}
+
+// The attention products of a decode step or short prompt, when this machine and shape have them:
+// false when the caller is to use the library.
+bool AttentionProduct(int64_t M, int64_t N, int64_t K, bool trans_b, const float* A, const float* B, float* C) {
+  if (M > 16) return false;
+  if (trans_b) {
+    if (K % 16 != 0 || K > 256) return false;
+    ScoresAvx512(M, N, K, A, B, C);
+    return true;
+  }
+  if (N == 64) ValuesAvx512<4, 4>(M, K, A, B, C);
+  else if (N == 128) ValuesAvx512<8, 2>(M, K, A, B, C);
+  else return false;
+  return true;
+}
+#else
+bool AttentionProduct(int64_t, int64_t, int64_t, bool, const float*, const float*, float*) { return false; }
+#endif
+
 // Below this many multiply-adds a product is computed by SmallProduct.
 constexpr int64_t kSmallProduct = int64_t{1} << 18;
 // Below this many multiply-adds in all, the products run on the calling thread.
@@ -117,6 +208,7 @@ void Products(int64_t batches, int64_t M, int64_t N, int64_t K, bool trans_b, co
   const int64_t ldb = trans_b ? K : N;
   const bool small = M * N * K <= kSmallProduct;
   auto one = [&](int64_t i) {
+    if (AttentionProduct(M, N, K, trans_b, A + i * a_stride, B + i * b_stride, C + i * M * N)) return;
     if (small)
       SmallProduct(M, N, K, trans_b, A + i * a_stride, B + i * b_stride, C + i * M * N);
     else

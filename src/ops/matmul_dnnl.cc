@@ -4,17 +4,13 @@
 #include <map>
 #include <mutex>
 
+#include "ops/dnnl_util.h"
 #include "ops/gemm.h"
 #include "ops/gemv.h"
 #include "ops/kernel_util.h"
 
 namespace gaf {
 namespace {
-
-dnnl::engine& MatMulEngine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-  return engine;
-}
 
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
@@ -43,7 +39,7 @@ void PreparedMatMul::Run(const float* A, int64_t M, float* C) const {
     SgemmF32(false, false, M, N, K, 1.f, A, K, weight_.data<float>(), N, 0.f, C, N);
     return;
   }
-  dnnl::engine& eng = MatMulEngine();
+  dnnl::engine& eng = DnnlEngine();
   Impl::Plan plan;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);

@@ -23,13 +23,13 @@ using testing::RandomFloat;
 // q [B, 4, S, 8], k and v caches [Bk, 2, T, 8]; y = softmax(q kᵀ) v with the cache repeated for
 // the 2 query heads of each cache head. `expand` is the Expand target (broadcast against
 // [Bk, 2, 1, T, 8]); with `scores_out` the transposed keys are a graph output as well.
-Model GqaModel(std::vector<int64_t> expand, bool keys_out = false) {
+Model GqaModel(std::vector<int64_t> expand, bool keys_out = false, int64_t d = 8) {
   Graph g;
-  g.inputs = {testing::FloatValue("q", {-1, 4, -1, 8}), testing::FloatValue("kc", {-1, 2, -1, 8}),
-              testing::FloatValue("vc", {-1, 2, -1, 8})};
+  g.inputs = {testing::FloatValue("q", {-1, 4, -1, d}), testing::FloatValue("kc", {-1, 2, -1, d}),
+              testing::FloatValue("vc", {-1, 2, -1, d})};
   g.SetInitializer("axes", Tensor::FromInt64s({2}));
   g.SetInitializer("eshape", Tensor::FromInt64s(expand));
-  g.SetInitializer("rshape", Tensor::FromInt64s({0, 4, -1, 8}));
+  g.SetInitializer("rshape", Tensor::FromInt64s({0, 4, -1, d}));
   for (const char* c : {"k", "v"}) {
     const std::string x = std::string(c) + "c", p = c;
     g.nodes.push_back(MakeNode("Unsqueeze", {x, "axes"}, {p + "u"}, p + "_unsqueeze"));
@@ -62,10 +62,10 @@ void ExpectClose(const std::vector<Tensor>& a, const std::vector<Tensor>& b, con
   }
 }
 
-std::map<std::string, Tensor> Feeds(int64_t b, int64_t bk, int64_t s, int64_t t, uint32_t seed) {
-  return {{"q", RandomFloat({b, 4, s, 8}, seed)},
-          {"kc", RandomFloat({bk, 2, t, 8}, seed + 1)},
-          {"vc", RandomFloat({bk, 2, t, 8}, seed + 2)}};
+std::map<std::string, Tensor> Feeds(int64_t b, int64_t bk, int64_t s, int64_t t, uint32_t seed, int64_t d = 8) {
+  return {{"q", RandomFloat({b, 4, s, d}, seed)},
+          {"kc", RandomFloat({bk, 2, t, d}, seed + 1)},
+          {"vc", RandomFloat({bk, 2, t, d}, seed + 2)}};
 }
 
 TEST(ProductRewrite, GroupedQueryAttentionReadsTheCacheInPlace) {
@@ -89,6 +89,23 @@ TEST(ProductRewrite, GroupedQueryAttentionReadsTheCacheInPlace) {
   EXPECT_EQ(Calls(fast, "Transpose"), 0);
   EXPECT_EQ(Calls(fast, "MatMul"), 0);  // the fast path ran: no fallback MatMul
   EXPECT_EQ(Calls(plain, "Expand"), 2 * runs);
+}
+
+TEST(ProductRewrite, AttentionKernelsOfCommonHeadSizes) {
+  // Head sizes 64 and 128 take the dedicated score and value kernels (AVX-512 machines), 48 the
+  // scores kernel and the library for the values; every cache length tail (t % 16) is covered.
+  for (int64_t d : {64, 128, 48}) {
+    Model m = GqaModel({1, 1, 2, 1, 1}, false, d);
+    SessionOptions off;
+    off.rewrite_products = false;
+    Session fast(m), plain(m, off);
+    ASSERT_EQ(fast.product_rewrites().kv_grouped, 2);
+    uint32_t seed = 60;
+    for (const auto& [s, t] : std::vector<std::pair<int64_t, int64_t>>{{1, 1}, {1, 17}, {1, 300}, {3, 45}, {8, 16}}) {
+      auto feeds = Feeds(1, 1, s, t, seed += 3, d);
+      ExpectClose(fast.Run(feeds), plain.Run(feeds), fmt::format("d={} s={} t={}", d, s, t));
+    }
+  }
 }
 
 TEST(ProductRewrite, OtherShapesRunTheOriginalOperators) {
