@@ -5,6 +5,7 @@
 #include <mutex>
 #include <vector>
 
+#include "ops/gemm.h"
 #include "ops/gemv.h"
 
 namespace gaf {
@@ -27,7 +28,9 @@ KernelInfo HalfWeightMatMulKernel(const Tensor& weight, HalfWeights mode) {
   info.kind = OpKind::kContraction;
   info.upcast_half = true;
   const int64_t max_rows = mode == HalfWeights::kAll ? std::numeric_limits<int64_t>::max() : 4;
-  info.fn = [half, K, N, reference, max_rows](KernelContext& ctx) {
+  // Prompts on the float32 weight, packed once on first use (PreparedMatMul, as without float16).
+  auto prepared = std::make_shared<PreparedMatMul>(weight);
+  info.fn = [half, K, N, reference, max_rows, prepared](KernelContext& ctx) {
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
     if (a.dtype() != DataType::kFloat || a.shape().empty() || a.shape().back() != K || b.shape() != Shape{K, N}) {
@@ -37,8 +40,11 @@ KernelInfo HalfWeightMatMulKernel(const Tensor& weight, HalfWeights mode) {
     const int64_t M = a.numel() / K;
     if (M > max_rows) {
       // Several rows (prefill) are compute-bound, not bandwidth-bound: the float32 weight and
-      // oneDNN's sgemm are faster there than widening float16 tiles.
-      reference->fn(ctx);
+      // oneDNN's matmul are faster there than widening float16 tiles.
+      Shape out = a.shape();
+      out.back() = N;
+      ctx.outputs[0] = Tensor::Uninitialized(DataType::kFloat, out);
+      prepared->Run(a.data<float>(), M, ctx.outputs[0].data<float>());
       return;
     }
     Shape out = a.shape();
