@@ -186,7 +186,7 @@ struct RunArgs {
   int repeat = 1;
   unsigned seed = 0;
   bool json = false;
-  bool profile = false, no_prepared = false, reference_kernels = false;
+  bool profile = false, no_prepared = false, reference_kernels = false, no_rewrites = false;
 };
 
 void RunRun(const RunArgs& a) {
@@ -196,6 +196,7 @@ void RunRun(const RunArgs& a) {
   so.num_threads = a.threads;
   so.profile = a.profile;
   so.prepared_kernels = !a.no_prepared;
+  so.rewrite_products = !a.no_rewrites;
   // Fused operators run with their generated kernels (compiled once, cached), as in generate;
   // --reference-kernels runs their function bodies instead. `--profile` then lists each fused
   // function as one op type.
@@ -277,6 +278,11 @@ void RunRun(const RunArgs& a) {
     fmt::print("time per op type (all runs):\n");
     for (const OpProfile& p : session.Profile())
       fmt::print("  {:<24} {:>8} calls {:>10.3f} ms\n", p.op_type, p.calls, p.seconds * 1e3);
+    const ProductRewrites& r = session.product_rewrites();
+    fmt::print("plan rewrites (--no-plan-rewrites turns them off): {} products read a transposed operand in place, {} "
+               "a repeated KV cache once per cache head, {} sibling products in {} passes\n",
+               r.transposed, r.kv_grouped, r.siblings, r.sibling_groups);
+    for (const std::string& n : r.notes) fmt::print("  {}\n", n);
   }
 }
 
@@ -307,7 +313,10 @@ void AddRunCommand(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "seed of random inputs");
   cmd->add_flag("--profile", a->profile, "time per op type");
   cmd->add_flag("--no-prepared-kernels", a->no_prepared,
-                "run every Conv through the registry's kernel (no convolution prepared for its constant weight)");
+                "run every Conv and MatMul through the registry's kernel (none prepared for its constant weight)");
+  cmd->add_flag("--no-plan-rewrites", a->no_rewrites,
+                "run MatMuls as written (no products reading a KV cache or transposed operand in place, no sibling "
+                "products in one pass)");
   cmd->add_flag("--reference-kernels", a->reference_kernels,
                 "run fused operators through their function bodies instead of generated kernels");
   cmd->add_flag("--json", a->json, "machine-readable output");
