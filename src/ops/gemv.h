@@ -25,6 +25,9 @@ struct GemvOutput {
   int64_t N;
 };
 void GemvF32Many(const float* x, int64_t K, const GemvOutput* outs, int count);
+// The same for M rows of x (row m at x + m * K; y_i's row m at y_i + m * N_i), each weight read
+// once for all rows (meant for a few rows: a small batch's decode step).
+void GemvF32ManyRows(const float* x, int64_t M, int64_t K, const GemvOutput* outs, int count);
 
 // As GemvF32 with W stored as IEEE float16 bits, widened to float while streaming.
 void GemvF16(const float* x, const uint16_t* w_half, int64_t ldw, float* y, int64_t K, int64_t N,

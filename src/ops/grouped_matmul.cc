@@ -306,6 +306,10 @@ void SiblingMatMulKernel(KernelContext& ctx) {
     GemvF32Many(A.data<float>(), K, outs.data(), n);
     return;
   }
+  if (M < kPackedMatMulMinRows) {  // a small batch: the multi-row GEMV, all weights in one task set
+    GemvF32ManyRows(A.data<float>(), M, K, outs.data(), n);
+    return;
+  }
   for (const GemvOutput& o : outs)
     if (M > 0) SgemmF32(false, false, M, o.N, K, 1.f, A.data<float>(), K, o.w, o.ldw, 0.f, o.y, o.N);
 }

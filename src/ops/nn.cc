@@ -2176,6 +2176,12 @@ void GemvF32Many(const float* x, int64_t K, const GemvOutput* outs, int count) {
   GemvMany(x, K, 1, K, ps.data(), count, false);
 }
 
+void GemvF32ManyRows(const float* x, int64_t M, int64_t K, const GemvOutput* outs, int count) {
+  std::vector<GemvProduct<float>> ps;
+  for (int i = 0; i < count; ++i) ps.push_back({outs[i].w, outs[i].ldw, outs[i].y, outs[i].N, outs[i].N});
+  GemvMany(x, K, M, K, ps.data(), count, false);
+}
+
 void GemvF16(const float* x, const uint16_t* w_half, int64_t ldw, float* y, int64_t K, int64_t N,
              bool accumulate) {
   Gemv(x, w_half, ldw, y, K, N, accumulate);

@@ -185,13 +185,17 @@ TEST(ProductRewrite, SiblingProductsStreamTheirWeightsInOnePass) {
   Session fast(m, on), plain(m, off);
   EXPECT_EQ(fast.product_rewrites().sibling_groups, 1);
   EXPECT_EQ(fast.product_rewrites().siblings, 3);
-  // Batch 1 (the streaming GEMV over all three weights), a few rows (the weight streamed once for
-  // all rows), and more rows (the library on packed weights): the results equal the separate
-  // products' exactly; on the GEMV paths each row also equals that row alone.
+  // Batch 1 (the streaming GEMV over all three weights: the separate products' results exactly), a
+  // few rows (all weights streamed once for all rows: each row equals that row alone), and more
+  // rows (the library on packed weights).
   for (int64_t rows : {1, 3, 8, 40}) {
     std::map<std::string, Tensor> feeds = {{"x", RandomFloat({rows, K}, 30 + rows)}};
     const std::vector<Tensor> a = fast.Run(feeds), b = plain.Run(feeds);
-    for (int i = 0; i < 3; ++i) EXPECT_EQ(a[i].ToDoubles(), b[i].ToDoubles()) << rows << " rows, output " << i;
+    if (rows == 1) {  // the same GEMV, summed in the same order
+      for (int i = 0; i < 3; ++i) EXPECT_EQ(a[i].ToDoubles(), b[i].ToDoubles()) << rows << " rows, output " << i;
+    } else {  // the separate products of the small weights take the library
+      ExpectClose(a, b, fmt::format("{} rows", rows));
+    }
     // Against double precision.
     const Tensor& x = feeds["x"];
     const Tensor& w = *m.graph.FindInitializer("w0");
