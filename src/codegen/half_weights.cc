@@ -29,7 +29,7 @@ KernelInfo HalfWeightMatMulKernel(const Tensor& weight, HalfWeights mode) {
   info.upcast_half = true;
   const int64_t max_rows = mode == HalfWeights::kAll ? std::numeric_limits<int64_t>::max() : 4;
   // Prompts on the float32 weight, packed once on first use (PreparedMatMul, as without float16).
-  auto prepared = std::make_shared<PreparedMatMul>(weight);
+  auto prepared = K * N >= kPackedMatMulMinWeight ? std::make_shared<PreparedMatMul>(weight) : nullptr;
   info.fn = [half, K, N, reference, max_rows, prepared](KernelContext& ctx) {
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
@@ -38,6 +38,10 @@ KernelInfo HalfWeightMatMulKernel(const Tensor& weight, HalfWeights mode) {
       return;
     }
     const int64_t M = a.numel() / K;
+    if (M > max_rows && !prepared) {
+      reference->fn(ctx);
+      return;
+    }
     if (M > max_rows) {
       // Several rows (prefill) are compute-bound, not bandwidth-bound: the float32 weight and
       // oneDNN's matmul are faster there than widening float16 tiles.

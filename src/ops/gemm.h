@@ -43,9 +43,14 @@ class PreparedMatMul {
 // Rows from which PreparedMatMul takes oneDNN's matmul on the packed weight (on the bench Llama
 // here: 2-4 rows stream faster through GemvRows, 26.6 vs 29.3 ms at 2; 6 rows 33-34 vs 35.6 ms).
 inline constexpr int64_t kPackedMatMulMinRows = 6;
+// Weights (elements) from which a MatMul is prepared: below, oneDNN's sgemm on the weight as given
+// is as fast, and the matmul primitive (created per row count) and its threads cost more than they
+// save; under CPU contention its parallel regions on tiny products made a whole run 100x slower.
+inline constexpr int64_t kPackedMatMulMinWeight = int64_t{1} << 18;
 
 // Kernels for a MatMul node (inputs A, W) and a SiblingMatMul node (A, W_1..W_n) of the plan with
-// these prepared weights; other input types run the registry's kernel.
+// these prepared weights (for SiblingMatMul, null where a weight is not prepared: it takes sgemm);
+// other input types run the registry's kernel.
 KernelInfo PreparedMatMulKernel(std::shared_ptr<PreparedMatMul> mm);
 KernelInfo PreparedSiblingMatMulKernel(std::vector<std::shared_ptr<PreparedMatMul>> mms);
 

@@ -104,12 +104,24 @@ KernelInfo PreparedSiblingMatMulKernel(std::vector<std::shared_ptr<PreparedMatMu
   k.fn = [mms, fallback = reference->fn](KernelContext& ctx) {
     const Tensor& A = ctx.input(0);
     int64_t M = 0;
-    if (A.rank() < 2 || !RowsOf(A, mms[0]->K(), &M) || M < kPackedMatMulMinRows) return fallback(ctx);
+    const int64_t K = A.rank() >= 1 ? A.shape().back() : 0;
+    if (A.rank() < 2 || !RowsOf(A, K, &M) || M < kPackedMatMulMinRows || ctx.num_inputs() != mms.size() + 1)
+      return fallback(ctx);
     for (size_t i = 0; i < mms.size(); ++i) {
+      const Tensor& w = ctx.input(1 + i);
+      if (w.dtype() != DataType::kFloat || w.rank() != 2 || w.dim(0) != K || (mms[i] && mms[i]->K() != K))
+        return fallback(ctx);
+    }
+    for (size_t i = 0; i < mms.size(); ++i) {
+      const Tensor& w = ctx.input(1 + i);
       Shape s = A.shape();
-      s.back() = mms[i]->N();
+      s.back() = w.dim(1);
       ctx.outputs[i] = Tensor::Uninitialized(DataType::kFloat, s);
-      mms[i]->Run(A.data<float>(), M, ctx.outputs[i].data<float>());
+      if (mms[i])
+        mms[i]->Run(A.data<float>(), M, ctx.outputs[i].data<float>());
+      else
+        SgemmF32(false, false, M, w.dim(1), K, 1.f, A.data<float>(), K, w.data<float>(), w.dim(1), 0.f,
+                 ctx.outputs[i].data<float>(), w.dim(1));
     }
   };
   return k;

@@ -413,7 +413,8 @@ Session::Session(const Model& model, SessionOptions options) : model_(model), op
     // MatMuls by float32 [K, N] initializers: prompts take oneDNN's matmul on a packed weight.
     auto prepared = [&](const std::string& w) -> std::shared_ptr<PreparedMatMul> {
       const Tensor* t = model_.graph.FindInitializer(w);
-      if (t == nullptr || t->dtype() != DataType::kFloat || t->rank() != 2) return nullptr;
+      if (t == nullptr || t->dtype() != DataType::kFloat || t->rank() != 2 || t->numel() < kPackedMatMulMinWeight)
+        return nullptr;
       return std::make_shared<PreparedMatMul>(*t);
     };
     for (const Node& n : model_.graph.nodes) {
@@ -424,10 +425,13 @@ Session::Session(const Model& model, SessionOptions options) : model_(model), op
           call_kernel_of_[&n] = &call_kernels_.back();
         }
       } else if (n.op_type == "SiblingMatMul" && n.domain == kPlanDomain) {
-        std::vector<std::shared_ptr<PreparedMatMul>> mms;
-        for (size_t i = 1; i < n.inputs.size(); ++i)
-          if (auto mm = prepared(n.inputs[i])) mms.push_back(std::move(mm));
-        if (mms.size() + 1 == n.inputs.size()) {
+        std::vector<std::shared_ptr<PreparedMatMul>> mms;  // null: that weight is not prepared
+        bool any = false;
+        for (size_t i = 1; i < n.inputs.size(); ++i) {
+          mms.push_back(prepared(n.inputs[i]));
+          any |= mms.back() != nullptr;
+        }
+        if (any) {
           call_kernels_.push_back(PreparedSiblingMatMulKernel(std::move(mms)));
           call_kernel_of_[&n] = &call_kernels_.back();
         }

@@ -221,10 +221,12 @@ TEST(ProductRewrite, SiblingProductsStreamTheirWeightsInOnePass) {
 }
 
 TEST(PreparedMatMul, PromptsOnAPackedWeightEqualTheReference) {
-  // y = x [.., R, 300] * w [300, 700]: the packed oneDNN matmul from 6 rows on, GEMV below.
+  // y = x [.., R, 300] * w [300, 900] (>= kPackedMatMulMinWeight elements): the packed oneDNN matmul
+  // from 6 rows on, GEMV below.
+  static_assert(300 * 900 >= kPackedMatMulMinWeight);
   Graph g;
   g.inputs = {testing::FloatValue("x", {-1, -1, 300})};
-  g.SetInitializer("w", RandomFloat({300, 700}, 40, -0.1f, 0.1f));
+  g.SetInitializer("w", RandomFloat({300, 900}, 40, -0.1f, 0.1f));
   g.nodes.push_back(MakeNode("MatMul", {"x", "w"}, {"y"}, "mm"));
   g.outputs = {ValueInfo{"y", DataType::kFloat}};
   Model m = MakeModel(std::move(g));
