@@ -18,6 +18,10 @@ namespace gaf {
 void SgemmF32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
               const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 
+// Per-batch offsets (in elements) of a [..., R, C] operand whose batch dims `batch_shape` broadcast
+// to `out_batch` (MatMul's batch broadcasting), one per output batch in row-major order.
+std::vector<int64_t> BatchOffsets(const Shape& batch_shape, int64_t mat_size, const Shape& out_batch);
+
 
 // A float32 MatMul by a constant [K, N] weight, prepared for prompts: products of more than 8 rows
 // (a prefill) run oneDNN's matmul on a copy of the weight reordered once into the layout that
@@ -33,6 +37,9 @@ class PreparedMatMul {
   const Tensor& weight() const { return weight_; }
   // C[M, N] = A[M, K] * W, row-major and contiguous.
   void Run(const float* A, int64_t M, float* C) const;
+  // Packed copies of the weight made so far (one per layout a primitive asked for; 0 before the
+  // first product of kPackedMatMulMinRows rows).
+  size_t packed_copies() const;
 
  private:
   struct Impl;

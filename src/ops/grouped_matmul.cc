@@ -255,29 +255,18 @@ void GroupedMatMulKernel(KernelContext& ctx) {
   Shape os = ob;
   os.push_back(M);
   os.push_back(N);
-  Tensor Y = Tensor::Uninitialized(DataType::kFloat, os);
+  Tensor Y = Tensor::Uninitialized(DataType::kFloat, os);  // no elements when a dim is 0
   const int64_t nb = NumElements(ob);
-  if (nb == 0 || M == 0 || N == 0) {
-    ctx.outputs[0] = Tensor(DataType::kFloat, os);
-    return;
+  if (nb > 0 && M > 0 && N > 0) {
+    const std::vector<int64_t> ao = BatchOffsets(ab, M * K, ob), bo = BatchOffsets(bb, N * K, ob);
+    const float* a = A.data<float>();
+    const float* bp = B.data<float>();
+    float* y = Y.data<float>();
+    ParallelFor(nb, nb > 1 && M * N * K < (int64_t{1} << 22) ? 1 : nb, [&](int64_t b0, int64_t b1) {
+      for (int64_t i = b0; i < b1; ++i)
+        SgemmF32(false, trans_b, M, N, K, 1.f, a + ao[i], K, bp + bo[i], trans_b ? K : N, 0.f, y + i * M * N, N);
+    });
   }
-  const std::vector<int64_t> sa = BroadcastStrides(ab, ob), sb = BroadcastStrides(bb, ob);
-  const std::vector<int64_t> ostr = Strides(ob);
-  const float* a = A.data<float>();
-  const float* bp = B.data<float>();
-  float* y = Y.data<float>();
-  ParallelFor(nb, nb > 1 && M * N * K < (int64_t{1} << 22) ? 1 : nb, [&](int64_t b0, int64_t b1) {
-    for (int64_t i = b0; i < b1; ++i) {
-      int64_t ao = 0, bo = 0;
-      for (size_t dd = 0; dd < ob.size(); ++dd) {
-        const int64_t c = i / ostr[dd] % ob[dd];
-        ao += c * sa[dd];
-        bo += c * sb[dd];
-      }
-      SgemmF32(false, trans_b, M, N, K, 1.f, a + ao * M * K, K, bp + bo * N * K, trans_b ? K : N, 0.f,
-               y + i * M * N, N);
-    }
-  });
   ctx.outputs[0] = Y;
 }
 

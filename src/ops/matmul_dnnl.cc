@@ -33,6 +33,11 @@ struct PreparedMatMul::Impl {
 PreparedMatMul::PreparedMatMul(Tensor weight) : weight_(std::move(weight)), impl_(std::make_unique<Impl>()) {}
 PreparedMatMul::~PreparedMatMul() = default;
 
+size_t PreparedMatMul::packed_copies() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->packed.size();
+}
+
 void PreparedMatMul::Run(const float* A, int64_t M, float* C) const {
   const int64_t K = this->K(), N = this->N();
   if (M < kPackedMatMulMinRows || K == 0) {

@@ -518,7 +518,8 @@ void BatchedGemm(int64_t batch, int64_t M, int64_t N, int64_t K, const T* A,
   }
 }
 
-// Per-batch offsets (in elements) of a [..., R, C] operand broadcast to `out_batch`.
+}  // namespace
+
 std::vector<int64_t> BatchOffsets(const Shape& batch_shape, int64_t mat_size,
                                   const Shape& out_batch) {
   int64_t nb = NumElements(out_batch);
@@ -540,6 +541,8 @@ std::vector<int64_t> BatchOffsets(const Shape& batch_shape, int64_t mat_size,
   }
   return offs;
 }
+
+namespace {
 
 // ------------------------------------------------------------------------------------------
 // MatMul.
@@ -2170,16 +2173,14 @@ void GemvF32(const float* x, const float* w, int64_t ldw, float* y, int64_t K, i
   Gemv(x, w, ldw, y, K, N, accumulate);
 }
 
-void GemvF32Many(const float* x, int64_t K, const GemvOutput* outs, int count) {
-  std::vector<GemvProduct<float>> ps;
-  for (int i = 0; i < count; ++i) ps.push_back({outs[i].w, outs[i].ldw, outs[i].y, outs[i].N, outs[i].N});
-  GemvMany(x, K, 1, K, ps.data(), count, false);
-}
-
 void GemvF32ManyRows(const float* x, int64_t M, int64_t K, const GemvOutput* outs, int count) {
   std::vector<GemvProduct<float>> ps;
   for (int i = 0; i < count; ++i) ps.push_back({outs[i].w, outs[i].ldw, outs[i].y, outs[i].N, outs[i].N});
   GemvMany(x, K, M, K, ps.data(), count, false);
+}
+
+void GemvF32Many(const float* x, int64_t K, const GemvOutput* outs, int count) {
+  GemvF32ManyRows(x, 1, K, outs, count);
 }
 
 void GemvF16(const float* x, const uint16_t* w_half, int64_t ldw, float* y, int64_t K, int64_t N,

@@ -10,50 +10,48 @@
 namespace gaf {
 namespace {
 
+// Use-def links (ir's GraphIndex) plus what the rewrites also need: values read by subgraphs
+// (outer-scope reads) and constant values.
 struct ProductIndex {
-  std::unordered_map<std::string, int> producer;  // value -> node index
-  std::unordered_map<std::string, int> uses;      // value -> readers (nodes, subgraphs, graph outputs)
-  std::unordered_set<std::string> constants;      // initializers and Constant outputs
+  GraphIndex index;
+  std::unordered_set<std::string> read_by_subgraphs;
+  std::unordered_set<std::string> constants;  // initializers and Constant outputs
 
-  explicit ProductIndex(const Graph& g) {
+  explicit ProductIndex(const Graph& g) : index(g) {
     for (const auto& [n, t] : g.initializers) constants.insert(n);
-    for (int i = 0; i < static_cast<int>(g.nodes.size()); ++i) {
-      const Node& n = g.nodes[i];
-      for (const std::string& o : n.outputs)
-        if (!o.empty()) producer[o] = i;
+    for (const Node& n : g.nodes) {
       if (n.op_type == "Constant" && n.domain.empty() && !n.outputs.empty()) constants.insert(n.outputs[0]);
-      for (const std::string& in : n.inputs)
-        if (!in.empty()) ++uses[in];
       for (const Attribute& a : n.attributes) {
         std::vector<const Graph*> subs;
         if (a.g) subs.push_back(a.g.get());
         for (const auto& sg : a.graphs) subs.push_back(sg.get());
         for (const Graph* sg : subs)
-          for (const std::string& v : OuterScopeValues(*sg)) ++uses[v];
+          for (const std::string& v : OuterScopeValues(*sg)) read_by_subgraphs.insert(v);
       }
     }
-    for (const ValueInfo& v : g.outputs) uses[v.name] += 2;  // never absorbed
   }
-  // The node producing `v` when it is op `op` of ai.onnx and `v` has no other reader.
+  // The node producing `v` when it is op `op` of ai.onnx and one input of one node is all that
+  // reads `v` (no graph output, no subgraph).
   const Node* SoleProducer(const Graph& g, const std::string& v, const char* op) const {
-    auto p = producer.find(v);
-    auto u = uses.find(v);
-    if (p == producer.end() || u == uses.end() || u->second != 1) return nullptr;
-    const Node& n = g.nodes[p->second];
+    const int p = index.Producer(v);
+    if (p < 0 || index.Consumers(v).size() != 1 || index.IsGraphOutput(v) || read_by_subgraphs.count(v))
+      return nullptr;
+    const Node& n = g.nodes[p];
     return n.op_type == op && n.domain.empty() ? &n : nullptr;
   }
 };
 
-// The integer values of a constant input (initializer or Constant node), or nullopt.
+// The integer values of a constant input (initializer or Constant node) into *out; false when it
+// is not one.
 bool ConstInts(const Graph& g, const ProductIndex& ix, const std::string& v, std::vector<int64_t>* out) {
   if (const Tensor* t = g.FindInitializer(v)) {
     if (t->dtype() != DataType::kInt64 && t->dtype() != DataType::kInt32) return false;
     *out = t->ToInt64s();
     return true;
   }
-  auto p = ix.producer.find(v);
-  if (p == ix.producer.end()) return false;
-  const Node& n = g.nodes[p->second];
+  const int p = ix.index.Producer(v);
+  if (p < 0) return false;
+  const Node& n = g.nodes[p];
   if (n.op_type != "Constant" || !n.domain.empty()) return false;
   if (const Tensor* t = n.GetTensor("value"); t != nullptr && (t->dtype() == DataType::kInt64 || t->dtype() == DataType::kInt32)) {
     *out = t->ToInt64s();

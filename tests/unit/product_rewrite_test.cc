@@ -45,12 +45,6 @@ Model GqaModel(std::vector<int64_t> expand, bool keys_out = false, int64_t d = 8
   return MakeModel(std::move(g), 17);
 }
 
-int64_t Calls(const Session& s, const std::string& op) {
-  for (const OpProfile& p : s.Profile())
-    if (p.op_type == op) return p.calls;
-  return 0;
-}
-
 void ExpectClose(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -66,6 +60,16 @@ std::map<std::string, Tensor> Feeds(int64_t b, int64_t bk, int64_t s, int64_t t,
   return {{"q", RandomFloat({b, 4, s, d}, seed)},
           {"kc", RandomFloat({bk, 2, t, d}, seed + 1)},
           {"vc", RandomFloat({bk, 2, t, d}, seed + 2)}};
+}
+
+// A graph of `nodes` on `inputs` (and initializers) with the one float output "y".
+Model OutputY(std::vector<ValueInfo> inputs, std::vector<Node> nodes, std::vector<std::pair<std::string, Tensor>> inits = {}) {
+  Graph g;
+  g.inputs = std::move(inputs);
+  for (auto& [name, t] : inits) g.SetInitializer(name, t);
+  g.nodes = std::move(nodes);
+  g.outputs = {ValueInfo{"y", DataType::kFloat}};
+  return MakeModel(std::move(g));
 }
 
 TEST(ProductRewrite, GroupedQueryAttentionReadsTheCacheInPlace) {
@@ -84,11 +88,11 @@ TEST(ProductRewrite, GroupedQueryAttentionReadsTheCacheInPlace) {
     ExpectClose(fast.Run(feeds), plain.Run(feeds), fmt::format("b={} s={} t={}", b, s, t));
   }
   const int64_t runs = static_cast<int64_t>(shapes.size());
-  EXPECT_EQ(Calls(fast, "GroupedMatMul"), 2 * runs);
-  EXPECT_EQ(Calls(fast, "Expand"), 0);
-  EXPECT_EQ(Calls(fast, "Transpose"), 0);
-  EXPECT_EQ(Calls(fast, "MatMul"), 0);  // the fast path ran: no fallback MatMul
-  EXPECT_EQ(Calls(plain, "Expand"), 2 * runs);
+  EXPECT_EQ(testing::ProfiledCalls(fast, "GroupedMatMul"), 2 * runs);
+  EXPECT_EQ(testing::ProfiledCalls(fast, "Expand"), 0);
+  EXPECT_EQ(testing::ProfiledCalls(fast, "Transpose"), 0);
+  EXPECT_EQ(testing::ProfiledCalls(fast, "MatMul"), 0);  // the fast path ran: no fallback MatMul
+  EXPECT_EQ(testing::ProfiledCalls(plain, "Expand"), 2 * runs);
 }
 
 TEST(ProductRewrite, AttentionKernelsOfCommonHeadSizes) {
@@ -118,8 +122,8 @@ TEST(ProductRewrite, OtherShapesRunTheOriginalOperators) {
   ASSERT_EQ(fast.product_rewrites().kv_grouped, 2);
   auto feeds = Feeds(2, 1, 3, 5, 7);
   ExpectClose(fast.Run(feeds), plain.Run(feeds), "batch-broadcast cache");
-  EXPECT_EQ(Calls(fast, "Expand"), 2);  // inside the fallback graphs
-  EXPECT_EQ(Calls(fast, "MatMul"), 2);
+  EXPECT_EQ(testing::ProfiledCalls(fast, "Expand"), 2);  // inside the fallback graphs
+  EXPECT_EQ(testing::ProfiledCalls(fast, "MatMul"), 2);
   // Invalid shapes give the original operator's error, naming the original node: a cache batch of
   // 3 does not broadcast to 2.
   const std::string e = testing::ErrorOf([&] { fast.Run(Feeds(2, 3, 3, 5, 7)); });
@@ -137,24 +141,18 @@ TEST(ProductRewrite, CopiesReadElsewhereAndConstantsStay) {
   EXPECT_EQ(out[2].shape(), (Shape{1, 4, 8, 3}));
 
   // MatMul(x, Transpose(W)) with W constant: folded once by the plan, not rewritten.
-  Graph g;
-  g.inputs = {testing::FloatValue("x", {3, 4})};
-  g.SetInitializer("w", RandomFloat({5, 4}, 2));
-  g.nodes.push_back(MakeNode("Transpose", {"w"}, {"wt"}, "t", {IntsAttr("perm", {1, 0})}));
-  g.nodes.push_back(MakeNode("MatMul", {"x", "wt"}, {"y"}, "mm"));
-  g.outputs = {ValueInfo{"y", DataType::kFloat}};
-  Session c(MakeModel(std::move(g)));
+  Session c(OutputY({testing::FloatValue("x", {3, 4})},
+                    {MakeNode("Transpose", {"w"}, {"wt"}, "t", {IntsAttr("perm", {1, 0})}),
+                     MakeNode("MatMul", {"x", "wt"}, {"y"}, "mm")},
+                    {{"w", RandomFloat({5, 4}, 2)}}));
   EXPECT_EQ(c.product_rewrites().transposed, 0);
 }
 
 TEST(ProductRewrite, TransposedOperandWithBroadcastBatch) {
   // y = a [2, 3, 5, 4] x Transpose(b [3, 6, 4]) -> [2, 3, 5, 6]: B read transposed, batch broadcast.
-  Graph g;
-  g.inputs = {testing::FloatValue("a", {2, 3, 5, 4}), testing::FloatValue("b", {3, 6, 4})};
-  g.nodes.push_back(MakeNode("Transpose", {"b"}, {"bt"}, "t", {IntsAttr("perm", {0, 2, 1})}));
-  g.nodes.push_back(MakeNode("MatMul", {"a", "bt"}, {"y"}, "mm"));
-  g.outputs = {ValueInfo{"y", DataType::kFloat}};
-  Model m = MakeModel(std::move(g));
+  Model m = OutputY({testing::FloatValue("a", {2, 3, 5, 4}), testing::FloatValue("b", {3, 6, 4})},
+                    {MakeNode("Transpose", {"b"}, {"bt"}, "t", {IntsAttr("perm", {0, 2, 1})}),
+                     MakeNode("MatMul", {"a", "bt"}, {"y"}, "mm")});
   SessionOptions off;
   off.rewrite_products = false;
   Session fast(m), plain(m, off);
@@ -216,20 +214,16 @@ TEST(ProductRewrite, SiblingProductsStreamTheirWeightsInOnePass) {
         ASSERT_EQ(c[0].data<float>()[j], a[0].data<float>()[600 + j]) << rows << " rows, column " << j;
     }
   }
-  EXPECT_EQ(Calls(fast, "SiblingMatMul"), 5);  // 4 batches and the single row of the 3-row check
-  EXPECT_EQ(Calls(fast, "MatMul"), 0);
+  EXPECT_EQ(testing::ProfiledCalls(fast, "SiblingMatMul"), 5);  // 4 batches and the single row of the 3-row check
+  EXPECT_EQ(testing::ProfiledCalls(fast, "MatMul"), 0);
 }
 
 TEST(PreparedMatMul, PromptsOnAPackedWeightEqualTheReference) {
   // y = x [.., R, 300] * w [300, 900] (>= kPackedMatMulMinWeight elements): the packed oneDNN matmul
   // from 6 rows on, GEMV below.
   static_assert(300 * 900 >= kPackedMatMulMinWeight);
-  Graph g;
-  g.inputs = {testing::FloatValue("x", {-1, -1, 300})};
-  g.SetInitializer("w", RandomFloat({300, 900}, 40, -0.1f, 0.1f));
-  g.nodes.push_back(MakeNode("MatMul", {"x", "w"}, {"y"}, "mm"));
-  g.outputs = {ValueInfo{"y", DataType::kFloat}};
-  Model m = MakeModel(std::move(g));
+  Model m = OutputY({testing::FloatValue("x", {-1, -1, 300})}, {MakeNode("MatMul", {"x", "w"}, {"y"}, "mm")},
+                    {{"w", RandomFloat({300, 900}, 40, -0.1f, 0.1f)}});
   SessionOptions off;
   off.prepared_kernels = false;
   Session prepared(m), plain(m, off);
@@ -237,6 +231,35 @@ TEST(PreparedMatMul, PromptsOnAPackedWeightEqualTheReference) {
     std::map<std::string, Tensor> feeds = {{"x", RandomFloat({2, rows, 300}, 50 + rows)}};
     ExpectClose(prepared.Run(feeds), plain.Run(feeds), fmt::format("{} rows", rows));
   }
+}
+
+TEST(PreparedMatMul, PacksOnceOnTheFirstPromptAndMatchesDoublePrecision) {
+  const int64_t K = 300, N = 900;
+  Tensor w = RandomFloat({K, N}, 41, -0.1f, 0.1f);
+  PreparedMatMul mm(w);
+  auto check = [&](int64_t rows) {
+    Tensor x = RandomFloat({rows, K}, 70 + rows);
+    std::vector<float> y(rows * N);
+    mm.Run(x.data<float>(), rows, y.data());
+    double worst = 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < N; j += 7) {
+        double ref = 0;
+        for (int64_t k = 0; k < K; ++k) ref += double(x.data<float>()[r * K + k]) * w.data<float>()[k * N + j];
+        worst = std::max(worst, std::abs(ref - y[r * N + j]));
+      }
+    EXPECT_LT(worst, 1e-4) << rows << " rows";
+  };
+  check(1);
+  check(kPackedMatMulMinRows - 1);
+  EXPECT_EQ(mm.packed_copies(), 0u);  // the GEMV paths read the weight as given
+  check(kPackedMatMulMinRows);
+  EXPECT_EQ(mm.packed_copies(), 1u);  // packed once, on the first prompt
+  check(37);
+  const size_t copies = mm.packed_copies();  // another row count may ask for another layout
+  check(kPackedMatMulMinRows);               // its primitive again: no new copy
+  check(37);
+  EXPECT_EQ(mm.packed_copies(), copies);
 }
 
 }  // namespace

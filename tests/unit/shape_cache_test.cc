@@ -39,12 +39,6 @@ Model ShapeModel() {
   return MakeModel(std::move(g));
 }
 
-int64_t Calls(const Session& s, const std::string& op) {
-  for (const OpProfile& p : s.Profile())
-    if (p.op_type == op) return p.calls;
-  return 0;
-}
-
 void ExpectSame(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::string& what) {
   ASSERT_EQ(a.size(), b.size()) << what;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -71,18 +65,18 @@ TEST(ShapeCache, ConstantsFoldOnceAndShapeStepsRunOnlyWhenTheirInputsChange) {
   Session s(m, SessionOptions{.profile = true});
   auto run = [&](int64_t n) { s.Run({{"x", RandomFloat({n, 4}, static_cast<uint32_t>(n))}}); };
   run(3);
-  EXPECT_EQ(Calls(s, "Constant"), 0) << "Constant nodes are folded when the session is made";
-  EXPECT_EQ(Calls(s, "Range"), 1);
-  EXPECT_EQ(Calls(s, "Reshape"), 1);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Constant"), 0) << "Constant nodes are folded when the session is made";
+  EXPECT_EQ(testing::ProfiledCalls(s, "Range"), 1);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Reshape"), 1);
   run(3);  // same shape: Shape runs, what it feeds is reused
-  EXPECT_EQ(Calls(s, "Shape"), 2);
-  EXPECT_EQ(Calls(s, "Gather"), 1);
-  EXPECT_EQ(Calls(s, "Range"), 1);
-  EXPECT_EQ(Calls(s, "Reshape"), 2) << "Reshape reads x, a graph input: it always runs";
+  EXPECT_EQ(testing::ProfiledCalls(s, "Shape"), 2);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Gather"), 1);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Range"), 1);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Reshape"), 2) << "Reshape reads x, a graph input: it always runs";
   run(4);  // another shape: the shape steps run again
-  EXPECT_EQ(Calls(s, "Gather"), 2);
-  EXPECT_EQ(Calls(s, "Range"), 2);
-  EXPECT_EQ(Calls(s, "Concat"), 2);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Gather"), 2);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Range"), 2);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Concat"), 2);
 }
 
 TEST(ShapeCache, UnchangedValuesOfAChangedShapeKeepTheirConsumersCached) {
@@ -101,10 +95,10 @@ TEST(ShapeCache, UnchangedValuesOfAChangedShapeKeepTheirConsumersCached) {
     std::map<std::string, Tensor> feeds{{"x", RandomFloat({n, 4}, 7)}};
     ExpectSame(s.Run(feeds), plain.Run(feeds), "N=" + std::to_string(n));
   }
-  EXPECT_EQ(Calls(s, "Shape"), 3);
-  EXPECT_EQ(Calls(s, "Gather"), 3) << "Gather reads the changed shape";
-  EXPECT_EQ(Calls(s, "Mul"), 1) << "its result (4) did not change, so Mul was reused";
-  EXPECT_EQ(Calls(s, "Range"), 1);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Shape"), 3);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Gather"), 3) << "Gather reads the changed shape";
+  EXPECT_EQ(testing::ProfiledCalls(s, "Mul"), 1) << "its result (4) did not change, so Mul was reused";
+  EXPECT_EQ(testing::ProfiledCalls(s, "Range"), 1);
 }
 
 TEST(ShapeCache, ObserverSeesFoldedValues) {

@@ -10,6 +10,7 @@
 
 #include "ir/error.h"
 #include "ir/graph.h"
+#include "runtime/session.h"
 
 namespace gaf::testing {
 
@@ -83,6 +84,13 @@ inline Model MakeModel(Graph g, int64_t opset = 17) {
   m.opset_imports.push_back({"", opset});
   m.graph = std::move(g);
   return m;
+}
+
+// Calls of op type `op` in a session's profile (SessionOptions::profile), 0 when none ran.
+inline int64_t ProfiledCalls(const Session& s, const std::string& op) {
+  for (const OpProfile& p : s.Profile())
+    if (p.op_type == op) return p.calls;
+  return 0;
 }
 
 // The message of the gaf::Error `fn` throws, "" when it throws none.
