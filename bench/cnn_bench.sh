@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Real CNN architectures (ResNet-18, MobileNetV2 at 224x224, exported by torch.onnx.export with
-# random weights): our stage table (baseline unfused, + fusion, + safe fusion; medians of
-# interleaved runs in one process) and ONNX Runtime with all optimizations on the same input.
+# Real CNN architectures (bench/make_cnn_models.py: exported by torch.onnx.export with random
+# weights): our stage table (baseline unfused, + fusion, + safe fusion; medians of interleaved runs
+# in one process) and ONNX Runtime with all optimizations on the same input.
 #
-#   bench/cnn_bench.sh [MODEL...]        models: resnet18 mobilenetv2 (default: both)
+#   bench/cnn_bench.sh [MODEL...]
+#     models: resnet18 mobilenetv2 resnet50 densenet121 (1x3xSIZExSIZE), yolox_nano (1x3x416x416),
+#     ppocr_det (1x3x640x640, height and width dynamic); default: all six
 #
-# Environment: BUILD (build dir, default build), MODELS (default /tmp/gaf-cnn-models), SIZE (224),
-# THREADS (1,2), REPEAT (11), SKIP_BUILD=1 (use $BUILD/autofusion as it is).
-# Needs: /usr/bin/python3 with torch (Debian's python3-torch) to export the models once, and
-# `npm ci` in bench/ for ONNX Runtime (done here when missing).
+# Environment: BUILD (build dir, default build), MODELS (default /tmp/gaf-cnn-models), SIZE (224;
+# the input side of the classifiers when they are exported), THREADS (1,2), REPEAT (11),
+# SKIP_BUILD=1 (use $BUILD/autofusion as it is). Each model's input is its folder's input.npy.
+# Needs: /usr/bin/python3 with torch (Debian's python3-torch) to export the models missing from
+# $MODELS (once), and `npm ci` in bench/ for ONNX Runtime (done here when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -17,7 +20,7 @@ SIZE=${SIZE:-224}
 THREADS=${THREADS:-1,2}
 REPEAT=${REPEAT:-11}
 models=("$@")
-[ ${#models[@]} -gt 0 ] || models=(resnet18 mobilenetv2)
+[ ${#models[@]} -gt 0 ] || models=(resnet18 mobilenetv2 resnet50 yolox_nano densenet121 ppocr_det)
 
 if [ -z "${SKIP_BUILD:-}" ]; then
   log=$(mktemp)
@@ -27,12 +30,11 @@ fi
 if [ ! -d bench/node_modules/onnxruntime-node ]; then
   (cd bench && ONNXRUNTIME_NODE_INSTALL=skip npm ci --no-audit --no-fund >/dev/null)
 fi
-for m in "${models[@]}"; do
-  if [ ! -f "$MODELS/$m/model.onnx" ]; then
-    /usr/bin/python3 bench/make_cnn_models.py "$MODELS" "$SIZE" 2>&1 | grep -v -i warn || true
-    break
-  fi
-done
+missing=()
+for m in "${models[@]}"; do [ -f "$MODELS/$m/model.onnx" ] || missing+=("$m"); done
+if [ ${#missing[@]} -gt 0 ]; then  # exports just those (a failure is reported below, per model)
+  /usr/bin/python3 -W ignore::UserWarning bench/make_cnn_models.py "$MODELS" "$SIZE" "${missing[@]}" || true
+fi
 
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores), $(date -u +%Y-%m-%dT%H:%MZ)"
 echo "load:    $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -37,6 +37,7 @@ struct FusionArgs {
   std::vector<std::string> dims;
   std::vector<std::string> inputs;  // -i
   bool no_auto = false;
+  bool no_chains = false;
   bool json = false;
   // fuse
   std::string output;
@@ -63,6 +64,9 @@ void AddCommonOptions(CLI::App* cmd, FusionArgs* a) {
                   "the graph; 8 for sequence lengths, else 1)");
   cmd->add_option("-i,--input", a->inputs, kInputHelp);
   cmd->add_flag("--no-auto", a->no_auto, "disable the automatic (op-kind) fuser");
+  cmd->add_flag("--no-blocked-chains", a->no_chains,
+                "do not group CNN operators into blocked-layout chains (oneDNN's channel-blocked layout kept from "
+                "one convolution to the next)");
   cmd->add_flag("--json", a->json, "machine-readable output");
 }
 
@@ -74,6 +78,7 @@ std::unique_ptr<SafeGraphAutoFusion> MakeFuser(const FusionArgs& a) {
   o.profile = a.profile;
   o.benefit_threshold = a.threshold;
   o.auto_fuse = !a.no_auto;
+  o.layout_chains = !a.no_chains;
   o.dims = ParseDimBindings(a.dims);
   Model model = LoadModelArg(a.model, a.inputs);
   o.workload = LoadWorkload(model, a.inputs, o.dims);

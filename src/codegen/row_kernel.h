@@ -110,6 +110,9 @@ struct RowKernelRequest {
   bool approx_math = false;
   // Contractions with a constant [K,N] weight use a float16 copy of it (half_weights.h).
   HalfWeights half_weights = HalfWeights::kOff;
+  // A body of CNN operators that all run on oneDNN's blocked layout runs as one BlockedChain
+  // (staged_kernel.cc; ops/blocked_chain.h) instead of stages with NCHW values between them.
+  bool blocked_chains = true;
   int64_t opset = 17;  // the model's ai.onnx opset (Softmax's default axis, Clip's inputs, ...)
 };
 

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "codegen/half_weights.h"
+#include "ops/blocked_chain.h"
 #include "ops/conv.h"
 #include "runtime/session.h"
 
@@ -279,6 +280,85 @@ void FoldEpiloguesIntoPreparedConvs(StagedKernel& k, const Function& f,
   }
 }
 
+// A body of CNN operators that all run on oneDNN's blocked layout, with at least one Conv: one
+// library stage running the whole body as a BlockedChain (ops/blocked_chain.h), its intermediate
+// values never leaving the blocked layout. False (and `why`) when it does not qualify or oneDNN
+// cannot plan it for the call's shapes.
+bool BlockedChainKernel(const RowKernelRequest& req, const Function& f,
+                        const std::map<std::string, std::pair<DataType, Shape>>& shapes, StagedKernel* k,
+                        std::string* why) {
+  std::map<std::string, Tensor> constants;
+  for (size_t i = 0; i < f.inputs.size(); ++i)
+    if (req.constants[i] != nullptr) constants[f.inputs[i]] = *req.constants[i];
+  auto constant = [&](const std::string& v) -> const Tensor* {
+    auto it = constants.find(v);
+    return it == constants.end() ? nullptr : &it->second;
+  };
+  auto shape_of = [&](const std::string& v) -> const Shape* {
+    auto it = shapes.find(v);
+    return it == shapes.end() ? nullptr : &it->second.second;
+  };
+  bool conv = false;
+  for (const Node& n : f.nodes) {
+    *why = BlockedChainRejects(n, constant, shape_of);
+    if (!why->empty()) return false;
+    conv |= n.op_type == "Conv";
+  }
+  if (!conv) {
+    *why = "no convolution";
+    return false;
+  }
+  std::vector<Shape> in_shapes;
+  for (size_t i = 0; i < f.inputs.size(); ++i) {
+    if (req.constants[i] == nullptr && req.input_types[i] != DataType::kFloat) {
+      *why = fmt::format("input '{}' is {}", f.inputs[i], DataTypeName(req.input_types[i]));
+      return false;
+    }
+    in_shapes.push_back(req.input_shapes[i]);
+  }
+  for (const auto& o : f.outputs) {
+    auto it = shapes.find(o);
+    if (it == shapes.end() || it->second.first != DataType::kFloat) {
+      *why = fmt::format("output '{}' is not float32", o);
+      return false;
+    }
+  }
+  std::shared_ptr<BlockedChain> chain = BlockedChain::Create(f.nodes, f.inputs, f.outputs, constants, why);
+  if (!chain) return false;
+  *why = chain->Prepare(in_shapes);
+  if (!why->empty()) return false;
+  StagedKernel::Stage st;
+  st.library = true;
+  st.node.op_type = "BlockedChain";
+  st.node.name = f.name;
+  st.node.inputs = f.inputs;
+  st.node.outputs = f.outputs;
+  KernelInfo info;
+  info.op_type = "BlockedChain";
+  info.kind = OpKind::kOpaque;
+  info.upcast_half = false;
+  info.fn = [chain](KernelContext& ctx) {
+    std::vector<Tensor> outs = chain->Run(ctx.inputs);
+    for (size_t i = 0; i < outs.size() && i < ctx.outputs.size(); ++i) ctx.outputs[i] = std::move(outs[i]);
+  };
+  st.own_kernel = std::make_shared<KernelInfo>(std::move(info));
+  st.kernel = st.own_kernel.get();
+  for (const auto& in : f.inputs) {
+    const int v = k->ValueId(in);
+    st.inputs.push_back(v);
+    k->function_inputs.push_back(v);
+  }
+  for (const auto& o : f.outputs) {
+    const int v = k->ValueId(o);
+    st.outputs.push_back(v);
+    k->function_outputs.push_back(v);
+  }
+  k->notes.push_back(chain->Describe());
+  k->stages.push_back(std::move(st));
+  k->ok = true;
+  return true;
+}
+
 StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string& symbol, int64_t opset) {
   StagedKernel k;
   k.opset = opset;
@@ -301,6 +381,11 @@ StagedKernel GenerateStagedKernel(const RowKernelRequest& req, const std::string
       return k;
     }
     k.output_types.push_back(t);
+  }
+  if (req.blocked_chains) {
+    std::string why;
+    StagedKernel chain = k;
+    if (BlockedChainKernel(req, f, shapes, &chain, &why)) return chain;
   }
   auto value = [&](const std::string& name) { return k.ValueId(name); };
   std::map<std::string, const Tensor*> constant_of;

@@ -121,6 +121,7 @@ const std::vector<FusionCandidate>& GraphAutoFusion::AnalyzeFusionBenefit() {
   PlannerOptions po;
   po.benefit_threshold = options_.benefit_threshold;
   po.auto_fuse = options_.auto_fuse;
+  po.layout_chains = options_.layout_chains;
   po.shapes_known = shapes_known_;
   po.shapes_error = shapes_error_;
   for (const OpsetImport& o : model_.opset_imports) po.opsets[o.domain] = o.version;

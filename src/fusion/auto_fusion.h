@@ -29,6 +29,7 @@ struct FusionOptions {
   std::vector<std::string> fuse_rules;         // restrict to these rule names (empty = all of the preset)
   std::string rules_file;                      // extra user rules
   bool auto_fuse = true;                       // TVM-style fusion of what no named rule covers
+  bool layout_chains = true;                   // blocked-layout chains of CNN operators (fusion/layout_chains.h)
   bool safe_mode = false;                      // SafeGraphAutoFusion::FuseAsConfigured runs safe fusion
   double benefit_threshold = -1;               // overrides every rule's threshold when >= 0
   std::string profile = "host-cpu";            // hardware profile name or JSON file

@@ -18,6 +18,7 @@
 #include <unordered_set>
 
 #include "fusion/auto_fuser.h"
+#include "fusion/layout_chains.h"
 #include "ir/error.h"
 
 namespace gaf {
@@ -43,6 +44,35 @@ struct Work {
   bool has_estimate = false;
   int rule_order = 0;
 };
+
+// A blocked-layout chain is priced by what it changes: unfused, every convolution changes the
+// layout of its input and output (NCHW to blocked and back: a read and a write of each); the
+// chain changes it only for its own inputs and outputs. Its operators' own traffic and compute
+// are counted unfused on both sides (intermediates still go through main memory, in the blocked
+// layout), so the estimate credits no epilogue fusion.
+void PriceLayoutChain(const Graph& g, FusionCandidate& c, const ShapeMap& shapes, const HardwareProfile& hw) {
+  auto bytes = [&](const std::string& v) {
+    auto it = shapes.find(v);
+    if (it == shapes.end() || !it->second.known) return 0.0;
+    double n = 4;
+    for (int64_t d : it->second.shape) n *= static_cast<double>(d);
+    return n;
+  };
+  double per_conv = 0, boundary = 0;
+  for (int i : c.nodes)
+    if (g.nodes[i].op_type == "Conv") per_conv += 2 * (bytes(g.nodes[i].inputs[0]) + bytes(g.nodes[i].outputs[0]));
+  for (const std::string& v : c.inputs)
+    if (g.FindInitializer(v) == nullptr) boundary += 2 * bytes(v);
+  for (const std::string& v : c.outputs) boundary += 2 * bytes(v);
+  GroupCost& k = c.cost;
+  const double bw = hw.bandwidth_gbs > 0 ? hw.bandwidth_gbs * 1e3 : 1e4;  // bytes per us
+  k.time_after_us = k.time_before_us + boundary / bw;
+  k.time_before_us += per_conv / bw;
+  k.bytes_after = k.bytes_before + boundary;
+  k.bytes_before += per_conv;
+  k.round_trips_after = k.round_trips_before;
+  k.tiling = "blocked buffers in main memory";
+}
 
 void Evaluate(const Graph& g, const GraphIndex& index, const ShapeMap& shapes, const HardwareProfile& hw,
               const PlannerOptions& options, Work* w) {
@@ -76,12 +106,13 @@ void Evaluate(const Graph& g, const GraphIndex& index, const ShapeMap& shapes, c
     }
   }
   c.cost = EstimateGroupCost(g, c.nodes, shapes, hw, index);
+  if (c.rule == kLayoutChainRule) PriceLayoutChain(g, c, shapes, hw);
   w->has_estimate = true;
   const GroupCost& k = c.cost;
   w->saving_us = k.time_before_us - k.time_after_us;
   const double saving = k.time_before_us > 0 ? w->saving_us / k.time_before_us : 0.0;
   const std::string times = fmt::format("{:.3f} -> {:.3f} us", k.time_before_us, k.time_after_us);
-  if (!k.fits_local_memory) {
+  if (!k.fits_local_memory && c.rule != kLayoutChainRule) {
     c.verdict = Verdict::kSkipLocalMemory;
     c.reason = fmt::format(
         "The fused kernel's on-chip footprint of {:.1f} KB ({}) exceeds the {:.1f} KB local-memory budget of "
@@ -96,6 +127,15 @@ void Evaluate(const Graph& g, const GraphIndex& index, const ShapeMap& shapes, c
     return;
   }
   c.verdict = Verdict::kFuse;
+  if (c.rule == kLayoutChainRule) {
+    c.reason = fmt::format(
+        "Predicted saving {} ({}; memory traffic {:.4f} -> {:.4f} MB) meets the benefit threshold of {}. A blocked-layout "
+        "chain keeps its intermediates in main memory in oneDNN's channel-blocked layout, so the local-memory budget "
+        "does not apply; it changes layout only at its {} input(s) and {} output(s).",
+        Percent(saving), times, k.bytes_before / 1e6, k.bytes_after / 1e6, Percent(w->threshold), c.inputs.size(),
+        c.outputs.size());
+    return;
+  }
   c.reason = fmt::format(
       "Predicted saving {} ({}; memory traffic {:.4f} -> {:.4f} MB, round trips {} -> {}) meets the benefit threshold "
       "of {}, and the {:.1f} KB footprint fits the {:.1f} KB local memory.",
@@ -267,6 +307,19 @@ std::vector<FusionCandidate> PlanFusion(const Graph& g, const std::vector<Fusion
       w.priority = rule.priority;
       w.threshold = options.benefit_threshold >= 0 ? options.benefit_threshold : rule.benefit_threshold;
       w.rule_order = static_cast<int>(ri);
+      works.push_back(std::move(w));
+    }
+  }
+  // 1b. Blocked-layout chains.
+  if (options.layout_chains && options.shapes_known) {
+    for (const LayoutChain& lc : FindLayoutChains(g, index, shapes)) {
+      Work w = MakeWork(g, index, lc.nodes, kLayoutChainRule, "FusedBlockedChain",
+                        "layout planner (oneDNN blocked layout)");
+      w.priority = INT_MAX;
+      // The same arithmetic with fewer layout changes: any predicted saving is enough (safe
+      // fusion's speed gate then measures it).
+      w.threshold = options.benefit_threshold >= 0 ? options.benefit_threshold : 0.0;
+      w.rule_order = -1;
       works.push_back(std::move(w));
     }
   }

@@ -14,6 +14,9 @@
 //      (gaf::Error naming both rules and the operators); otherwise, among the viable candidates
 //      (Fuse or Maybe), higher priority wins, then the larger estimated saving (so overlapping
 //      matches of one rule keep the larger saving); each loser is "Skip: overlap" naming the winner;
+//   1b. blocked-layout chains (layout_chains.h; rule "blocked-chain", priority above every rule):
+//      the cost model prices them like any group, but their intermediates live in main memory in
+//      the blocked layout by design, so the local-memory budget does not apply to them;
 //   5. the automatic fuser (lowest priority) proposes groups over the nodes no named candidate
 //      covers; they go through steps 2-3 under the rule name "auto".
 // Every attempt is appended to the decision log.
@@ -30,11 +33,14 @@
 
 namespace gaf {
 
-inline constexpr double kAutoBenefitThreshold = 0.05;  // threshold of the automatic fuser's groups
+inline constexpr double kAutoBenefitThreshold = 0.05;      // threshold of the automatic fuser's groups
+inline constexpr const char* kLayoutChainRule = "blocked-chain";  // rule name of layout chains
 
 struct PlannerOptions {
   double benefit_threshold = -1;  // overrides every rule's threshold when >= 0
   bool auto_fuse = true;
+  // Blocked-layout chains (fusion/layout_chains.h) as candidates of the highest priority.
+  bool layout_chains = true;
   // Shapes for the cost model; when `shapes_known` is false every candidate is "Maybe" and
   // `shapes_error` says why.
   bool shapes_known = true;

@@ -30,6 +30,8 @@ struct ConvGeometry {
   std::array<int64_t, 3> in{1, 1, 1}, out{1, 1, 1}, k{1, 1, 1}, s{1, 1, 1}, d{1, 1, 1}, pb{0, 0, 0}, pe{0, 0, 0};
 };
 ConvGeometry ConvGeometryOf(const Node& node, const Shape& x, const Shape& w);
+// The same for a pooling window `kernel` (MaxPool/AveragePool attributes, ceil_mode included).
+ConvGeometry PoolGeometryOf(const Node& node, const Shape& x, const std::vector<int64_t>& kernel);
 
 // A float32 Conv prepared once for a constant weight: oneDNN's convolution on its own blocked
 // layouts (brgconv / jit kernels), the weight reordered once, inputs and outputs kept NCHW

@@ -2131,6 +2131,20 @@ ConvGeometry ConvGeometryOf(const Node& node, const Shape& x, const Shape& w) {
   return c;
 }
 
+ConvGeometry PoolGeometryOf(const Node& node, const Shape& x, const std::vector<int64_t>& kernel) {
+  Geom g = MakeGeom(node, x, kernel, node.GetInt("ceil_mode", 0) != 0);
+  ConvGeometry c;
+  c.nsp = g.nsp;
+  c.in = g.in;
+  c.out = g.out;
+  c.k = g.k;
+  c.s = g.s;
+  c.d = g.d;
+  c.pb = g.pb;
+  c.pe = g.pe;
+  return c;
+}
+
 Shape ConvOutputShape(const Node& node, const Shape& x, const Shape& w) {
   int64_t group = 1;
   Geom g = ConvGeom(node, x, w, &group);

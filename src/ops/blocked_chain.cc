@@ -1,0 +1,943 @@
+// BlockedChain: a group of CNN operators as oneDNN primitives on one channel-blocked layout (see
+// ops/blocked_chain.h). Planning a signature runs in four passes:
+//   1. shapes of every value from the input shapes;
+//   2. operators: each Conv takes the epilogue it can carry (folded constants, eltwise and
+//      binary post-ops) and is emitted where the last absorbed node was, so a residual computed
+//      after the Conv in topological order is ready; Sigmoid + Mul pairs become Swish;
+//   3. memory: a buffer per produced value, assigned by liveness from a free list (elementwise
+//      steps work in place when their input dies there);
+//   4. primitives: created with the blocked layout for every value (region inputs stay NCHW
+//      where a convolution takes them so, as the first layer of a CNN does), weights reordered
+//      once into what each convolution wants.
+#include "ops/blocked_chain.h"
+
+#include <oneapi/dnnl/dnnl.hpp>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "ops/conv.h"
+#include "ops/dnnl_util.h"
+#include "ops/kernel_util.h"
+
+namespace gaf {
+namespace {
+
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+using alg = dnnl::algorithm;
+
+dnnl::memory::dims Dims(const Shape& s) { return dnnl::memory::dims(s.begin(), s.end()); }
+
+tag BlockTag() {
+  static const tag t = getenv("GAF_CHAIN_NHWC") ? tag::nhwc : __builtin_cpu_supports("avx512f") ? tag::nChw16c : tag::nChw8c;
+  return t;
+}
+
+struct Act {
+  alg a;
+  float alpha = 0, beta = 0;
+};
+
+// The unary activation `n` as eltwise steps (HardSigmoid is linear then clip); false when it is
+// not one. Clip bounds come from constants (`constant`).
+bool ActivationOf(const Node& n, const std::function<const Tensor*(const std::string&)>& constant,
+                  std::vector<Act>* acts, std::string* why) {
+  acts->clear();
+  const std::string& op = n.op_type;
+  if (op == "Relu") acts->push_back({alg::eltwise_relu, 0.f, 0.f});
+  else if (op == "LeakyRelu") acts->push_back({alg::eltwise_relu, n.GetFloat("alpha", 0.01f), 0.f});
+  else if (op == "Sigmoid") acts->push_back({alg::eltwise_logistic});
+  else if (op == "Tanh") acts->push_back({alg::eltwise_tanh});
+  else if (op == "HardSwish") acts->push_back({alg::eltwise_hardswish});
+  else if (op == "HardSigmoid") {
+    acts->push_back({alg::eltwise_linear, n.GetFloat("alpha", 0.2f), n.GetFloat("beta", 0.5f)});
+    acts->push_back({alg::eltwise_clip, 0.f, 1.f});
+  } else if (op == "Clip") {
+    float lo = -3.402823e38f, hi = 3.402823e38f;
+    if (n.HasAttr("min") || n.HasAttr("max")) {
+      lo = n.GetFloat("min", lo);
+      hi = n.GetFloat("max", hi);
+    }
+    for (size_t i = 1; i < n.inputs.size() && i < 3; ++i) {
+      if (n.inputs[i].empty()) continue;
+      const Tensor* t = constant(n.inputs[i]);
+      if (t == nullptr || t->numel() != 1 || t->dtype() != DataType::kFloat) {
+        if (why) *why = n.Describe() + ": Clip bounds that are not constant float32 scalars";
+        return false;
+      }
+      (i == 1 ? lo : hi) = static_cast<float>(t->ScalarAsDouble());
+    }
+    acts->push_back({alg::eltwise_clip, lo, hi});
+  } else {
+    return false;
+  }
+  return true;
+}
+
+bool IsUnaryActivation(const std::string& op) {
+  return op == "Relu" || op == "LeakyRelu" || op == "Sigmoid" || op == "Tanh" || op == "HardSwish" ||
+         op == "HardSigmoid" || op == "Clip";
+}
+
+// A constant usable as the second operand of Add/Mul on [N,C,H,W]: a scalar or one value per
+// channel ([C,1,1] or [1,C,1,1]).
+bool ScalarOrPerChannel(const Tensor& t, int64_t channels) {
+  if (t.dtype() != DataType::kFloat) return false;
+  if (t.numel() == 1) return true;
+  if (channels > 0 && t.numel() != channels) return false;
+  const Shape& s = t.shape();
+  return (s.size() == 3 && s[1] == 1 && s[2] == 1) || (s.size() == 4 && s[0] == 1 && s[2] == 1 && s[3] == 1);
+}
+
+// Resize / Upsample nearest by integer factors [1,1,fh,fw] (false with `why` otherwise).
+bool NearestFactors(const Node& n, const std::function<const Tensor*(const std::string&)>& constant,
+                    const Shape* x, int64_t* fh, int64_t* fw, std::string* why) {
+  auto fail = [&](const std::string& m) {
+    if (why) *why = n.Describe() + ": " + m;
+    return false;
+  };
+  if (n.GetString("mode", "nearest") != "nearest") return fail("only nearest resizing runs on blocked layouts");
+  std::vector<float> scales;
+  if (n.op_type == "Upsample" && n.HasAttr("scales")) {
+    scales = n.GetFloats("scales");
+  } else {
+    const size_t si = n.op_type == "Upsample" || n.inputs.size() == 2 ? 1 : 2;
+    if (n.op_type == "Resize") {
+      if (n.GetInt("antialias", 0) != 0) return fail("antialiased resizing");
+      const std::string ct = n.GetString("coordinate_transformation_mode", "half_pixel");
+      const std::string nm = n.GetString("nearest_mode", "round_prefer_floor");
+      // For integer factors these all pick source index floor(dst / factor), as oneDNN does.
+      const bool ok = (ct == "asymmetric" && nm == "floor") ||
+                      ((ct == "half_pixel" || ct == "pytorch_half_pixel") && nm == "round_prefer_floor");
+      if (!ok) return fail("coordinate mode '" + ct + "' with nearest mode '" + nm + "'");
+      if (!n.GetInts("axes").empty()) return fail("resizing with 'axes'");
+    }
+    const Tensor* s = si < n.inputs.size() && !n.inputs[si].empty() ? constant(n.inputs[si]) : nullptr;
+    if (s != nullptr && s->numel() > 0) {
+      if (s->dtype() != DataType::kFloat) return fail("scales that are not float32");
+      for (int64_t i = 0; i < s->numel(); ++i) scales.push_back(s->data<float>()[i]);
+    } else if (n.op_type == "Resize" && n.inputs.size() > 3 && !n.inputs[3].empty()) {
+      const Tensor* sz = constant(n.inputs[3]);
+      if (sz == nullptr || sz->dtype() != DataType::kInt64 || sz->numel() != 4) return fail("sizes that are not constant");
+      if (x == nullptr || x->size() != 4) return fail("sizes without a known 4-D input shape");
+      for (int i = 0; i < 4; ++i) {
+        const int64_t o = sz->data<int64_t>()[i];
+        if ((*x)[i] <= 0 || o % (*x)[i] != 0) return fail("sizes that are not integer multiples of the input");
+        scales.push_back(static_cast<float>(o / (*x)[i]));
+      }
+    } else {
+      return fail("scales that are not constant");
+    }
+  }
+  if (scales.size() != 4 || scales[0] != 1.f || scales[1] != 1.f) return fail("resizing of batch or channels");
+  for (int i = 2; i < 4; ++i)
+    if (scales[i] < 1.f || scales[i] > 64.f || scales[i] != std::floor(scales[i]))
+      return fail("a factor that is not an integer from 1 to 64");
+  *fh = static_cast<int64_t>(scales[2]);
+  *fw = static_cast<int64_t>(scales[3]);
+  return true;
+}
+
+// Scratch owned by a plan: 64-byte aligned.
+struct Buffer {
+  std::unique_ptr<char, decltype(&std::free)> p{nullptr, &std::free};
+  size_t bytes = 0;
+};
+
+}  // namespace
+
+std::string BlockedChainRejects(const Node& n, const std::function<const Tensor*(const std::string&)>& constant,
+                                const std::function<const Shape*(const std::string&)>& shape_of) {
+  if (!n.domain.empty()) return n.Describe() + ": not an ONNX operator";
+  for (const Attribute& a : n.attributes)
+    if (a.g || !a.graphs.empty()) return n.Describe() + ": carries a subgraph";
+  const std::string& op = n.op_type;
+  auto cst = [&](size_t i) -> const Tensor* {
+    return i < n.inputs.size() && !n.inputs[i].empty() ? constant(n.inputs[i]) : nullptr;
+  };
+  auto float_cst = [&](size_t i) {
+    const Tensor* t = cst(i);
+    return t != nullptr && t->dtype() == DataType::kFloat;
+  };
+  // Data values (non-constant inputs, the outputs) must be 4-D where their shapes are known.
+  auto data_rank_ok = [&](const std::string& v) {
+    if (v.empty() || constant(v) != nullptr) return true;
+    const Shape* s = shape_of(v);
+    return s == nullptr || s->size() == 4;
+  };
+  if (n.outputs.empty() || n.outputs[0].empty()) return n.Describe() + ": no output";
+  for (size_t i = 1; i < n.outputs.size(); ++i)
+    if (!n.outputs[i].empty()) return n.Describe() + ": a second output";
+  std::string why;
+  std::vector<Act> acts;
+  if (op == "Conv") {
+    const Tensor* w = cst(1);
+    if (w == nullptr || w->dtype() != DataType::kFloat || w->rank() != 4) return n.Describe() + ": weight not a constant 4-D float32";
+    if (n.HasInput(2) && !float_cst(2)) return n.Describe() + ": bias not a constant float32";
+  } else if (op == "BatchNormalization") {
+    if (n.GetInt("training_mode", 0) != 0) return n.Describe() + ": training mode";
+    for (size_t i = 1; i < 5; ++i)
+      if (!float_cst(i)) return n.Describe() + ": parameters not constant float32";
+  } else if (IsUnaryActivation(op)) {
+    if (!ActivationOf(n, constant, &acts, &why)) return why;
+  } else if (op == "Identity") {
+  } else if (op == "Add" || op == "Mul") {
+    if (n.inputs.size() != 2) return n.Describe() + ": not two inputs";
+    const Tensor *a = cst(0), *b = cst(1);
+    if (a != nullptr && b != nullptr) return n.Describe() + ": constant operands";
+    const Tensor* c = a != nullptr ? a : b;
+    const Shape* xs = shape_of(n.inputs[a != nullptr ? 1 : 0]);
+    if (c != nullptr) {
+      if (!ScalarOrPerChannel(*c, xs != nullptr && xs->size() == 4 ? (*xs)[1] : -1))
+        return n.Describe() + ": a constant operand that is neither a scalar nor per channel";
+    } else {
+      const Shape *sa = shape_of(n.inputs[0]), *sb = shape_of(n.inputs[1]);
+      if (sa != nullptr && sb != nullptr && *sa != *sb) {
+        const Shape& big = (*sa)[2] * (*sa)[3] >= (*sb)[2] * (*sb)[3] ? *sa : *sb;
+        const Shape& small = &big == sa ? *sb : *sa;
+        if (small.size() != 4 || big.size() != 4 || small[0] != big[0] || small[1] != big[1] || small[2] != 1 ||
+            small[3] != 1)
+          return n.Describe() + ": operand shapes " + ShapeToString(*sa) + " and " + ShapeToString(*sb) +
+                 " (same shape or [N,C,1,1] broadcast only)";
+      }
+    }
+  } else if (op == "MaxPool" || op == "AveragePool") {
+    if (n.GetInts("kernel_shape").size() != 2) return n.Describe() + ": not a 2-D window";
+    for (int64_t d : n.GetInts("dilations"))
+      if (d != 1) return n.Describe() + ": dilated pooling";
+    if (op == "MaxPool" && n.GetInt("storage_order", 0) != 0) return n.Describe() + ": storage_order";
+    if (op == "AveragePool" && n.GetInt("count_include_pad", 0) != 0 && n.GetInt("ceil_mode", 0) != 0)
+      return n.Describe() + ": count_include_pad with ceil_mode";
+  } else if (op == "GlobalAveragePool" || op == "GlobalMaxPool") {
+  } else if (op == "Concat") {
+    const int64_t axis = n.GetInt("axis", 0);
+    if (axis != 1 && axis != -3) return n.Describe() + ": not along channels";
+  } else if (op == "Resize" || op == "Upsample") {
+    int64_t fh = 0, fw = 0;
+    if (!NearestFactors(n, constant, shape_of(n.inputs[0]), &fh, &fw, &why)) return why;
+  } else {
+    return n.Describe() + ": " + op + " does not run on blocked layouts";
+  }
+  if (!data_rank_ok(n.inputs[0]) || !data_rank_ok(n.outputs[0])) return n.Describe() + ": not 4-D";
+  if ((op == "Add" || op == "Mul" || op == "Concat") &&
+      !std::all_of(n.inputs.begin(), n.inputs.end(), data_rank_ok))
+    return n.Describe() + ": not 4-D";
+  return "";
+}
+
+struct BlockedChain::Impl {
+  std::vector<Node> nodes;
+  std::vector<std::string> inputs, outputs;
+  std::map<std::string, Tensor> constants;
+
+  const Tensor* Constant(const std::string& v) const {
+    auto it = constants.find(v);
+    return it == constants.end() ? nullptr : &it->second;
+  }
+
+  struct Step {
+    dnnl::primitive prim;
+    std::unordered_map<int, dnnl::memory> args;
+  };
+  struct Plan {
+    std::vector<Shape> in_shapes;
+    int threads = 0;
+    std::vector<Buffer> buffers;
+    std::vector<dnnl::memory> owned;  // weights, biases, constants in the primitives' layouts
+    std::vector<Step> steps;
+    std::vector<dnnl::memory> input_mem;   // user (NCHW) memory per input; handles set per call
+    std::vector<dnnl::memory> output_mem;  // user memory per output
+    std::vector<Shape> out_shapes;
+    Stats stats;
+  };
+  std::mutex mu;
+  std::shared_ptr<Plan> last;
+
+  std::shared_ptr<Plan> Build(const std::vector<Shape>& in_shapes, bool binary_post_ops);
+};
+
+namespace {
+
+// One operator of the plan: a node plus what it absorbed.
+struct Op {
+  enum Kind { kConv, kBatchNorm, kEltwise, kBinary, kPool, kConcat, kResize, kIdentity } kind;
+  int node = -1;      // the anchor node
+  int emit = -1;      // position in the node order where it runs (its last absorbed node)
+  std::vector<std::string> in;  // data inputs (values of the chain or its inputs)
+  std::string out;
+  std::vector<Act> acts;        // eltwise post-ops (or the eltwise op itself)
+  // kConv: folded per-channel scale/shift (BatchNormalization, Add/Mul of constants) and a residual.
+  std::vector<float> scale, shift;
+  bool folded = false;
+  std::string residual;         // binary add post-op operand
+  int residual_pos = -1;        // where it sits among the post-ops (index into the post-op list)
+  alg binary = alg::binary_add;
+  const Tensor* binary_const = nullptr;  // kBinary with a constant operand
+  int absorbed = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::vector<Shape>& in_shapes,
+                                                                     bool binary_post_ops) {
+  auto plan = std::make_shared<Plan>();
+  plan->in_shapes = in_shapes;
+  plan->threads = omp_get_max_threads();
+  auto constant = [&](const std::string& v) { return Constant(v); };
+  // 1. Shapes.
+  std::map<std::string, Shape> shape;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!Constant(inputs[i])) {
+      GAF_CHECK(i < in_shapes.size() && in_shapes[i].size() == 4, "blocked chain: input '{}' is not 4-D", inputs[i]);
+      shape[inputs[i]] = in_shapes[i];
+    }
+  auto shape_of = [&](const std::string& v) -> const Shape& {
+    auto it = shape.find(v);
+    GAF_CHECK(it != shape.end(), "blocked chain: no shape for '{}'", v);
+    return it->second;
+  };
+  for (const Node& n : nodes) {
+    const std::string& op = n.op_type;
+    const Shape& x = shape_of(n.inputs[0].empty() ? std::string("?") : (Constant(n.inputs[0]) && n.inputs.size() > 1 ? n.inputs[1] : n.inputs[0]));
+    Shape y = x;
+    if (op == "Conv") {
+      y = ConvOutputShape(n, shape_of(n.inputs[0]), Constant(n.inputs[1])->shape());
+    } else if (op == "MaxPool" || op == "AveragePool") {
+      ConvGeometry g = PoolGeometryOf(n, x, n.GetInts("kernel_shape"));
+      y = {x[0], x[1], g.out[1], g.out[2]};
+    } else if (op == "GlobalAveragePool" || op == "GlobalMaxPool") {
+      y = {x[0], x[1], 1, 1};
+    } else if (op == "Concat") {
+      y = shape_of(n.inputs[0]);
+      y[1] = 0;
+      for (const auto& in : n.inputs) {
+        const Shape& s = shape_of(in);
+        GAF_CHECK(s[0] == y[0] && s[2] == y[2] && s[3] == y[3], "{}: inputs differ outside the channel axis", n.Describe());
+        y[1] += s[1];
+      }
+    } else if (op == "Resize" || op == "Upsample") {
+      int64_t fh = 0, fw = 0;
+      std::string why;
+      GAF_CHECK(NearestFactors(n, constant, &x, &fh, &fw, &why), "{}", why);
+      y = {x[0], x[1], x[2] * fh, x[3] * fw};
+    } else if ((op == "Add" || op == "Mul") && !Constant(n.inputs[0]) && !Constant(n.inputs[1])) {
+      const Shape &a = shape_of(n.inputs[0]), &b = shape_of(n.inputs[1]);
+      y = a[2] * a[3] >= b[2] * b[3] ? a : b;
+    }
+    for (int64_t d : y) GAF_CHECK(d > 0, "{}: an empty output", n.Describe());
+    shape[n.outputs[0]] = y;
+  }
+  // Uses inside the chain; outputs of the chain.
+  std::map<std::string, int> uses;
+  for (const Node& n : nodes)
+    for (const auto& in : n.inputs)
+      if (!in.empty()) uses[in]++;
+  std::set<std::string> is_output(outputs.begin(), outputs.end());
+  std::map<std::string, int> producer;
+  for (size_t i = 0; i < nodes.size(); ++i) producer[nodes[i].outputs[0]] = static_cast<int>(i);
+  auto sole_consumer = [&](const std::string& v) -> int {
+    if (is_output.count(v) || uses[v] != 1) return -1;
+    for (size_t i = 0; i < nodes.size(); ++i)
+      for (const auto& in : nodes[i].inputs)
+        if (in == v) return static_cast<int>(i);
+    return -1;
+  };
+  auto consumers = [&](const std::string& v) {
+    std::vector<int> c;
+    for (size_t i = 0; i < nodes.size(); ++i)
+      if (std::find(nodes[i].inputs.begin(), nodes[i].inputs.end(), v) != nodes[i].inputs.end())
+        c.push_back(static_cast<int>(i));
+    return c;
+  };
+  // x * Sigmoid(x): the Mul node index when node s is the Sigmoid of such a pair, else -1.
+  auto swish_mul = [&](int s) -> int {
+    const Node& sig = nodes[s];
+    if (sig.op_type != "Sigmoid") return -1;
+    const int m = sole_consumer(sig.outputs[0]);
+    if (m < 0 || nodes[m].op_type != "Mul") return -1;
+    const Node& mul = nodes[m];
+    const std::string& x = sig.inputs[0];
+    if (!((mul.inputs[0] == x && mul.inputs[1] == sig.outputs[0]) || (mul.inputs[1] == x && mul.inputs[0] == sig.outputs[0])))
+      return -1;
+    return m;
+  };
+
+  // 2. Operators.
+  std::vector<bool> absorbed(nodes.size(), false);
+  std::vector<Op> ops;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (absorbed[i]) continue;
+    const Node& n = nodes[i];
+    const std::string& opt = n.op_type;
+    Op op;
+    op.node = static_cast<int>(i);
+    op.emit = static_cast<int>(i);
+    op.out = n.outputs[0];
+    std::vector<Act> acts;
+    if (opt == "Conv") {
+      op.kind = Op::kConv;
+      op.in = {n.inputs[0]};
+      const int64_t M = Constant(n.inputs[1])->dim(0);
+      op.scale.assign(static_cast<size_t>(M), 1.f);
+      op.shift.assign(static_cast<size_t>(M), 0.f);
+      if (n.HasInput(2))
+        for (int64_t c = 0; c < M; ++c) op.shift[static_cast<size_t>(c)] = Constant(n.inputs[2])->data<float>()[c];
+      // Absorb the epilogue while the current value has one consumer.
+      std::string cur = op.out;
+      int post = 0;  // post-ops so far
+      for (;;) {
+        const int c = sole_consumer(cur);
+        int pair_mul = -1;
+        if (c < 0) {
+          // x * Sigmoid(x) reads x twice.
+          auto cs = consumers(cur);
+          if (is_output.count(cur) || cs.size() != 2) break;
+          for (int s : cs) {
+            const int m = swish_mul(s);
+            if (m >= 0 && std::find(cs.begin(), cs.end(), m) != cs.end()) pair_mul = m;
+          }
+          if (pair_mul < 0 || absorbed[pair_mul]) break;
+          op.acts.push_back({alg::eltwise_swish, 1.f, 0.f});
+          for (int s : cs) absorbed[s] = true;
+          op.emit = std::max(op.emit, pair_mul);
+          op.absorbed += 2;
+          ++post;
+          cur = nodes[pair_mul].outputs[0];
+          continue;
+        }
+        if (absorbed[c]) break;  // taken by another operator's epilogue (the other side of a residual Add)
+        const Node& e = nodes[c];
+        const bool first = post == 0;
+        if (e.op_type == "BatchNormalization" && first && e.inputs[0] == cur) {
+          const float eps = e.GetFloat("epsilon", 1e-5f);
+          const Tensor *g = Constant(e.inputs[1]), *b = Constant(e.inputs[2]), *mu = Constant(e.inputs[3]),
+                       *var = Constant(e.inputs[4]);
+          if (g->numel() != M || b->numel() != M || mu->numel() != M || var->numel() != M) break;
+          for (int64_t k = 0; k < M; ++k) {
+            const size_t u = static_cast<size_t>(k);
+            const double a = g->data<float>()[k] / std::sqrt(static_cast<double>(var->data<float>()[k]) + eps);
+            op.scale[u] = static_cast<float>(op.scale[u] * a);
+            op.shift[u] = static_cast<float>((op.shift[u] - mu->data<float>()[k]) * a + b->data<float>()[k]);
+          }
+          op.folded = true;
+        } else if ((e.op_type == "Add" || e.op_type == "Mul") && first &&
+                   (Constant(e.inputs[0]) != nullptr || Constant(e.inputs[1]) != nullptr)) {
+          const Tensor* t = Constant(e.inputs[0]) != nullptr ? Constant(e.inputs[0]) : Constant(e.inputs[1]);
+          if (!ScalarOrPerChannel(*t, M)) break;
+          for (int64_t k = 0; k < M; ++k) {
+            const size_t u = static_cast<size_t>(k);
+            const float v = t->data<float>()[t->numel() == 1 ? 0 : k];
+            if (e.op_type == "Add") {
+              op.shift[u] += v;
+            } else {
+              op.scale[u] *= v;
+              op.shift[u] *= v;
+            }
+          }
+          op.folded = true;
+        } else if (e.op_type == "Add" && binary_post_ops && op.residual.empty()) {
+          const std::string& other = e.inputs[0] == cur ? e.inputs[1] : e.inputs[0];
+          if (other == cur || shape_of(other) != shape_of(cur)) break;
+          op.residual = other;
+          op.residual_pos = post;
+          ++post;
+        } else if (IsUnaryActivation(e.op_type) && e.inputs[0] == cur && ActivationOf(e, constant, &acts, nullptr)) {
+          if (swish_mul(c) >= 0) break;  // handled above as a pair when the value is read twice
+          op.acts.insert(op.acts.end(), acts.begin(), acts.end());
+          post += static_cast<int>(acts.size());
+        } else if (e.op_type == "Identity") {
+        } else {
+          break;
+        }
+        absorbed[c] = true;
+        op.emit = std::max(op.emit, c);
+        ++op.absorbed;
+        cur = e.outputs[0];
+      }
+      op.out = cur;
+    } else if (opt == "BatchNormalization") {
+      op.kind = Op::kBatchNorm;
+      op.in = {n.inputs[0]};
+      const int c = sole_consumer(op.out);
+      if (c >= 0 && !absorbed[c] && nodes[c].op_type == "Relu") {
+        absorbed[c] = true;
+        op.emit = c;
+        op.out = nodes[c].outputs[0];
+        op.acts.push_back({alg::eltwise_relu});
+        ++op.absorbed;
+      }
+    } else if (opt == "Sigmoid" && swish_mul(static_cast<int>(i)) >= 0) {
+      // Swish on its own: the Mul (later in the order) produces the value.
+      const int m = swish_mul(static_cast<int>(i));
+      op.kind = Op::kEltwise;
+      op.in = {n.inputs[0]};
+      op.acts = {{alg::eltwise_swish, 1.f, 0.f}};
+      absorbed[m] = true;
+      op.emit = m;
+      op.out = nodes[m].outputs[0];
+      ++op.absorbed;
+    } else if (ActivationOf(n, constant, &acts, nullptr)) {
+      op.kind = Op::kEltwise;
+      op.in = {n.inputs[0]};
+      op.acts = acts;
+    } else if (opt == "Add" || opt == "Mul") {
+      op.kind = Op::kBinary;
+      op.binary = opt == "Add" ? alg::binary_add : alg::binary_mul;
+      const Tensor *a = Constant(n.inputs[0]), *b = Constant(n.inputs[1]);
+      if (a != nullptr || b != nullptr) {
+        op.in = {a != nullptr ? n.inputs[1] : n.inputs[0]};
+        op.binary_const = a != nullptr ? a : b;
+      } else {
+        // The full-size operand first: oneDNN broadcasts src1 only.
+        const Shape &sa = shape_of(n.inputs[0]), &sb = shape_of(n.inputs[1]);
+        op.in = sa[2] * sa[3] >= sb[2] * sb[3] ? std::vector<std::string>{n.inputs[0], n.inputs[1]}
+                                               : std::vector<std::string>{n.inputs[1], n.inputs[0]};
+      }
+      // Activations after it as its post-ops.
+      for (std::string cur = op.out;;) {
+        const int c = sole_consumer(cur);
+        if (c < 0 || absorbed[c] || !IsUnaryActivation(nodes[c].op_type) || swish_mul(c) >= 0 ||
+            !ActivationOf(nodes[c], constant, &acts, nullptr))
+          break;
+        op.acts.insert(op.acts.end(), acts.begin(), acts.end());
+        absorbed[c] = true;
+        op.emit = c;
+        ++op.absorbed;
+        cur = op.out = nodes[c].outputs[0];
+      }
+    } else if (opt == "MaxPool" || opt == "AveragePool" || opt == "GlobalAveragePool" || opt == "GlobalMaxPool") {
+      op.kind = Op::kPool;
+      op.in = {n.inputs[0]};
+    } else if (opt == "Concat") {
+      op.kind = Op::kConcat;
+      op.in = n.inputs;
+    } else if (opt == "Resize" || opt == "Upsample") {
+      op.kind = Op::kResize;
+      op.in = {n.inputs[0]};
+    } else if (opt == "Identity") {
+      op.kind = Op::kIdentity;
+      op.in = {n.inputs[0]};
+    } else {
+      throw Error(n.Describe() + ": not a blocked-chain operator");
+    }
+    ops.push_back(std::move(op));
+  }
+  std::stable_sort(ops.begin(), ops.end(), [](const Op& a, const Op& b) { return a.emit < b.emit; });
+
+  // 3. Memory. Values: chain inputs (user memory, NCHW; a blocked copy made when an operator
+  // needs one), produced values (blocked buffers by liveness).
+  dnnl::engine& eng = DnnlEngine();
+  const tag bt = BlockTag();
+  auto blocked_md = [&](const Shape& s) { return dnnl::memory::desc(Dims(s), dt::f32, bt); };
+  auto plain_md = [&](const Shape& s) { return dnnl::memory::desc(Dims(s), dt::f32, tag::nchw); };
+  std::map<std::string, int> last_use;  // op index
+  for (size_t k = 0; k < ops.size(); ++k) {
+    for (const auto& in : ops[k].in) last_use[in] = static_cast<int>(k);
+    if (!ops[k].residual.empty()) last_use[ops[k].residual] = static_cast<int>(k);
+  }
+  for (const auto& o : outputs) last_use[o] = static_cast<int>(ops.size());
+  std::map<std::string, int> buffer_of;
+  std::map<std::string, int> assigned;  // every blocked value's buffer (buffer_of: the live ones)
+  std::vector<int> free_buffers;
+  std::vector<size_t> buffer_size;
+  auto new_buffer = [&](size_t bytes) {
+    // Best fit among the free buffers, else a new one.
+    int best = -1;
+    for (size_t j = 0; j < free_buffers.size(); ++j) {
+      const int b = free_buffers[j];
+      if (buffer_size[b] >= bytes && (best < 0 || buffer_size[b] < buffer_size[free_buffers[best]])) best = static_cast<int>(j);
+    }
+    if (best >= 0) {
+      const int b = free_buffers[best];
+      free_buffers.erase(free_buffers.begin() + best);
+      return b;
+    }
+    // A free buffer too small is grown rather than left unused.
+    if (!free_buffers.empty()) {
+      const int b = free_buffers.back();
+      free_buffers.pop_back();
+      buffer_size[b] = bytes;
+      return b;
+    }
+    buffer_size.push_back(bytes);
+    return static_cast<int>(buffer_size.size()) - 1;
+  };
+  std::map<std::string, int> input_index;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (!Constant(inputs[i])) input_index[inputs[i]] = static_cast<int>(i);
+  plan->input_mem.resize(inputs.size());
+  for (const auto& [name, i] : input_index) plan->input_mem[i] = dnnl::memory(plain_md(shape_of(name)), eng, nullptr);
+
+  // Steps are recorded with buffer indices and bound to addresses once all sizes are known.
+  struct PendingArg {
+    int step, arg;
+    std::string value;
+  };
+  std::vector<PendingArg> pending;
+  std::map<std::string, dnnl::memory::desc> value_md;
+  auto md_of = [&](const std::string& v) -> const dnnl::memory::desc& {
+    auto it = value_md.find(v);
+    GAF_CHECK(it != value_md.end(), "blocked chain: value '{}' is used before it is produced", v);
+    return it->second;
+  };
+  auto add_step = [&](dnnl::primitive p, std::unordered_map<int, dnnl::memory> args) {
+    plan->steps.push_back({std::move(p), std::move(args)});
+    return static_cast<int>(plan->steps.size()) - 1;
+  };
+  // The blocked form of a value for reading: produced values are blocked; a chain input gets one
+  // reorder (made on first need, its buffer live until its last reader).
+  auto read_blocked = [&](const std::string& v, int step, int arg) { pending.push_back({step, arg, v}); };
+  auto ensure_blocked_input = [&](const std::string& v) {
+    if (value_md.count(v)) return;
+    const Shape& s = shape_of(v);
+    value_md[v] = blocked_md(s);
+    buffer_of[v] = assigned[v] = new_buffer(value_md[v].get_size());
+    auto r = dnnl::reorder(dnnl::reorder::primitive_desc(eng, plain_md(s), eng, value_md[v]));
+    const int st = add_step(r, {{DNNL_ARG_FROM, plan->input_mem[input_index.at(v)]}});
+    read_blocked(v, st, DNNL_ARG_TO);
+    plan->stats.reorders_in++;
+  };
+  auto release = [&](int k) {
+    for (auto it = buffer_of.begin(); it != buffer_of.end();) {
+      auto lu = last_use.find(it->first);
+      if (lu != last_use.end() && lu->second == k && !is_output.count(it->first)) {
+        free_buffers.push_back(it->second);
+        it = buffer_of.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  };
+  auto define_output = [&](const std::string& v, int in_place_of = -1) {
+    value_md[v] = blocked_md(shape_of(v));
+    buffer_of[v] = assigned[v] = in_place_of >= 0 ? in_place_of : new_buffer(value_md[v].get_size());
+  };
+  auto eltwise_post_ops = [](const std::vector<Act>& acts) {
+    dnnl::post_ops po;
+    for (const Act& a : acts) po.append_eltwise(1.f, a.a, a.alpha, a.beta);
+    return po;
+  };
+
+  // 4. Primitives, in order.
+  for (size_t k = 0; k < ops.size(); ++k) {
+    const Op& op = ops[k];
+    const Node& n = nodes[op.node];
+    for (const auto& in : op.in)
+      if (input_index.count(in) && !(op.kind == Op::kConv)) ensure_blocked_input(in);
+    if (!op.residual.empty() && input_index.count(op.residual)) ensure_blocked_input(op.residual);
+    const Shape& y = shape_of(op.out);
+    if (op.kind == Op::kConv) {
+      const Tensor& w = *Constant(n.inputs[1]);
+      const Shape& x = shape_of(op.in[0]);
+      ConvGeometry g = ConvGeometryOf(n, x, w.shape());
+      const int64_t G = g.group, M = w.dim(0);
+      dnnl::memory::dims wd = G == 1 ? Dims(w.shape())
+                                     : dnnl::memory::dims{G, M / G, w.dim(1), w.dim(2), w.dim(3)};
+      dnnl::memory::dims strides{g.s[1], g.s[2]}, dil{g.d[1] - 1, g.d[2] - 1}, pad_l{g.pb[1], g.pb[2]},
+          pad_r{g.pe[1], g.pe[2]};
+      define_output(op.out);
+      dnnl::primitive_attr attr;
+      dnnl::post_ops po;
+      int pi = 0;
+      size_t ai = 0;
+      for (; pi < static_cast<int>(op.acts.size()) + (op.residual.empty() ? 0 : 1); ++pi) {
+        if (pi == op.residual_pos) po.append_binary(alg::binary_add, md_of(op.residual));
+        else po.append_eltwise(1.f, op.acts[ai].a, op.acts[ai].alpha, op.acts[ai].beta), ++ai;
+      }
+      attr.set_post_ops(po);
+      const bool plain_src = input_index.count(op.in[0]) && !value_md.count(op.in[0]);
+      auto make_pd = [&](const dnnl::memory::desc& src_md) {
+        auto desc = dnnl::convolution_forward::desc(
+            dnnl::prop_kind::forward_inference, alg::convolution_direct, src_md,
+            dnnl::memory::desc(wd, dt::f32, tag::any), dnnl::memory::desc({M}, dt::f32, tag::x), md_of(op.out),
+            strides, dil, pad_l, pad_r);
+        return dnnl::convolution_forward::primitive_desc(desc, attr, eng);
+      };
+      dnnl::convolution_forward::primitive_desc pd;
+      bool src_plain = false;
+      if (plain_src) {
+        // The chain's input as given (NCHW), as oneDNN's first-layer kernels read it, unless only
+        // the reference implementation takes it.
+        try {
+          pd = make_pd(plain_md(x));
+          src_plain = std::string(pd.impl_info_str()).find("ref") == std::string::npos;
+        } catch (const dnnl::error&) {
+        }
+        if (!src_plain) {
+          ensure_blocked_input(op.in[0]);
+        }
+      }
+      if (!src_plain) pd = make_pd(md_of(op.in[0]));
+      // Weights scaled by the folded per-channel factors, reordered once into the primitive's layout.
+      Tensor wf(DataType::kFloat, w.shape());
+      const int64_t per = w.numel() / M;
+      for (int64_t o = 0; o < M; ++o)
+        for (int64_t j = 0; j < per; ++j)
+          wf.data<float>()[o * per + j] = w.data<float>()[o * per + j] * op.scale[static_cast<size_t>(o)];
+      dnnl::stream s(eng);
+      dnnl::memory user_w(dnnl::memory::desc(wd, dt::f32, G == 1 ? tag::oihw : tag::goihw), eng, wf.data<float>());
+      dnnl::memory wm(pd.weights_desc(), eng);
+      dnnl::reorder(user_w, wm).execute(s, user_w, wm);
+      s.wait();
+      dnnl::memory bm(pd.bias_desc(), eng);
+      std::memcpy(bm.get_data_handle(), op.shift.data(), sizeof(float) * op.shift.size());
+      plan->owned.push_back(wm);
+      plan->owned.push_back(bm);
+      std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_BIAS, bm}};
+      if (src_plain) args[DNNL_ARG_SRC] = plan->input_mem[input_index.at(op.in[0])];
+      const int st = add_step(dnnl::convolution_forward(pd), std::move(args));
+      if (!src_plain) read_blocked(op.in[0], st, DNNL_ARG_SRC);
+      read_blocked(op.out, st, DNNL_ARG_DST);
+      if (!op.residual.empty())
+        read_blocked(op.residual, st, DNNL_ARG_ATTR_MULTIPLE_POST_OP(op.residual_pos) | DNNL_ARG_SRC_1);
+      plan->stats.convs++;
+      plan->stats.post_ops += op.absorbed;
+    } else if (op.kind == Op::kBatchNorm) {
+      const int64_t C = shape_of(op.in[0])[1];
+      const bool in_place = !input_index.count(op.in[0]) && last_use[op.in[0]] == static_cast<int>(k) &&
+                            !is_output.count(op.in[0]);
+      define_output(op.out, in_place ? buffer_of.at(op.in[0]) : -1);
+      if (in_place) buffer_of.erase(op.in[0]);
+      auto flags = dnnl::normalization_flags::use_global_stats | dnnl::normalization_flags::use_scale |
+                   dnnl::normalization_flags::use_shift;
+      if (!op.acts.empty()) flags = flags | dnnl::normalization_flags::fuse_norm_relu;
+      auto desc = dnnl::batch_normalization_forward::desc(dnnl::prop_kind::forward_inference, md_of(op.in[0]),
+                                                          n.GetFloat("epsilon", 1e-5f), flags);
+      dnnl::batch_normalization_forward::primitive_desc pd(desc, eng);
+      std::unordered_map<int, dnnl::memory> args;
+      const int arg_of[4] = {DNNL_ARG_SCALE, DNNL_ARG_SHIFT, DNNL_ARG_MEAN, DNNL_ARG_VARIANCE};
+      for (int p = 0; p < 4; ++p) {
+        const Tensor* t = Constant(n.inputs[1 + p]);
+        GAF_CHECK(t->numel() == C, "{}: parameter {} has {} values for {} channels", n.Describe(), p + 1, t->numel(), C);
+        dnnl::memory m(dnnl::memory::desc({C}, dt::f32, tag::x), eng);
+        std::memcpy(m.get_data_handle(), t->data<float>(), sizeof(float) * static_cast<size_t>(C));
+        plan->owned.push_back(m);
+        args[arg_of[p]] = m;
+      }
+      const int st = add_step(dnnl::batch_normalization_forward(pd), std::move(args));
+      read_blocked(op.in[0], st, DNNL_ARG_SRC);
+      read_blocked(op.out, st, DNNL_ARG_DST);
+    } else if (op.kind == Op::kEltwise) {
+      const bool in_place = !input_index.count(op.in[0]) && last_use[op.in[0]] == static_cast<int>(k) &&
+                            !is_output.count(op.in[0]);
+      define_output(op.out, in_place ? buffer_of.at(op.in[0]) : -1);
+      if (in_place) buffer_of.erase(op.in[0]);
+      for (size_t a = 0; a < op.acts.size(); ++a) {
+        auto desc = dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, op.acts[a].a, md_of(op.out),
+                                                op.acts[a].alpha, op.acts[a].beta);
+        dnnl::eltwise_forward::primitive_desc pd(desc, eng);
+        const int st = add_step(dnnl::eltwise_forward(pd), {});
+        read_blocked(a == 0 ? op.in[0] : op.out, st, DNNL_ARG_SRC);
+        read_blocked(op.out, st, DNNL_ARG_DST);
+      }
+    } else if (op.kind == Op::kBinary) {
+      const bool in_place = !input_index.count(op.in[0]) && last_use[op.in[0]] == static_cast<int>(k) &&
+                            !is_output.count(op.in[0]);
+      define_output(op.out, in_place ? buffer_of.at(op.in[0]) : -1);
+      if (in_place) buffer_of.erase(op.in[0]);
+      dnnl::memory::desc src1_md;
+      dnnl::memory c1;
+      if (op.binary_const != nullptr) {
+        const Tensor& t = *op.binary_const;
+        const int64_t C = y[1];
+        const Shape s1 = t.numel() == 1 ? Shape{1, 1, 1, 1} : Shape{1, C, 1, 1};
+        src1_md = plain_md(s1);
+        c1 = dnnl::memory(src1_md, eng);
+        std::memcpy(c1.get_data_handle(), t.data<float>(), sizeof(float) * static_cast<size_t>(t.numel()));
+        plan->owned.push_back(c1);
+      } else {
+        src1_md = md_of(op.in[1]);
+      }
+      dnnl::primitive_attr attr;
+      if (!op.acts.empty()) attr.set_post_ops(eltwise_post_ops(op.acts));
+      auto desc = dnnl::binary::desc(op.binary, md_of(op.in[0]), src1_md, md_of(op.out));
+      dnnl::binary::primitive_desc pd(desc, attr, eng);
+      std::unordered_map<int, dnnl::memory> args;
+      if (c1) args[DNNL_ARG_SRC_1] = c1;
+      const int st = add_step(dnnl::binary(pd), std::move(args));
+      read_blocked(op.in[0], st, DNNL_ARG_SRC_0);
+      if (!c1) read_blocked(op.in[1], st, DNNL_ARG_SRC_1);
+      read_blocked(op.out, st, DNNL_ARG_DST);
+      plan->stats.post_ops += op.absorbed;
+    } else if (op.kind == Op::kPool) {
+      const Shape& x = shape_of(op.in[0]);
+      define_output(op.out);
+      dnnl::memory::dims kernel, strides, pad_l, pad_r;
+      alg a = n.op_type == "MaxPool" || n.op_type == "GlobalMaxPool" ? alg::pooling_max : alg::pooling_avg_exclude_padding;
+      if (n.op_type == "GlobalAveragePool" || n.op_type == "GlobalMaxPool") {
+        kernel = {x[2], x[3]};
+        strides = {1, 1};
+        pad_l = pad_r = {0, 0};
+      } else {
+        ConvGeometry g = PoolGeometryOf(n, x, n.GetInts("kernel_shape"));
+        kernel = {g.k[1], g.k[2]};
+        strides = {g.s[1], g.s[2]};
+        pad_l = {g.pb[1], g.pb[2]};
+        // ceil_mode: the right padding oneDNN needs for the last window.
+        pad_r = {std::max<int64_t>(g.pe[1], (g.out[1] - 1) * g.s[1] + g.k[1] - g.in[1] - g.pb[1]),
+                 std::max<int64_t>(g.pe[2], (g.out[2] - 1) * g.s[2] + g.k[2] - g.in[2] - g.pb[2])};
+        if (n.op_type == "AveragePool" && n.GetInt("count_include_pad", 0) != 0) a = alg::pooling_avg_include_padding;
+      }
+      auto desc = dnnl::pooling_forward::desc(dnnl::prop_kind::forward_inference, a, md_of(op.in[0]),
+                                              md_of(op.out), strides, kernel, pad_l, pad_r);
+      dnnl::pooling_forward::primitive_desc pd(desc, eng);
+      const int st = add_step(dnnl::pooling_forward(pd), {});
+      read_blocked(op.in[0], st, DNNL_ARG_SRC);
+      read_blocked(op.out, st, DNNL_ARG_DST);
+    } else if (op.kind == Op::kConcat) {
+      define_output(op.out);
+      std::vector<dnnl::memory::desc> srcs;
+      for (const auto& in : op.in) srcs.push_back(md_of(in));
+      dnnl::concat::primitive_desc pd(md_of(op.out), 1, srcs, eng);
+      const int st = add_step(dnnl::concat(pd), {});
+      for (size_t j = 0; j < op.in.size(); ++j) read_blocked(op.in[j], st, DNNL_ARG_MULTIPLE_SRC + static_cast<int>(j));
+      read_blocked(op.out, st, DNNL_ARG_DST);
+    } else if (op.kind == Op::kResize) {
+      define_output(op.out);
+      auto desc = dnnl::resampling_forward::desc(dnnl::prop_kind::forward_inference, alg::resampling_nearest,
+                                                 md_of(op.in[0]), md_of(op.out));
+      dnnl::resampling_forward::primitive_desc pd(desc, eng);
+      const int st = add_step(dnnl::resampling_forward(pd), {});
+      read_blocked(op.in[0], st, DNNL_ARG_SRC);
+      read_blocked(op.out, st, DNNL_ARG_DST);
+    } else {  // kIdentity: a copy (in place where the input dies)
+      define_output(op.out);
+      auto r = dnnl::reorder(dnnl::reorder::primitive_desc(eng, md_of(op.in[0]), eng, md_of(op.out)));
+      const int st = add_step(r, {});
+      read_blocked(op.in[0], st, DNNL_ARG_FROM);
+      read_blocked(op.out, st, DNNL_ARG_TO);
+    }
+    release(static_cast<int>(k));
+  }
+  // Outputs back to NCHW.
+  for (const auto& o : outputs) {
+    GAF_CHECK(value_md.count(o) && !input_index.count(o), "blocked chain: output '{}' is not produced by the chain", o);
+    const Shape& s = shape_of(o);
+    plan->out_shapes.push_back(s);
+    dnnl::memory user(plain_md(s), eng, nullptr);
+    plan->output_mem.push_back(user);
+    auto r = dnnl::reorder(dnnl::reorder::primitive_desc(eng, md_of(o), eng, plain_md(s)));
+    const int st = add_step(r, {{DNNL_ARG_TO, user}});
+    read_blocked(o, st, DNNL_ARG_FROM);
+    plan->stats.reorders_out++;
+  }
+  // Bind every blocked value to its buffer.
+  plan->buffers.resize(buffer_size.size());
+  for (size_t b = 0; b < buffer_size.size(); ++b) {
+    const size_t bytes = (buffer_size[b] + 63) / 64 * 64;
+    plan->buffers[b].p.reset(static_cast<char*>(std::aligned_alloc(64, bytes)));
+    GAF_CHECK(plan->buffers[b].p != nullptr, "blocked chain: cannot allocate {} bytes", bytes);
+    plan->buffers[b].bytes = bytes;
+    plan->stats.buffer_bytes += static_cast<int64_t>(bytes);
+  }
+  std::map<std::string, dnnl::memory> bound;
+  for (const PendingArg& a : pending) {
+    auto it = bound.find(a.value);
+    if (it == bound.end())
+      it = bound.emplace(a.value, dnnl::memory(md_of(a.value), eng,
+                                               plan->buffers[static_cast<size_t>(assigned.at(a.value))].p.get()))
+               .first;
+    plan->steps[static_cast<size_t>(a.step)].args[a.arg] = it->second;
+  }
+  plan->stats.steps = static_cast<int>(plan->steps.size());
+  return plan;
+}
+
+std::shared_ptr<BlockedChain> BlockedChain::Create(std::vector<Node> nodes, std::vector<std::string> inputs,
+                                                   std::vector<std::string> outputs,
+                                                   std::map<std::string, Tensor> constants, std::string* why) {
+  auto constant = [&](const std::string& v) -> const Tensor* {
+    auto it = constants.find(v);
+    return it == constants.end() ? nullptr : &it->second;
+  };
+  auto no_shape = [](const std::string&) -> const Shape* { return nullptr; };
+  for (const Node& n : nodes) {
+    std::string r = BlockedChainRejects(n, constant, no_shape);
+    if (!r.empty()) {
+      if (why) *why = r;
+      return nullptr;
+    }
+  }
+  if (outputs.empty()) {
+    if (why) *why = "no outputs";
+    return nullptr;
+  }
+  auto c = std::shared_ptr<BlockedChain>(new BlockedChain());
+  c->impl_ = std::make_unique<Impl>();
+  c->impl_->nodes = std::move(nodes);
+  c->impl_->inputs = std::move(inputs);
+  c->impl_->outputs = std::move(outputs);
+  c->impl_->constants = std::move(constants);
+  return c;
+}
+
+BlockedChain::~BlockedChain() = default;
+
+std::string BlockedChain::Prepare(const std::vector<Shape>& input_shapes) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->last && impl_->last->in_shapes == input_shapes && impl_->last->threads == omp_get_max_threads())
+    return "";
+  std::string first;
+  // With residual Adds as binary post-ops first; where oneDNN has no convolution taking them,
+  // the Adds run as binary steps of their own.
+  for (bool binary : {true, false}) {
+    try {
+      impl_->last = impl_->Build(input_shapes, binary);
+      return "";
+    } catch (const dnnl::error& e) {
+      if (first.empty()) first = fmt::format("oneDNN: {} (status {})", e.what(), static_cast<int>(e.status));
+      if (getenv("GAF_CHAIN_DEBUG")) fmt::print(stderr, "chain plan (binary {}): {}\n", binary, first);
+    } catch (const std::exception& e) {
+      if (first.empty()) first = e.what();
+      if (getenv("GAF_CHAIN_DEBUG")) fmt::print(stderr, "chain plan (binary {}): {}\n", binary, e.what());
+    }
+  }
+  return first;
+}
+
+std::vector<Tensor> BlockedChain::Run(const std::vector<const Tensor*>& inputs) {
+  std::vector<Shape> shapes(impl_->inputs.size());
+  for (size_t i = 0; i < impl_->inputs.size(); ++i) {
+    if (impl_->Constant(impl_->inputs[i])) continue;
+    GAF_CHECK(i < inputs.size() && inputs[i] != nullptr && inputs[i]->dtype() == DataType::kFloat,
+              "blocked chain: input '{}' must be a float32 tensor", impl_->inputs[i]);
+    shapes[i] = inputs[i]->shape();
+  }
+  const std::string why = Prepare(shapes);
+  GAF_CHECK(why.empty(), "blocked chain: cannot plan for these shapes: {}", why);
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  Impl::Plan& p = *impl_->last;
+  std::vector<Tensor> outs;
+  for (const Shape& s : p.out_shapes) outs.push_back(Tensor::Uninitialized(DataType::kFloat, s));
+  for (size_t i = 0; i < impl_->inputs.size(); ++i)
+    if (p.input_mem[i]) p.input_mem[i].set_data_handle(const_cast<float*>(inputs[i]->data<float>()));
+  for (size_t i = 0; i < outs.size(); ++i) p.output_mem[i].set_data_handle(outs[i].data<float>());
+  dnnl::stream s(DnnlEngine());
+  for (Impl::Step& st : p.steps) st.prim.execute(s, st.args);
+  s.wait();
+  return outs;
+}
+
+BlockedChain::Stats BlockedChain::stats() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->last ? impl_->last->stats : Stats{};
+}
+
+std::string BlockedChain::Describe() const {
+  const Stats s = stats();
+  return fmt::format("oneDNN blocked chain: {} operators, {} convolutions, {} folded/post-op, {} steps, reorders {} in / {} out, "
+                     "{:.1f} MB of buffers",
+                     impl_->nodes.size(), s.convs, s.post_ops, s.steps, s.reorders_in, s.reorders_out,
+                     static_cast<double>(s.buffer_bytes) / 1e6);
+}
+
+}  // namespace gaf

@@ -1,0 +1,70 @@
+// A blocked-layout chain: a connected group of CNN operators run as oneDNN primitives on the
+// channel-blocked layout (nChw16c on AVX-512 machines, nChw8c otherwise) from its inputs to its
+// outputs, with layout changes (reorders) only at the chain's boundary.
+//
+//   inputs (NCHW) ─ reorder in ─ Conv+BN+SiLU ─ Conv+Add+ReLU ─ MaxPool ─ Concat ─ ... ─ reorder out (NCHW)
+//
+// What a chain runs (BlockedChainRejects says why a node is not one of these):
+//   - Conv (2-D, constant weight and bias, any group: depthwise included) with its epilogue as
+//     oneDNN post-ops: BatchNormalization and Add/Mul of a per-channel constant folded into the
+//     weights and bias; Relu, LeakyRelu, Clip, Sigmoid, Tanh, HardSwish, HardSigmoid, Swish
+//     (x * Sigmoid(x), which is how exporters write SiLU) as eltwise post-ops; a residual Add of
+//     another value of the chain as a binary post-op;
+//   - BatchNormalization (inference, constant parameters), then ReLU fused into it;
+//   - the activations above and Add/Mul of two values of the chain (one may broadcast as
+//     [N,C,1,1]: SE gating) or of a scalar / per-channel constant;
+//   - MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool; Concat along channels;
+//     Resize / Upsample nearest by integer factors; Identity.
+// Every value is float32 and 4-D. Each input-shape signature gets a plan, built once: the
+// primitives, the weights reordered into their layouts, and a memory plan (buffers assigned by
+// liveness, reused across calls: no allocation in the steady state).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/tensor.h"
+
+namespace gaf {
+
+// Why `n` cannot be a step of a blocked chain, or "" when it can. `constant` gives the value of a
+// constant input (null otherwise); `shape_of` the shape of a value (null when unknown: then the
+// shape conditions are left to planning).
+std::string BlockedChainRejects(const Node& n, const std::function<const Tensor*(const std::string&)>& constant,
+                                const std::function<const Shape*(const std::string&)>& shape_of);
+
+class BlockedChain {
+ public:
+  struct Stats {
+    int convs = 0;          // convolutions
+    int post_ops = 0;       // operators run as post-ops of a convolution / folded into its weights
+    int steps = 0;          // primitives executed per call, reorders included
+    int reorders_in = 0;    // layout changes of the chain's inputs
+    int reorders_out = 0;   // layout changes of its outputs
+    int64_t buffer_bytes = 0;  // the memory plan's intermediate buffers
+  };
+  // `nodes` in topological order; `inputs` the values a call feeds (constants among them are taken
+  // from `constants` and need no feed); `outputs` what it returns. Null with `why` set when a
+  // node is not supported.
+  static std::shared_ptr<BlockedChain> Create(std::vector<Node> nodes, std::vector<std::string> inputs,
+                                              std::vector<std::string> outputs,
+                                              std::map<std::string, Tensor> constants, std::string* why);
+  // Plans the chain for these input shapes (by input; constants' entries ignored). "" on success,
+  // else why oneDNN cannot run it (the caller keeps its other kernel).
+  std::string Prepare(const std::vector<Shape>& input_shapes);
+  // inputs[i] for inputs()[i] (null for constants). Thread-safe (calls on one chain serialize).
+  std::vector<Tensor> Run(const std::vector<const Tensor*>& inputs);
+  Stats stats() const;  // of the last plan
+  std::string Describe() const;
+  ~BlockedChain();
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace gaf
