@@ -153,6 +153,16 @@ struct Buffer {
   size_t bytes = 0;
 };
 
+// Planning fails rather than run oneDNN's reference implementation of a primitive, which is
+// orders of magnitude slower than the kernels the chain is for (the caller keeps its own path).
+template <class PD>
+const PD& Optimized(const PD& pd, const Node& n) {
+  const std::string impl = pd.impl_info_str();
+  GAF_CHECK(impl.find("ref") == std::string::npos, "{}: oneDNN has only its reference implementation ({}) here",
+            n.Describe(), impl);
+  return pd;
+}
+
 }  // namespace
 
 std::string BlockedChainRejects(const Node& n, const std::function<const Tensor*(const std::string&)>& constant,
@@ -221,6 +231,13 @@ std::string BlockedChainRejects(const Node& n, const std::function<const Tensor*
   } else if (op == "Concat") {
     const int64_t axis = n.GetInt("axis", 0);
     if (axis != 1 && axis != -3) return n.Describe() + ": not along channels";
+    // oneDNN concatenates blocked tensors well only when each part fills whole channel blocks.
+    for (const auto& in : n.inputs) {
+      const Shape* s = in.empty() ? nullptr : shape_of(in);
+      if (s != nullptr && s->size() == 4 && (*s)[1] % 16 != 0)
+        return n.Describe() + ": input '" + in + "' has " + std::to_string((*s)[1]) +
+               " channels, not a multiple of the 16-channel block";
+    }
   } else if (op == "Resize" || op == "Upsample") {
     int64_t fh = 0, fw = 0;
     if (!NearestFactors(n, constant, shape_of(n.inputs[0]), &fh, &fw, &why)) return why;
@@ -577,6 +594,58 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
   plan->input_mem.resize(inputs.size());
   for (const auto& [name, i] : input_index) plan->input_mem[i] = dnnl::memory(plain_md(shape_of(name)), eng, nullptr);
 
+  // Concat without copies (batch 1): in the blocked layout a channel range that starts on a block
+  // boundary is a contiguous slice of the buffer, so the producers of a Concat's inputs write
+  // straight into their slices of its output. Concats are placed from the last to the first: the
+  // inputs of a dense block's last Concat go into its buffer, and each earlier Concat of a prefix
+  // of them is then a view of that buffer (DenseNet's L concats cost no copy at all). Values keep
+  // one place each; an input that cannot move (a chain input, placed already) is copied in.
+  std::map<std::string, std::pair<std::string, int64_t>> place;  // value -> (root value, channel offset)
+  std::set<int> view_concats;                                    // ops that need no step
+  for (int k = static_cast<int>(ops.size()) - 1; k >= 0; --k) {
+    const Op& op = ops[static_cast<size_t>(k)];
+    if (op.kind != Op::kConcat || shape_of(op.out)[0] != 1) continue;
+    std::string root = op.out;
+    int64_t base = 0;
+    if (place.count(op.out)) std::tie(root, base) = place[op.out];
+    // Already in one root, one after another: a view.
+    bool consecutive = true;
+    int64_t expect = -1;
+    std::string r0;
+    for (const auto& in : op.in) {
+      auto it = place.find(in);
+      if (it == place.end() || (expect >= 0 && (it->second.first != r0 || it->second.second != expect))) {
+        consecutive = false;
+        break;
+      }
+      if (expect < 0) r0 = it->second.first, expect = it->second.second;
+      expect += shape_of(in)[1];
+    }
+    if (consecutive && !place.count(op.out)) {
+      place[op.out] = {r0, place[op.in[0]].second};
+      view_concats.insert(k);
+      continue;
+    }
+    int64_t off = base;
+    for (const auto& in : op.in) {
+      const int64_t c = shape_of(in)[1];
+      if (!place.count(in) && !input_index.count(in) && in != root && c % 16 == 0 && off % 16 == 0)
+        place[in] = {root, off};
+      off += c;
+    }
+  }
+  // A root's buffer lives as long as any value placed in it.
+  for (const auto& [v, where] : place) {
+    auto lu = last_use.find(v);
+    if (lu != last_use.end()) last_use[where.first] = std::max(last_use[where.first], lu->second);
+  }
+  auto placed = [&](const std::string& v) {
+    if (place.count(v)) return true;
+    for (const auto& [w, where] : place)
+      if (where.first == v) return true;
+    return false;
+  };
+
   // Steps are recorded with buffer indices and bound to addresses once all sizes are known.
   struct PendingArg {
     int step, arg;
@@ -619,7 +688,13 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
   };
   auto define_output = [&](const std::string& v, int in_place_of = -1) {
     value_md[v] = blocked_md(shape_of(v));
-    buffer_of[v] = assigned[v] = in_place_of >= 0 ? in_place_of : new_buffer(value_md[v].get_size());
+    auto pl = place.find(v);
+    const std::string& root = pl == place.end() ? v : pl->second.first;
+    if (!assigned.count(root)) buffer_of[root] = assigned[root] = new_buffer(blocked_md(shape_of(root)).get_size());
+    if (pl == place.end() && in_place_of >= 0) {
+      free_buffers.push_back(assigned[v]);  // not used after all
+      buffer_of[v] = assigned[v] = in_place_of;
+    }
   };
   auto eltwise_post_ops = [](const std::vector<Act>& acts) {
     dnnl::post_ops po;
@@ -676,7 +751,27 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
           ensure_blocked_input(op.in[0]);
         }
       }
-      if (!src_plain) pd = make_pd(md_of(op.in[0]));
+      std::string conv_src = op.in[0];
+      if (!src_plain) {
+        pd = make_pd(md_of(op.in[0]));
+        if (std::string(pd.impl_info_str()).find("ref") != std::string::npos) {
+          // No optimized kernel reads this source in the blocked layout (few channels, padded):
+          // the source in the layout oneDNN picks for it, one reorder inside the chain.
+          pd = make_pd(dnnl::memory::desc(Dims(x), dt::f32, tag::any));
+          GAF_CHECK(std::string(pd.impl_info_str()).find("ref") == std::string::npos,
+                    "{}: oneDNN has only its reference convolution for input {} (kernel {}x{}, group {})", n.Describe(),
+                    ShapeToString(x), w.dim(2), w.dim(3), G);
+          conv_src = op.in[0] + "#src";
+          value_md[conv_src] = pd.src_desc();
+          buffer_of[conv_src] = assigned[conv_src] = new_buffer(pd.src_desc().get_size());
+          last_use[conv_src] = static_cast<int>(k);
+          auto r = dnnl::reorder(dnnl::reorder::primitive_desc(eng, md_of(op.in[0]), eng, pd.src_desc()));
+          const int rs = add_step(r, {});
+          read_blocked(op.in[0], rs, DNNL_ARG_FROM);
+          read_blocked(conv_src, rs, DNNL_ARG_TO);
+          plan->stats.reorders_inside++;
+        }
+      }
       // Weights scaled by the folded per-channel factors, reordered once into the primitive's layout.
       Tensor wf(DataType::kFloat, w.shape());
       const int64_t per = w.numel() / M;
@@ -695,7 +790,7 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
       std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_BIAS, bm}};
       if (src_plain) args[DNNL_ARG_SRC] = plan->input_mem[input_index.at(op.in[0])];
       const int st = add_step(dnnl::convolution_forward(pd), std::move(args));
-      if (!src_plain) read_blocked(op.in[0], st, DNNL_ARG_SRC);
+      if (!src_plain) read_blocked(conv_src, st, DNNL_ARG_SRC);
       read_blocked(op.out, st, DNNL_ARG_DST);
       if (!op.residual.empty())
         read_blocked(op.residual, st, DNNL_ARG_ATTR_MULTIPLE_POST_OP(op.residual_pos) | DNNL_ARG_SRC_1);
@@ -704,6 +799,7 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
     } else if (op.kind == Op::kBatchNorm) {
       const int64_t C = shape_of(op.in[0])[1];
       const bool in_place = !input_index.count(op.in[0]) && last_use[op.in[0]] == static_cast<int>(k) &&
+                            !placed(op.in[0]) && !placed(op.out) &&
                             !is_output.count(op.in[0]);
       define_output(op.out, in_place ? buffer_of.at(op.in[0]) : -1);
       if (in_place) buffer_of.erase(op.in[0]);
@@ -723,11 +819,12 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
         plan->owned.push_back(m);
         args[arg_of[p]] = m;
       }
-      const int st = add_step(dnnl::batch_normalization_forward(pd), std::move(args));
+      const int st = add_step(dnnl::batch_normalization_forward(Optimized(pd, n)), std::move(args));
       read_blocked(op.in[0], st, DNNL_ARG_SRC);
       read_blocked(op.out, st, DNNL_ARG_DST);
     } else if (op.kind == Op::kEltwise) {
       const bool in_place = !input_index.count(op.in[0]) && last_use[op.in[0]] == static_cast<int>(k) &&
+                            !placed(op.in[0]) && !placed(op.out) &&
                             !is_output.count(op.in[0]);
       define_output(op.out, in_place ? buffer_of.at(op.in[0]) : -1);
       if (in_place) buffer_of.erase(op.in[0]);
@@ -735,12 +832,13 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
         auto desc = dnnl::eltwise_forward::desc(dnnl::prop_kind::forward_inference, op.acts[a].a, md_of(op.out),
                                                 op.acts[a].alpha, op.acts[a].beta);
         dnnl::eltwise_forward::primitive_desc pd(desc, eng);
-        const int st = add_step(dnnl::eltwise_forward(pd), {});
+        const int st = add_step(dnnl::eltwise_forward(Optimized(pd, n)), {});
         read_blocked(a == 0 ? op.in[0] : op.out, st, DNNL_ARG_SRC);
         read_blocked(op.out, st, DNNL_ARG_DST);
       }
     } else if (op.kind == Op::kBinary) {
       const bool in_place = !input_index.count(op.in[0]) && last_use[op.in[0]] == static_cast<int>(k) &&
+                            !placed(op.in[0]) && !placed(op.out) &&
                             !is_output.count(op.in[0]);
       define_output(op.out, in_place ? buffer_of.at(op.in[0]) : -1);
       if (in_place) buffer_of.erase(op.in[0]);
@@ -763,7 +861,7 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
       dnnl::binary::primitive_desc pd(desc, attr, eng);
       std::unordered_map<int, dnnl::memory> args;
       if (c1) args[DNNL_ARG_SRC_1] = c1;
-      const int st = add_step(dnnl::binary(pd), std::move(args));
+      const int st = add_step(dnnl::binary(Optimized(pd, n)), std::move(args));
       read_blocked(op.in[0], st, DNNL_ARG_SRC_0);
       if (!c1) read_blocked(op.in[1], st, DNNL_ARG_SRC_1);
       read_blocked(op.out, st, DNNL_ARG_DST);
@@ -790,15 +888,48 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
       auto desc = dnnl::pooling_forward::desc(dnnl::prop_kind::forward_inference, a, md_of(op.in[0]),
                                               md_of(op.out), strides, kernel, pad_l, pad_r);
       dnnl::pooling_forward::primitive_desc pd(desc, eng);
-      const int st = add_step(dnnl::pooling_forward(pd), {});
+      const int st = add_step(dnnl::pooling_forward(Optimized(pd, n)), {});
       read_blocked(op.in[0], st, DNNL_ARG_SRC);
       read_blocked(op.out, st, DNNL_ARG_DST);
+    } else if (op.kind == Op::kConcat && (view_concats.count(static_cast<int>(k)) || place.count(op.in[0]) ||
+                                          shape_of(op.out)[0] == 1)) {
+      define_output(op.out);
+      if (!view_concats.count(static_cast<int>(k))) {
+        // Inputs not produced in place are copied into their slices.
+        const std::string& root = place.count(op.out) ? place[op.out].first : op.out;
+        int64_t off = place.count(op.out) ? place[op.out].second : 0;
+        for (size_t j = 0; j < op.in.size(); ++j) {
+          const std::string& in = op.in[j];
+          const int64_t c = shape_of(in)[1];
+          auto pl = place.find(in);
+          if (pl == place.end() || pl->second != std::make_pair(root, off)) {
+            GAF_CHECK(off % 16 == 0 && (c % 16 == 0 || j + 1 == op.in.size()), "{}: a slice off the channel blocks", n.Describe());
+            const std::string slot = op.out + "#slot" + std::to_string(j);
+            place[slot] = {root, off};
+            value_md[slot] = blocked_md(shape_of(in));
+            const bool plain = input_index.count(in) && !value_md.count(in);
+            auto r = dnnl::reorder(dnnl::reorder::primitive_desc(eng, plain ? plain_md(shape_of(in)) : md_of(in), eng,
+                                                                 value_md[slot]));
+            std::unordered_map<int, dnnl::memory> args;
+            if (plain) args[DNNL_ARG_FROM] = plan->input_mem[input_index.at(in)];
+            const int st = add_step(r, std::move(args));
+            if (!plain) read_blocked(in, st, DNNL_ARG_FROM);
+            read_blocked(slot, st, DNNL_ARG_TO);
+            plan->stats.concat_copies++;
+          } else {
+            plan->stats.concat_in_place++;
+          }
+          off += c;
+        }
+      } else {
+        plan->stats.concat_in_place += static_cast<int>(op.in.size());
+      }
     } else if (op.kind == Op::kConcat) {
       define_output(op.out);
       std::vector<dnnl::memory::desc> srcs;
       for (const auto& in : op.in) srcs.push_back(md_of(in));
       dnnl::concat::primitive_desc pd(md_of(op.out), 1, srcs, eng);
-      const int st = add_step(dnnl::concat(pd), {});
+      const int st = add_step(dnnl::concat(Optimized(pd, n)), {});
       for (size_t j = 0; j < op.in.size(); ++j) read_blocked(op.in[j], st, DNNL_ARG_MULTIPLE_SRC + static_cast<int>(j));
       read_blocked(op.out, st, DNNL_ARG_DST);
     } else if (op.kind == Op::kResize) {
@@ -806,7 +937,7 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
       auto desc = dnnl::resampling_forward::desc(dnnl::prop_kind::forward_inference, alg::resampling_nearest,
                                                  md_of(op.in[0]), md_of(op.out));
       dnnl::resampling_forward::primitive_desc pd(desc, eng);
-      const int st = add_step(dnnl::resampling_forward(pd), {});
+      const int st = add_step(dnnl::resampling_forward(Optimized(pd, n)), {});
       read_blocked(op.in[0], st, DNNL_ARG_SRC);
       read_blocked(op.out, st, DNNL_ARG_DST);
     } else {  // kIdentity: a copy (in place where the input dies)
@@ -843,9 +974,19 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
   for (const PendingArg& a : pending) {
     auto it = bound.find(a.value);
     if (it == bound.end())
-      it = bound.emplace(a.value, dnnl::memory(md_of(a.value), eng,
-                                               plan->buffers[static_cast<size_t>(assigned.at(a.value))].p.get()))
-               .first;
+    {
+      auto pl = place.find(a.value);
+      char* base;
+      if (pl != place.end()) {
+        // Channel offset `off` of a batch-1 blocked buffer: off*H*W floats in (off on a block boundary).
+        const Shape& rs = shape_of(pl->second.first);
+        base = plan->buffers[static_cast<size_t>(assigned.at(pl->second.first))].p.get() +
+               sizeof(float) * static_cast<size_t>(pl->second.second * rs[2] * rs[3]);
+      } else {
+        base = plan->buffers[static_cast<size_t>(assigned.at(a.value))].p.get();
+      }
+      it = bound.emplace(a.value, dnnl::memory(md_of(a.value), eng, base)).first;
+    }
     plan->steps[static_cast<size_t>(a.step)].args[a.arg] = it->second;
   }
   plan->stats.steps = static_cast<int>(plan->steps.size());
@@ -934,9 +1075,9 @@ BlockedChain::Stats BlockedChain::stats() const {
 
 std::string BlockedChain::Describe() const {
   const Stats s = stats();
-  return fmt::format("oneDNN blocked chain: {} operators, {} convolutions, {} folded/post-op, {} steps, reorders {} in / {} out, "
+  return fmt::format("oneDNN blocked chain: {} operators, {} convolutions, {} folded/post-op, {} steps, reorders {} in / {} out / {} inside, "
                      "{:.1f} MB of buffers",
-                     impl_->nodes.size(), s.convs, s.post_ops, s.steps, s.reorders_in, s.reorders_out,
+                     impl_->nodes.size(), s.convs, s.post_ops, s.steps, s.reorders_in, s.reorders_out, s.reorders_inside,
                      static_cast<double>(s.buffer_bytes) / 1e6);
 }
 

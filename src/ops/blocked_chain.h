@@ -45,6 +45,9 @@ class BlockedChain {
     int steps = 0;          // primitives executed per call, reorders included
     int reorders_in = 0;    // layout changes of the chain's inputs
     int reorders_out = 0;   // layout changes of its outputs
+    int concat_in_place = 0;  // Concat inputs written straight into their slices
+    int concat_copies = 0;    // Concat inputs copied into their slices
+    int reorders_inside = 0;  // sources of convolutions no optimized kernel reads blocked
     int64_t buffer_bytes = 0;  // the memory plan's intermediate buffers
   };
   // `nodes` in topological order; `inputs` the values a call feeds (constants among them are taken
