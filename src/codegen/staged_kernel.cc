@@ -280,7 +280,7 @@ void FoldEpiloguesIntoPreparedConvs(StagedKernel& k, const Function& f,
   }
 }
 
-// A body of CNN operators that all run on oneDNN's blocked layout, with at least one Conv: one
+// A body of CNN operators that all run on oneDNN's blocked layout, with two Convs or more: one
 // library stage running the whole body as a BlockedChain (ops/blocked_chain.h), its intermediate
 // values never leaving the blocked layout. False (and `why`) when it does not qualify or oneDNN
 // cannot plan it for the call's shapes.
@@ -298,14 +298,15 @@ bool BlockedChainKernel(const RowKernelRequest& req, const Function& f,
     auto it = shapes.find(v);
     return it == shapes.end() ? nullptr : &it->second.second;
   };
-  bool conv = false;
+  int convs = 0;
   for (const Node& n : f.nodes) {
     *why = BlockedChainRejects(n, constant, shape_of);
     if (!why->empty()) return false;
-    conv |= n.op_type == "Conv";
+    convs += n.op_type == "Conv";
   }
-  if (!conv) {
-    *why = "no convolution";
+  // One convolution and its epilogue is what the prepared convolution with post-ops does.
+  if (convs < 2) {
+    *why = "fewer than two convolutions";
     return false;
   }
   std::vector<Shape> in_shapes;

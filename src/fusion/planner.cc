@@ -132,7 +132,8 @@ void Evaluate(const Graph& g, const GraphIndex& index, const ShapeMap& shapes, c
         "Predicted saving {} ({}; memory traffic {:.4f} -> {:.4f} MB) meets the benefit threshold of {}. A blocked-layout "
         "chain keeps its intermediates in main memory in oneDNN's channel-blocked layout, so the local-memory budget "
         "does not apply; it changes layout only at its {} input(s) and {} output(s).",
-        Percent(saving), times, k.bytes_before / 1e6, k.bytes_after / 1e6, Percent(w->threshold), c.inputs.size(),
+        Percent(saving), times, k.bytes_before / 1e6, k.bytes_after / 1e6, Percent(w->threshold),
+        std::count_if(c.inputs.begin(), c.inputs.end(), [&](const std::string& v) { return g.FindInitializer(v) == nullptr; }),
         c.outputs.size());
     return;
   }

@@ -185,6 +185,7 @@ std::string BlockedChainRejects(const Node& n, const std::function<const Tensor*
     return s == nullptr || s->size() == 4;
   };
   if (n.outputs.empty() || n.outputs[0].empty()) return n.Describe() + ": no output";
+  if (n.inputs.empty() || n.inputs[0].empty()) return n.Describe() + ": no data input";
   for (size_t i = 1; i < n.outputs.size(); ++i)
     if (!n.outputs[i].empty()) return n.Describe() + ": a second output";
   std::string why;
@@ -211,6 +212,7 @@ std::string BlockedChainRejects(const Node& n, const std::function<const Tensor*
         return n.Describe() + ": a constant operand that is neither a scalar nor per channel";
     } else {
       const Shape *sa = shape_of(n.inputs[0]), *sb = shape_of(n.inputs[1]);
+      if ((sa != nullptr && sa->size() != 4) || (sb != nullptr && sb->size() != 4)) return n.Describe() + ": not 4-D";
       if (sa != nullptr && sb != nullptr && *sa != *sb) {
         const Shape& big = (*sa)[2] * (*sa)[3] >= (*sb)[2] * (*sb)[3] ? *sa : *sb;
         const Shape& small = &big == sa ? *sb : *sa;
@@ -463,7 +465,7 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
           op.folded = true;
         } else if (e.op_type == "Add" && binary_post_ops && op.residual.empty()) {
           const std::string& other = e.inputs[0] == cur ? e.inputs[1] : e.inputs[0];
-          if (other == cur || shape_of(other) != shape_of(cur)) break;
+          if (other == cur || Constant(other) != nullptr || shape_of(other) != shape_of(cur)) break;
           op.residual = other;
           op.residual_pos = post;
           ++post;
@@ -506,6 +508,15 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
       op.kind = Op::kEltwise;
       op.in = {n.inputs[0]};
       op.acts = acts;
+    } else if ((opt == "Add" || opt == "Mul") &&
+               ((Constant(n.inputs[0]) && Constant(n.inputs[0])->numel() == 1) ||
+                (Constant(n.inputs[1]) && Constant(n.inputs[1])->numel() == 1))) {
+      // By a scalar: a linear eltwise step (alpha * x + beta).
+      const bool first_const = Constant(n.inputs[0]) != nullptr;
+      const float v = static_cast<float>(Constant(n.inputs[first_const ? 0 : 1])->ScalarAsDouble());
+      op.kind = Op::kEltwise;
+      op.in = {n.inputs[first_const ? 1 : 0]};
+      op.acts = {opt == "Add" ? Act{alg::eltwise_linear, 1.f, v} : Act{alg::eltwise_linear, v, 0.f}};
     } else if (opt == "Add" || opt == "Mul") {
       op.kind = Op::kBinary;
       op.binary = opt == "Add" ? alg::binary_add : alg::binary_mul;
@@ -847,10 +858,15 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
       if (op.binary_const != nullptr) {
         const Tensor& t = *op.binary_const;
         const int64_t C = y[1];
-        const Shape s1 = t.numel() == 1 ? Shape{1, 1, 1, 1} : Shape{1, C, 1, 1};
-        src1_md = plain_md(s1);
+        // One value per channel, in the blocked layout (oneDNN broadcasts it over H and W).
+        GAF_CHECK(t.numel() == C, "{}: a constant of {} values for {} channels", n.Describe(), t.numel(), C);
+        const Shape s1{1, C, 1, 1};
+        src1_md = blocked_md(s1);
+        dnnl::memory plain(plain_md(s1), eng, const_cast<float*>(t.data<float>()));
         c1 = dnnl::memory(src1_md, eng);
-        std::memcpy(c1.get_data_handle(), t.data<float>(), sizeof(float) * static_cast<size_t>(t.numel()));
+        dnnl::stream cs(eng);
+        dnnl::reorder(plain, c1).execute(cs, plain, c1);
+        cs.wait();
         plan->owned.push_back(c1);
       } else {
         src1_md = md_of(op.in[1]);

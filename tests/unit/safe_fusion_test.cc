@@ -254,7 +254,10 @@ TEST(SafeFusion, ParitySuiteGeneratedKernelsMatchReference) {
 // call took the two-pass fallback), and the fused model matches the original.
 TEST(SafeFusion, ConvEpiloguesRunOnTiles) {
   Model m = BuildCnnModel(CnnPreset("tiny"));
-  SafeGraphAutoFusion f(m, Preset("cnn"));
+  // Per-group kernels: with blocked-layout chains the whole network is one chain (blocked_chain_test.cc).
+  FusionOptions o = Preset("cnn");
+  o.layout_chains = false;
+  SafeGraphAutoFusion f(m, o);
   Model fused = f.Fuse();
   KernelCompiler compiler;
   auto set = CompileFusedKernels(fused, compiler, std::map<std::string, int64_t>{}, "ai.graph_autofusion");

@@ -31,6 +31,22 @@ inline Attribute IntAttr(const std::string& name, int64_t v) {
   return a;
 }
 
+inline Attribute FloatAttr(const std::string& name, float v) {
+  Attribute a;
+  a.name = name;
+  a.type = Attribute::Type::kFloat;
+  a.f = v;
+  return a;
+}
+
+inline Attribute StringAttr(const std::string& name, std::string v) {
+  Attribute a;
+  a.name = name;
+  a.type = Attribute::Type::kString;
+  a.s = std::move(v);
+  return a;
+}
+
 inline Attribute IntsAttr(const std::string& name, std::vector<int64_t> v) {
   Attribute a;
   a.name = name;

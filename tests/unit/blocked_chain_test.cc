@@ -1,0 +1,303 @@
+// Blocked-layout chains (ops/blocked_chain.h, fusion/layout_chains.h): each kind of CNN block the
+// chain runs, against the reference runtime on the same graph: residual blocks (BN folded, a
+// residual Add as a post-op), SiLU as Sigmoid+Mul, HardSwish as x*HardSigmoid(x), SE gating,
+// depthwise + pointwise, an SPP block, dense blocks whose Concats are written in place, FPN
+// upsampling, odd channel counts, batch 2; then the fuser's grouping and the fused model end to end.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "codegen/fused_session.h"
+#include "fusion/auto_fusion.h"
+#include "fusion/layout_chains.h"
+#include "ops/blocked_chain.h"
+#include "runtime/session.h"
+#include "test_util.h"
+
+namespace gaf {
+namespace {
+
+using testing::FloatAttr;
+using testing::IntAttr;
+using testing::IntsAttr;
+using testing::MakeNode;
+
+// A graph under construction: nodes, initializers, one 4-D input "x".
+struct Net {
+  Graph g;
+  std::mt19937 rng{11};
+  int next = 0;
+  std::string Name(const std::string& p) { return p + std::to_string(next++); }
+  std::string Const(Shape s, float lo, float hi) {
+    std::uniform_real_distribution<float> u(lo, hi);
+    Tensor t(DataType::kFloat, s);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = u(rng);
+    const std::string n = Name("c");
+    g.initializers.emplace_back(n, t);
+    return n;
+  }
+  std::string Op(const std::string& op, std::vector<std::string> ins, std::vector<Attribute> attrs = {}) {
+    const std::string out = Name("v");
+    g.nodes.push_back(MakeNode(op, std::move(ins), {out}, out + "_" + op, std::move(attrs)));
+    return out;
+  }
+  std::string Conv(const std::string& x, int64_t cin, int64_t cout, int64_t k, int64_t stride = 1, int64_t group = 1,
+                   bool bias = true) {
+    const float r = 1.5f / std::sqrt(static_cast<float>(cin / group * k * k));
+    std::vector<std::string> ins{x, Const({cout, cin / group, k, k}, -r, r)};
+    if (bias) ins.push_back(Const({cout}, -0.2f, 0.2f));
+    return Op("Conv", ins,
+              {IntsAttr("kernel_shape", {k, k}), IntsAttr("strides", {stride, stride}),
+               IntsAttr("pads", {k / 2, k / 2, k / 2, k / 2}), IntAttr("group", group)});
+  }
+  std::string BN(const std::string& x, int64_t c) {
+    return Op("BatchNormalization", {x, Const({c}, 0.5f, 1.5f), Const({c}, -0.2f, 0.2f), Const({c}, -0.2f, 0.2f),
+                                     Const({c}, 0.5f, 1.5f)},
+              {FloatAttr("epsilon", 1e-3f)});
+  }
+  std::string SiLU(const std::string& x) { return Op("Mul", {x, Op("Sigmoid", {x})}); }
+  Model Finish(Shape input, std::vector<std::string> outputs) {
+    g.inputs = {testing::FloatValue("x", input)};
+    for (const auto& o : outputs) {
+      ValueInfo v;
+      v.name = o;
+      v.dtype = DataType::kFloat;
+      g.outputs.push_back(v);
+    }
+    return testing::MakeModel(g, 13);
+  }
+};
+
+struct Outcome {
+  double worst = 0;  // max abs difference to the reference runtime
+  BlockedChain::Stats stats;
+};
+
+// Runs the whole graph of `m` as one chain and by the reference runtime on one random input.
+Outcome RunAsChain(const Model& m, uint32_t seed = 3) {
+  const Graph& g = m.graph;
+  std::map<std::string, Tensor> constants;
+  for (const auto& [n, t] : g.initializers) constants[n] = t;
+  std::vector<std::string> outs;
+  for (const auto& o : g.outputs) outs.push_back(o.name);
+  std::string why;
+  auto chain = BlockedChain::Create(g.nodes, {"x"}, outs, constants, &why);
+  EXPECT_TRUE(chain) << why;
+  Outcome r;
+  if (!chain) return r;
+  Shape xs;
+  for (const Dim& d : g.inputs[0].dims) xs.push_back(d.value);
+  Tensor x = testing::RandomFloat(xs, seed, -1.f, 1.f);
+  EXPECT_EQ(chain->Prepare({xs}), "");
+  std::vector<Tensor> got = chain->Run({&x});
+  Session ref(m);
+  std::vector<Tensor> want = ref.Run({{"x", x}});  // graph outputs in order
+  EXPECT_EQ(got.size(), outs.size());
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    const Tensor& w = want[i];
+    EXPECT_EQ(got[i].shape(), w.shape()) << outs[i];
+    if (got[i].shape() != w.shape()) continue;
+    for (int64_t k = 0; k < w.numel(); ++k)
+      r.worst = std::max(r.worst, std::abs(double(got[i].data<float>()[k]) - w.data<float>()[k]));
+  }
+  r.stats = chain->stats();
+  return r;
+}
+
+TEST(BlockedChain, ResidualBlocksFoldBatchNormAndTakeTheAddAsPostOp) {
+  Net n;
+  std::string x = n.Op("Relu", {n.BN(n.Conv("x", 3, 32, 3, 2, 1, false), 32)});  // stem: 3 channels, NCHW source
+  x = n.Op("MaxPool", {x}, {IntsAttr("kernel_shape", {3, 3}), IntsAttr("strides", {2, 2}), IntsAttr("pads", {1, 1, 1, 1})});
+  for (int b = 0; b < 2; ++b) {
+    std::string y = n.Op("Relu", {n.BN(n.Conv(x, 32, 32, 3, 1, 1, false), 32)});
+    y = n.BN(n.Conv(y, 32, 32, 3, 1, 1, false), 32);
+    x = n.Op("Relu", {n.Op("Add", {y, x})});
+  }
+  // A downsampling block: the residual is a strided 1x1 convolution computed after the main path.
+  std::string y = n.Op("Relu", {n.Conv(x, 32, 64, 3, 2)});
+  y = n.Conv(y, 64, 64, 3);
+  x = n.Op("Relu", {n.Op("Add", {y, n.Conv(x, 32, 64, 1, 2)})});
+  x = n.Op("GlobalAveragePool", {x});
+  Outcome r = RunAsChain(n.Finish({1, 3, 33, 31}, {x}));
+  EXPECT_LT(r.worst, 1e-4);
+  EXPECT_EQ(r.stats.convs, 8);
+  // BN into weights, ReLUs, the residual Adds: only the convolutions, the pools and the output reorder run.
+  EXPECT_GE(r.stats.post_ops, 14);
+  EXPECT_EQ(r.stats.steps, 8 + 2 + 1);
+  EXPECT_EQ(r.stats.reorders_in, 0);  // the stem reads NCHW
+  EXPECT_EQ(r.stats.reorders_out, 1);
+}
+
+TEST(BlockedChain, SiluHardSwishSqueezeExciteAndDepthwise) {
+  Net n;
+  std::string x = n.SiLU(n.BN(n.Conv("x", 16, 32, 1, 1, 1, false), 32));        // SiLU as exported
+  x = n.Op("Mul", {x, n.Op("HardSigmoid", {x}, {FloatAttr("alpha", 1.f / 6), FloatAttr("beta", 0.5f)})});  // HardSwish
+  std::string d = n.Op("HardSwish", {n.Conv(x, 32, 32, 3, 2, 32)});               // depthwise, stride 2
+  std::string se = n.Op("GlobalAveragePool", {d});
+  se = n.Op("Relu", {n.Conv(se, 32, 16, 1)});
+  se = n.Op("HardSigmoid", {n.Conv(se, 16, 32, 1)});
+  d = n.Op("Mul", {d, se});                                                       // SE gating, [N,C,1,1]
+  d = n.Op("Clip", {n.Conv(d, 32, 48, 1), n.Const({}, 0.f, 0.f), n.Const({}, 6.f, 6.f)});
+  d = n.Op("LeakyRelu", {n.Op("Tanh", {d})}, {FloatAttr("alpha", 0.1f)});
+  d = n.Op("Add", {d, n.Const({1, 48, 1, 1}, -0.5f, 0.5f)});                      // per-channel constant
+  Outcome r = RunAsChain(n.Finish({1, 16, 20, 18}, {d}));
+  EXPECT_LT(r.worst, 1e-4);
+  EXPECT_EQ(r.stats.convs, 5);
+  EXPECT_EQ(r.stats.reorders_in, 1);  // a 1x1 convolution reads the blocked copy of the input
+}
+
+// Dense blocks as torch exports them: every layer concatenates all features so far.
+Model DenseNet(int64_t batch, Net& n) {
+  std::string x = n.Conv("x", 8, 32, 3);
+  for (int block = 0; block < 2; ++block) {
+    std::vector<std::string> features{x};
+    for (int layer = 0; layer < 3; ++layer) {
+      const std::string cat = features.size() == 1 ? features[0] : n.Op("Concat", features, {IntAttr("axis", 1)});
+      const int64_t c = 32 + 16 * static_cast<int64_t>(features.size() - 1);
+      std::string y = n.Op("Relu", {n.BN(cat, c)});
+      y = n.Conv(n.Op("Relu", {n.BN(n.Conv(y, c, 32, 1), 32)}), 32, 16, 3);
+      features.push_back(y);
+    }
+    x = n.Op("Concat", features, {IntAttr("axis", 1)});
+    x = n.Op("AveragePool", {n.Conv(n.Op("Relu", {n.BN(x, 80)}), 80, 32, 1)},
+             {IntsAttr("kernel_shape", {2, 2}), IntsAttr("strides", {2, 2})});
+  }
+  return n.Finish({batch, 8, 16, 16}, {x});
+}
+
+TEST(BlockedChain, DenseBlocksConcatenateInPlaceAtBatchOne) {
+  Net n;
+  Outcome r = RunAsChain(DenseNet(1, n));
+  EXPECT_LT(r.worst, 1e-4);
+  EXPECT_EQ(r.stats.concat_copies, 0);
+  EXPECT_GT(r.stats.concat_in_place, 0);
+  Net n2;
+  Outcome r2 = RunAsChain(DenseNet(2, n2));  // batch 2: channel slices are not contiguous, copies
+  EXPECT_LT(r2.worst, 1e-4);
+  EXPECT_EQ(r2.stats.concat_in_place, 0);
+}
+
+TEST(BlockedChain, SppFpnAndOddChannels) {
+  Net n;
+  std::string x = n.SiLU(n.Conv("x", 3, 32, 3, 2));
+  // SPP: the input and three max pools of it, concatenated (the input lives in the Concat's buffer).
+  std::vector<std::string> spp{x};
+  for (int64_t k : {5, 9, 13})
+    spp.push_back(n.Op("MaxPool", {x}, {IntsAttr("kernel_shape", {k, k}), IntsAttr("strides", {1, 1}),
+                                        IntsAttr("pads", {k / 2, k / 2, k / 2, k / 2})}));
+  x = n.SiLU(n.Conv(n.Op("Concat", spp, {IntAttr("axis", 1)}), 128, 48, 1));
+  // FPN: a stride-2 branch upsampled by 2 (nearest, as torch exports it) and concatenated back.
+  std::string low = n.SiLU(n.Conv(x, 48, 32, 3, 2));
+  std::string up = n.Op("Resize", {low, "", n.Const({4}, 0.f, 0.f)},
+                        {testing::StringAttr("mode", "nearest"), testing::StringAttr("coordinate_transformation_mode", "asymmetric"),
+                         testing::StringAttr("nearest_mode", "floor")});
+  for (auto& [name, t] : n.g.initializers)
+    if (t.numel() == 4 && t.shape() == Shape{4}) t = Tensor::FromVector<float>({1, 1, 2, 2}, {4});
+  std::string fpn = n.Op("Concat", {up, x}, {IntAttr("axis", 1)});
+  // 24 channels: blocks padded.
+  std::string out = n.Op("Relu", {n.Conv(fpn, 80, 24, 3)});
+  out = n.Op("AveragePool", {n.Conv(out, 24, 24, 3, 1, 24)},
+             {IntsAttr("kernel_shape", {3, 3}), IntsAttr("strides", {2, 2}), IntAttr("ceil_mode", 1)});
+  Outcome r = RunAsChain(n.Finish({1, 3, 32, 32}, {out, low}));  // two outputs
+  EXPECT_LT(r.worst, 1e-4);
+  EXPECT_EQ(r.stats.reorders_out, 2);
+}
+
+TEST(BlockedChain, RejectsWhatItDoesNotRun) {
+  auto none = [](const std::string&) -> const Tensor* { return nullptr; };
+  auto no_shape = [](const std::string&) -> const Shape* { return nullptr; };
+  EXPECT_NE(BlockedChainRejects(MakeNode("Softmax", {"a"}, {"b"}), none, no_shape), "");
+  EXPECT_NE(BlockedChainRejects(MakeNode("Conv", {"a", "w"}, {"b"}), none, no_shape), "");  // weight not constant
+  Node resize = MakeNode("Resize", {"a", "", "s"}, {"b"}, "r", {testing::StringAttr("mode", "linear")});
+  EXPECT_NE(BlockedChainRejects(resize, none, no_shape).find("nearest"), std::string::npos);
+  Shape s24{1, 24, 8, 8};
+  auto shape24 = [&](const std::string&) -> const Shape* { return &s24; };
+  EXPECT_NE(BlockedChainRejects(MakeNode("Concat", {"a", "b"}, {"c"}, "cat", {IntAttr("axis", 1)}), none, shape24)
+                .find("multiple of the 16-channel block"),
+            std::string::npos);
+  // A chain input that is not 4-D cannot be planned: an error, not a crash.
+  Net n;
+  std::string y = n.Conv(n.Conv("x", 16, 16, 3), 16, 16, 3);
+  Model m = n.Finish({1, 16, 8, 8}, {y});
+  std::map<std::string, Tensor> constants;
+  for (const auto& [name, t] : m.graph.initializers) constants[name] = t;
+  auto chain = BlockedChain::Create(m.graph.nodes, {"x"}, {y}, constants, nullptr);
+  ASSERT_TRUE(chain);
+  EXPECT_NE(chain->Prepare({{1, 16, 8}}), "");
+}
+
+TEST(LayoutChains, FuserGroupsTheNetworkAndTheFusedModelMatches) {
+  Net n;
+  Model m = DenseNet(1, n);
+  // A node the chain does not run splits the graph: Softmax over channels in the middle.
+  const std::string mid = m.graph.outputs[0].name;
+  Net tail;
+  (void)tail;
+  Graph& g = m.graph;
+  const std::string soft = "soft";
+  g.nodes.push_back(MakeNode("Softmax", {mid}, {soft}, "softmax", {IntAttr("axis", 1)}));
+  const float r = 0.2f;
+  Tensor w(DataType::kFloat, {16, 32, 3, 3});
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> u(-r, r);
+  for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = u(rng);
+  g.initializers.emplace_back("w_tail", w);
+  g.nodes.push_back(MakeNode("Conv", {soft, "w_tail"}, {"t1"}, "tail1", {IntsAttr("pads", {1, 1, 1, 1})}));
+  g.nodes.push_back(MakeNode("Relu", {"t1"}, {"t2"}, "tail_relu"));
+  Tensor w2(DataType::kFloat, {16, 16, 1, 1});
+  for (int64_t i = 0; i < w2.numel(); ++i) w2.data<float>()[i] = u(rng);
+  g.initializers.emplace_back("w_tail2", w2);
+  g.nodes.push_back(MakeNode("Conv", {"t2", "w_tail2"}, {"out"}, "tail2"));
+  g.outputs[0].name = "out";
+
+  GraphAutoFusion fusion(m, FusionOptions{});
+  int chains = 0;
+  for (const FusionCandidate& c : fusion.AnalyzeFusionBenefit())
+    if (c.rule == "blocked-chain") {
+      ++chains;
+      EXPECT_EQ(c.verdict, Verdict::kFuse) << c.reason;
+    }
+  EXPECT_EQ(chains, 2);  // before and after the Softmax
+  Model fused = fusion.Fuse();
+  int fused_nodes = 0;
+  for (const Node& node : fused.graph.nodes) fused_nodes += node.op_type.rfind("FusedBlockedChain", 0) == 0;
+  std::string report;
+  for (const FusionCandidate& c : fusion.AnalyzeFusionBenefit())
+    report += c.rule + ": " + VerdictName(c.verdict) + " " + c.reason + "\n";
+  EXPECT_EQ(fused_nodes, 2) << report;
+
+  KernelCompiler compiler;
+  FusedRuntime rt = MakeFusedRuntime(fused, {}, compiler);
+  Tensor x = testing::RandomFloat({1, 8, 16, 16}, 9, -1.f, 1.f);
+  std::vector<Tensor> got = rt.session->Run({{"x", x}});
+  Session ref(m);
+  std::vector<Tensor> want = ref.Run({{"x", x}});
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0].shape(), want[0].shape());
+  double worst = 0;
+  for (int64_t k = 0; k < want[0].numel(); ++k)
+    worst = std::max(worst, std::abs(double(got[0].data<float>()[k]) - want[0].data<float>()[k]));
+  EXPECT_LT(worst, 1e-4);
+  // Both chains ran as kernels (no call fell back to the function body).
+  int64_t calls = 0, fallbacks = 0;
+  for (const auto& e : rt.kernels->entries()) {
+    calls += e.calls->load();
+    fallbacks += e.fallbacks->load();
+  }
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(fallbacks, 0);
+  std::string described = DescribeFusedKernels(*rt.kernels);
+  EXPECT_NE(described.find("oneDNN blocked chain"), std::string::npos) << described;
+
+  // --no-blocked-chains: none.
+  FusionOptions off;
+  off.layout_chains = false;
+  GraphAutoFusion plain(m, off);
+  for (const FusionCandidate& c : plain.AnalyzeFusionBenefit()) EXPECT_NE(c.rule, "blocked-chain");
+}
+
+}  // namespace
+}  // namespace gaf
