@@ -283,6 +283,7 @@ void RunRun(const RunArgs& a) {
                "a repeated KV cache once per cache head, {} sibling products in {} passes\n",
                r.transposed, r.kv_grouped, r.siblings, r.sibling_groups);
     for (const std::string& n : r.notes) fmt::print("  {}\n", n);
+    if (kernels) fmt::print("fused kernels:\n{}", DescribeFusedKernels(*kernels));
   }
 }
 

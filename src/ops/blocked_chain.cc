@@ -15,6 +15,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -38,7 +39,7 @@ using alg = dnnl::algorithm;
 dnnl::memory::dims Dims(const Shape& s) { return dnnl::memory::dims(s.begin(), s.end()); }
 
 tag BlockTag() {
-  static const tag t = getenv("GAF_CHAIN_NHWC") ? tag::nhwc : __builtin_cpu_supports("avx512f") ? tag::nChw16c : tag::nChw8c;
+  static const tag t = __builtin_cpu_supports("avx512f") ? tag::nChw16c : tag::nChw8c;
   return t;
 }
 
@@ -277,11 +278,16 @@ struct BlockedChain::Impl {
     std::vector<dnnl::memory> output_mem;  // user memory per output
     std::vector<Shape> out_shapes;
     Stats stats;
+    std::string layout;
+    double measured_ms = 0;  // the median of its timed runs when the layout was chosen by measurement
   };
   std::mutex mu;
   std::shared_ptr<Plan> last;
+  BlockedChain::Layout layout = BlockedChain::Layout::kMeasured;
+  std::string measured;       // what the last choice measured
 
-  std::shared_ptr<Plan> Build(const std::vector<Shape>& in_shapes, bool binary_post_ops);
+  // `layout`: the format of every value inside the chain (a channel-blocked tag, or nhwc).
+  std::shared_ptr<Plan> Build(const std::vector<Shape>& in_shapes, bool binary_post_ops, dnnl::memory::format_tag layout);
 };
 
 namespace {
@@ -307,7 +313,7 @@ struct Op {
 }  // namespace
 
 std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::vector<Shape>& in_shapes,
-                                                                     bool binary_post_ops) {
+                                                                     bool binary_post_ops, dnnl::memory::format_tag layout) {
   auto plan = std::make_shared<Plan>();
   plan->in_shapes = in_shapes;
   plan->threads = omp_get_max_threads();
@@ -564,7 +570,9 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
   // 3. Memory. Values: chain inputs (user memory, NCHW; a blocked copy made when an operator
   // needs one), produced values (blocked buffers by liveness).
   dnnl::engine& eng = DnnlEngine();
-  const tag bt = BlockTag();
+  const tag bt = layout;
+  const bool channel_blocked = bt == tag::nChw16c || bt == tag::nChw8c;
+  plan->layout = bt == tag::nhwc ? "nhwc" : bt == tag::nChw16c ? "nChw16c" : "nChw8c";
   auto blocked_md = [&](const Shape& s) { return dnnl::memory::desc(Dims(s), dt::f32, bt); };
   auto plain_md = [&](const Shape& s) { return dnnl::memory::desc(Dims(s), dt::f32, tag::nchw); };
   std::map<std::string, int> last_use;  // op index
@@ -615,7 +623,7 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
   std::set<int> view_concats;                                    // ops that need no step
   for (int k = static_cast<int>(ops.size()) - 1; k >= 0; --k) {
     const Op& op = ops[static_cast<size_t>(k)];
-    if (op.kind != Op::kConcat || shape_of(op.out)[0] != 1) continue;
+    if (!channel_blocked || op.kind != Op::kConcat || shape_of(op.out)[0] != 1) continue;
     std::string root = op.out;
     int64_t base = 0;
     if (place.count(op.out)) std::tie(root, base) = place[op.out];
@@ -730,14 +738,30 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
                                      : dnnl::memory::dims{G, M / G, w.dim(1), w.dim(2), w.dim(3)};
       dnnl::memory::dims strides{g.s[1], g.s[2]}, dil{g.d[1] - 1, g.d[2] - 1}, pad_l{g.pb[1], g.pb[2]},
           pad_r{g.pe[1], g.pe[2]};
-      define_output(op.out);
+      // A residual that dies here is added in place: the convolution writes into its buffer with
+      // a sum post-op (which every oneDNN kernel has); otherwise a binary post-op reads it.
+      const bool sum_in_place = !op.residual.empty() && op.residual != op.in[0] && !input_index.count(op.residual) &&
+                                !placed(op.residual) &&
+                                !placed(op.out) && !is_output.count(op.residual) &&
+                                last_use[op.residual] == static_cast<int>(k) && buffer_of.count(op.residual);
+      if (sum_in_place) {
+        value_md[op.out] = blocked_md(shape_of(op.out));
+        buffer_of[op.out] = assigned[op.out] = buffer_of.at(op.residual);
+        buffer_of.erase(op.residual);
+      } else {
+        define_output(op.out);
+      }
       dnnl::primitive_attr attr;
       dnnl::post_ops po;
       int pi = 0;
       size_t ai = 0;
       for (; pi < static_cast<int>(op.acts.size()) + (op.residual.empty() ? 0 : 1); ++pi) {
-        if (pi == op.residual_pos) po.append_binary(alg::binary_add, md_of(op.residual));
-        else po.append_eltwise(1.f, op.acts[ai].a, op.acts[ai].alpha, op.acts[ai].beta), ++ai;
+        if (pi == op.residual_pos) {
+          if (sum_in_place) po.append_sum(1.f);
+          else po.append_binary(alg::binary_add, md_of(op.residual));
+        } else {
+          po.append_eltwise(1.f, op.acts[ai].a, op.acts[ai].alpha, op.acts[ai].beta), ++ai;
+        }
       }
       attr.set_post_ops(po);
       const bool plain_src = input_index.count(op.in[0]) && !value_md.count(op.in[0]);
@@ -803,8 +827,9 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
       const int st = add_step(dnnl::convolution_forward(pd), std::move(args));
       if (!src_plain) read_blocked(conv_src, st, DNNL_ARG_SRC);
       read_blocked(op.out, st, DNNL_ARG_DST);
-      if (!op.residual.empty())
+      if (!op.residual.empty() && !sum_in_place)
         read_blocked(op.residual, st, DNNL_ARG_ATTR_MULTIPLE_POST_OP(op.residual_pos) | DNNL_ARG_SRC_1);
+      if (sum_in_place) plan->stats.residuals_in_place++;
       plan->stats.convs++;
       plan->stats.post_ops += op.absorbed;
     } else if (op.kind == Op::kBatchNorm) {
@@ -907,8 +932,8 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
       const int st = add_step(dnnl::pooling_forward(Optimized(pd, n)), {});
       read_blocked(op.in[0], st, DNNL_ARG_SRC);
       read_blocked(op.out, st, DNNL_ARG_DST);
-    } else if (op.kind == Op::kConcat && (view_concats.count(static_cast<int>(k)) || place.count(op.in[0]) ||
-                                          shape_of(op.out)[0] == 1)) {
+    } else if (op.kind == Op::kConcat && channel_blocked &&
+               (view_concats.count(static_cast<int>(k)) || place.count(op.in[0]) || shape_of(op.out)[0] == 1)) {
       define_output(op.out);
       if (!view_concats.count(static_cast<int>(k))) {
         // Inputs not produced in place are copied into their slices.
@@ -1039,26 +1064,95 @@ std::shared_ptr<BlockedChain> BlockedChain::Create(std::vector<Node> nodes, std:
 
 BlockedChain::~BlockedChain() = default;
 
+void BlockedChain::SetLayout(Layout layout) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->layout != layout) impl_->last.reset();
+  impl_->layout = layout;
+}
+
+namespace {
+
+// Runs a plan's steps on zeroed inputs and outputs of its shapes (the data does not change the
+// time of these kernels).
+struct TimedRun {
+  std::vector<std::vector<float>> in, out;
+  void Bind(BlockedChain::Impl::Plan& p, const std::vector<Shape>& in_shapes) {
+    in.assign(in_shapes.size(), {});
+    for (size_t i = 0; i < in_shapes.size(); ++i) {
+      if (!p.input_mem[i]) continue;
+      int64_t n = 1;
+      for (int64_t d : in_shapes[i]) n *= d;
+      in[i].assign(static_cast<size_t>(n), 0.f);
+      p.input_mem[i].set_data_handle(in[i].data());
+    }
+    out.assign(p.out_shapes.size(), {});
+    for (size_t i = 0; i < p.out_shapes.size(); ++i) {
+      int64_t n = 1;
+      for (int64_t d : p.out_shapes[i]) n *= d;
+      out[i].assign(static_cast<size_t>(n), 0.f);
+      p.output_mem[i].set_data_handle(out[i].data());
+    }
+  }
+  static double Once(BlockedChain::Impl::Plan& p) {
+    dnnl::stream s(DnnlEngine());
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& st : p.steps) st.prim.execute(s, st.args);
+    s.wait();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+};
+
+}  // namespace
+
 std::string BlockedChain::Prepare(const std::vector<Shape>& input_shapes) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->last && impl_->last->in_shapes == input_shapes && impl_->last->threads == omp_get_max_threads())
     return "";
+  // The layout is chosen by measurement: a plan on the channel-blocked layout (the jit kernels;
+  // Concats in place) and one on NHWC (oneDNN's brgemm kernels), timed interleaved on this
+  // machine at this thread count; the faster is kept.
   std::string first;
-  // With residual Adds as binary post-ops first; where oneDNN has no convolution taking them,
-  // the Adds run as binary steps of their own.
-  for (bool binary : {true, false}) {
-    try {
-      impl_->last = impl_->Build(input_shapes, binary);
-      return "";
-    } catch (const dnnl::error& e) {
-      if (first.empty()) first = fmt::format("oneDNN: {} (status {})", e.what(), static_cast<int>(e.status));
-      if (getenv("GAF_CHAIN_DEBUG")) fmt::print(stderr, "chain plan (binary {}): {}\n", binary, first);
-    } catch (const std::exception& e) {
-      if (first.empty()) first = e.what();
-      if (getenv("GAF_CHAIN_DEBUG")) fmt::print(stderr, "chain plan (binary {}): {}\n", binary, e.what());
+  std::vector<std::shared_ptr<Impl::Plan>> plans;
+  std::vector<tag> layouts;
+  if (impl_->layout != Layout::kNhwc) layouts.push_back(BlockTag());
+  if (impl_->layout != Layout::kBlocked) layouts.push_back(tag::nhwc);
+  for (tag layout : layouts) {
+    // With residual Adds as post-ops first; where oneDNN has no convolution taking them, the
+    // Adds run as binary steps of their own.
+    for (bool binary : {true, false}) {
+      try {
+        plans.push_back(impl_->Build(input_shapes, binary, layout));
+        break;
+      } catch (const dnnl::error& e) {
+        if (first.empty()) first = fmt::format("oneDNN: {} (status {})", e.what(), static_cast<int>(e.status));
+      } catch (const std::exception& e) {
+        if (first.empty()) first = e.what();
+      }
     }
   }
-  return first;
+  if (plans.empty()) return first;
+  if (plans.size() > 1) {
+    std::vector<TimedRun> runs(plans.size());
+    std::vector<std::vector<double>> times(plans.size());
+    for (size_t i = 0; i < plans.size(); ++i) {
+      runs[i].Bind(*plans[i], input_shapes);
+      TimedRun::Once(*plans[i]);  // warm-up: first touches, oneDNN's lazy initialization
+    }
+    for (int round = 0; round < 3; ++round)
+      for (size_t i = 0; i < plans.size(); ++i) times[i].push_back(TimedRun::Once(*plans[i]));
+    size_t best = 0;
+    for (size_t i = 0; i < plans.size(); ++i) {
+      std::sort(times[i].begin(), times[i].end());
+      plans[i]->measured_ms = times[i][1];
+      if (plans[i]->measured_ms < plans[best]->measured_ms) best = i;
+    }
+    impl_->measured.clear();
+    for (const auto& p : plans) impl_->measured += fmt::format("{}{} {:.3f} ms", impl_->measured.empty() ? "" : ", ", p->layout, p->measured_ms);
+    impl_->last = plans[best];
+  } else {
+    impl_->last = plans[0];
+  }
+  return "";
 }
 
 std::vector<Tensor> BlockedChain::Run(const std::vector<const Tensor*>& inputs) {
@@ -1091,10 +1185,17 @@ BlockedChain::Stats BlockedChain::stats() const {
 
 std::string BlockedChain::Describe() const {
   const Stats s = stats();
-  return fmt::format("oneDNN blocked chain: {} operators, {} convolutions, {} folded/post-op, {} steps, reorders {} in / {} out / {} inside, "
-                     "{:.1f} MB of buffers",
-                     impl_->nodes.size(), s.convs, s.post_ops, s.steps, s.reorders_in, s.reorders_out, s.reorders_inside,
-                     static_cast<double>(s.buffer_bytes) / 1e6);
+  std::string layout, measured;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (impl_->last) layout = impl_->last->layout;
+    measured = impl_->measured;
+  }
+  return fmt::format("oneDNN {} chain: {} operators, {} convolutions, {} folded/post-op, {} steps, reorders {} in / {} out / "
+                     "{} inside, Concat inputs {} in place / {} copied, {} residuals in place, {:.1f} MB of buffers{}",
+                     layout, impl_->nodes.size(), s.convs, s.post_ops, s.steps, s.reorders_in, s.reorders_out,
+                     s.reorders_inside, s.concat_in_place, s.concat_copies, s.residuals_in_place,
+                     static_cast<double>(s.buffer_bytes) / 1e6, measured.empty() ? "" : " (measured: " + measured + ")");
 }
 
 }  // namespace gaf

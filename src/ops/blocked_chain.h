@@ -47,6 +47,7 @@ class BlockedChain {
     int reorders_out = 0;   // layout changes of its outputs
     int concat_in_place = 0;  // Concat inputs written straight into their slices
     int concat_copies = 0;    // Concat inputs copied into their slices
+    int residuals_in_place = 0;  // residual Adds written into the residual's buffer (sum post-op)
     int reorders_inside = 0;  // sources of convolutions no optimized kernel reads blocked
     int64_t buffer_bytes = 0;  // the memory plan's intermediate buffers
   };
@@ -56,6 +57,11 @@ class BlockedChain {
   static std::shared_ptr<BlockedChain> Create(std::vector<Node> nodes, std::vector<std::string> inputs,
                                               std::vector<std::string> outputs,
                                               std::map<std::string, Tensor> constants, std::string* why);
+  // The layout of the values inside the chain: by default both the channel-blocked layout and
+  // NHWC are planned and timed on this machine at the call's thread count (three interleaved
+  // runs after a warm-up), and the faster is kept; tests and comparisons can fix one.
+  enum class Layout { kMeasured, kBlocked, kNhwc };
+  void SetLayout(Layout layout);
   // Plans the chain for these input shapes (by input; constants' entries ignored). "" on success,
   // else why oneDNN cannot run it (the caller keeps its other kernel).
   std::string Prepare(const std::vector<Shape>& input_shapes);

@@ -61,6 +61,7 @@ struct Net {
   std::string SiLU(const std::string& x) { return Op("Mul", {x, Op("Sigmoid", {x})}); }
   Model Finish(Shape input, std::vector<std::string> outputs) {
     g.inputs = {testing::FloatValue("x", input)};
+    g.outputs.clear();
     for (const auto& o : outputs) {
       ValueInfo v;
       v.name = o;
@@ -74,10 +75,11 @@ struct Net {
 struct Outcome {
   double worst = 0;  // max abs difference to the reference runtime
   BlockedChain::Stats stats;
+  std::string described;
 };
 
 // Runs the whole graph of `m` as one chain and by the reference runtime on one random input.
-Outcome RunAsChain(const Model& m, uint32_t seed = 3) {
+Outcome RunAsChain(const Model& m, BlockedChain::Layout layout = BlockedChain::Layout::kBlocked, uint32_t seed = 3) {
   const Graph& g = m.graph;
   std::map<std::string, Tensor> constants;
   for (const auto& [n, t] : g.initializers) constants[n] = t;
@@ -88,6 +90,7 @@ Outcome RunAsChain(const Model& m, uint32_t seed = 3) {
   EXPECT_TRUE(chain) << why;
   Outcome r;
   if (!chain) return r;
+  chain->SetLayout(layout);
   Shape xs;
   for (const Dim& d : g.inputs[0].dims) xs.push_back(d.value);
   Tensor x = testing::RandomFloat(xs, seed, -1.f, 1.f);
@@ -104,6 +107,7 @@ Outcome RunAsChain(const Model& m, uint32_t seed = 3) {
       r.worst = std::max(r.worst, std::abs(double(got[i].data<float>()[k]) - w.data<float>()[k]));
   }
   r.stats = chain->stats();
+  r.described = chain->Describe();
   return r;
 }
 
@@ -129,6 +133,15 @@ TEST(BlockedChain, ResidualBlocksFoldBatchNormAndTakeTheAddAsPostOp) {
   EXPECT_EQ(r.stats.steps, 8 + 2 + 1);
   EXPECT_EQ(r.stats.reorders_in, 0);  // the stem reads NCHW
   EXPECT_EQ(r.stats.reorders_out, 1);
+  EXPECT_EQ(r.stats.residuals_in_place, 3);  // each skip value dies at its Add: summed into its buffer
+  // The same on NHWC, and with the layout chosen by measurement (which says what it measured).
+  Outcome nhwc = RunAsChain(n.Finish({1, 3, 33, 31}, {x}), BlockedChain::Layout::kNhwc);
+  EXPECT_LT(nhwc.worst, 1e-4);
+  EXPECT_NE(nhwc.described.find("oneDNN nhwc chain"), std::string::npos) << nhwc.described;
+  Outcome measured = RunAsChain(n.Finish({1, 3, 33, 31}, {x}), BlockedChain::Layout::kMeasured);
+  EXPECT_LT(measured.worst, 1e-4);
+  EXPECT_NE(measured.described.find("(measured: nChw"), std::string::npos) << measured.described;
+  EXPECT_NE(measured.described.find("nhwc "), std::string::npos) << measured.described;
 }
 
 TEST(BlockedChain, SiluHardSwishSqueezeExciteAndDepthwise) {
@@ -145,6 +158,7 @@ TEST(BlockedChain, SiluHardSwishSqueezeExciteAndDepthwise) {
   d = n.Op("Add", {d, n.Const({1, 48, 1, 1}, -0.5f, 0.5f)});                      // per-channel constant
   Outcome r = RunAsChain(n.Finish({1, 16, 20, 18}, {d}));
   EXPECT_LT(r.worst, 1e-4);
+  EXPECT_LT(RunAsChain(n.Finish({1, 16, 20, 18}, {d}), BlockedChain::Layout::kNhwc).worst, 1e-4);
   EXPECT_EQ(r.stats.convs, 5);
   EXPECT_EQ(r.stats.reorders_in, 1);  // a 1x1 convolution reads the blocked copy of the input
 }
@@ -178,6 +192,10 @@ TEST(BlockedChain, DenseBlocksConcatenateInPlaceAtBatchOne) {
   Outcome r2 = RunAsChain(DenseNet(2, n2));  // batch 2: channel slices are not contiguous, copies
   EXPECT_LT(r2.worst, 1e-4);
   EXPECT_EQ(r2.stats.concat_in_place, 0);
+  Net n3;
+  Outcome r3 = RunAsChain(DenseNet(1, n3), BlockedChain::Layout::kNhwc);  // NHWC: Concat primitives
+  EXPECT_LT(r3.worst, 1e-4);
+  EXPECT_EQ(r3.stats.concat_in_place, 0);
 }
 
 TEST(BlockedChain, SppFpnAndOddChannels) {
@@ -203,6 +221,7 @@ TEST(BlockedChain, SppFpnAndOddChannels) {
              {IntsAttr("kernel_shape", {3, 3}), IntsAttr("strides", {2, 2}), IntAttr("ceil_mode", 1)});
   Outcome r = RunAsChain(n.Finish({1, 3, 32, 32}, {out, low}));  // two outputs
   EXPECT_LT(r.worst, 1e-4);
+  EXPECT_LT(RunAsChain(n.Finish({1, 3, 32, 32}, {out, low}), BlockedChain::Layout::kNhwc).worst, 1e-4);
   EXPECT_EQ(r.stats.reorders_out, 2);
 }
 
@@ -290,7 +309,7 @@ TEST(LayoutChains, FuserGroupsTheNetworkAndTheFusedModelMatches) {
   EXPECT_EQ(calls, 2);
   EXPECT_EQ(fallbacks, 0);
   std::string described = DescribeFusedKernels(*rt.kernels);
-  EXPECT_NE(described.find("oneDNN blocked chain"), std::string::npos) << described;
+  EXPECT_NE(described.find("library BlockedChain (oneDNN "), std::string::npos) << described;
 
   // --no-blocked-chains: none.
   FusionOptions off;
