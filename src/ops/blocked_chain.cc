@@ -32,6 +32,8 @@
 namespace gaf {
 namespace {
 
+constexpr size_t kPlansKept = 4;  // input-shape signatures (x thread counts) planned per chain
+
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 using alg = dnnl::algorithm;
@@ -283,6 +285,7 @@ struct BlockedChain::Impl {
   };
   std::mutex mu;
   std::shared_ptr<Plan> last;
+  std::vector<std::shared_ptr<Plan>> plans;  // by input shapes and thread count, oldest first
   BlockedChain::Layout layout = BlockedChain::Layout::kMeasured;
   std::string measured;       // what the last choice measured
 
@@ -1066,7 +1069,10 @@ BlockedChain::~BlockedChain() = default;
 
 void BlockedChain::SetLayout(Layout layout) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  if (impl_->layout != layout) impl_->last.reset();
+  if (impl_->layout != layout) {
+    impl_->last.reset();
+    impl_->plans.clear();
+  }
   impl_->layout = layout;
 }
 
@@ -1106,8 +1112,13 @@ struct TimedRun {
 
 std::string BlockedChain::Prepare(const std::vector<Shape>& input_shapes) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  if (impl_->last && impl_->last->in_shapes == input_shapes && impl_->last->threads == omp_get_max_threads())
-    return "";
+  const int threads = omp_get_max_threads();
+  if (impl_->last && impl_->last->in_shapes == input_shapes && impl_->last->threads == threads) return "";
+  for (const auto& p : impl_->plans)
+    if (p->in_shapes == input_shapes && p->threads == threads) {
+      impl_->last = p;
+      return "";
+    }
   // The layout is chosen by measurement: a plan on the channel-blocked layout (the jit kernels;
   // Concats in place) and one on NHWC (oneDNN's brgemm kernels), timed interleaved on this
   // machine at this thread count; the faster is kept.
@@ -1152,6 +1163,10 @@ std::string BlockedChain::Prepare(const std::vector<Shape>& input_shapes) {
   } else {
     impl_->last = plans[0];
   }
+  // A few signatures are kept (a detector fed images of several sizes does not re-plan on every
+  // change), the oldest dropped first.
+  impl_->plans.push_back(impl_->last);
+  if (impl_->plans.size() > kPlansKept) impl_->plans.erase(impl_->plans.begin());
   return "";
 }
 

@@ -225,6 +225,29 @@ TEST(BlockedChain, SppFpnAndOddChannels) {
   EXPECT_EQ(r.stats.reorders_out, 2);
 }
 
+TEST(BlockedChain, InputsOfSeveralSizes) {
+  Net n;
+  std::string x = n.Op("Relu", {n.Conv("x", 16, 32, 3, 2)});
+  x = n.Op("Relu", {n.Op("Add", {n.Conv(x, 32, 32, 3), x})});
+  Model m = n.Finish({1, 16, -1, -1}, {x});  // symbolic height and width
+  std::map<std::string, Tensor> constants;
+  for (const auto& [name, t] : m.graph.initializers) constants[name] = t;
+  auto chain = BlockedChain::Create(m.graph.nodes, {"x"}, {x}, constants, nullptr);
+  ASSERT_TRUE(chain);
+  Session ref(m);
+  // A detector's images of two sizes, alternating: each size keeps its plan.
+  for (int round = 0; round < 4; ++round) {
+    const Shape s = round % 2 ? Shape{1, 16, 24, 40} : Shape{1, 16, 17, 23};
+    Tensor in = testing::RandomFloat(s, 20 + round, -1.f, 1.f);
+    std::vector<Tensor> got = chain->Run({&in}), want = ref.Run({{"x", in}});
+    ASSERT_EQ(got[0].shape(), want[0].shape());
+    double worst = 0;
+    for (int64_t k = 0; k < want[0].numel(); ++k)
+      worst = std::max(worst, std::abs(double(got[0].data<float>()[k]) - want[0].data<float>()[k]));
+    EXPECT_LT(worst, 1e-4) << "round " << round;
+  }
+}
+
 TEST(BlockedChain, RejectsWhatItDoesNotRun) {
   auto none = [](const std::string&) -> const Tensor* { return nullptr; };
   auto no_shape = [](const std::string&) -> const Shape* { return nullptr; };
