@@ -145,6 +145,7 @@ struct FusedKernelSet::Entry::Variants {
     req.approx_math = approx_math;
     req.half_weights = half_weights;
     req.opset = opset;
+    req.layout_cache_root = cache_root;
     req.input_types = types;
     req.input_shapes = shapes;
     req.constants = constants;

@@ -113,6 +113,9 @@ struct RowKernelRequest {
   // A body of CNN operators that all run on oneDNN's blocked layout runs as one BlockedChain
   // (staged_kernel.cc; ops/blocked_chain.h) instead of stages with NCHW values between them.
   bool blocked_chains = true;
+  // The kernel cache root: a chain's measured layout choice is kept in its gate cache (per CPU
+  // target), so later processes do not measure again. Empty: not kept.
+  std::string layout_cache_root;
   int64_t opset = 17;  // the model's ai.onnx opset (Softmax's default axis, Clip's inputs, ...)
 };
 

@@ -9,6 +9,7 @@
 #include <random>
 #include <set>
 
+#include "codegen/gate_cache.h"
 #include "codegen/half_weights.h"
 #include "ops/blocked_chain.h"
 #include "ops/conv.h"
@@ -326,6 +327,16 @@ bool BlockedChainKernel(const RowKernelRequest& req, const Function& f,
   }
   std::shared_ptr<BlockedChain> chain = BlockedChain::Create(f.nodes, f.inputs, f.outputs, constants, why);
   if (!chain) return false;
+  if (!req.layout_cache_root.empty()) {
+    GateCache cache(req.layout_cache_root, true);
+    BlockedChain::LayoutStore store;
+    store.get = [cache](const std::string& key) -> std::string {
+      std::optional<nlohmann::json> j = cache.Get(key);
+      return j && j->contains("layout") && (*j)["layout"].is_string() ? (*j)["layout"].get<std::string>() : "";
+    };
+    store.put = [cache](const std::string& key, const std::string& layout) { cache.Put(key, {{"layout", layout}}); };
+    chain->SetLayoutStore(std::move(store));
+  }
   *why = chain->Prepare(in_shapes);
   if (!why->empty()) return false;
   StagedKernel::Stage st;

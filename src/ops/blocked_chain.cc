@@ -24,6 +24,7 @@
 #include <unordered_map>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "ops/conv.h"
 #include "ops/dnnl_util.h"
@@ -33,12 +34,15 @@ namespace gaf {
 namespace {
 
 constexpr size_t kPlansKept = 4;  // input-shape signatures (x thread counts) planned per chain
+constexpr int kLayoutRounds = 5;   // interleaved timed runs per layout (after a warm-up); the median decides
 
 using dt = dnnl::memory::data_type;
 using tag = dnnl::memory::format_tag;
 using alg = dnnl::algorithm;
 
 dnnl::memory::dims Dims(const Shape& s) { return dnnl::memory::dims(s.begin(), s.end()); }
+
+std::string LayoutName(tag t) { return t == tag::nhwc ? "nhwc" : t == tag::nChw16c ? "nChw16c" : "nChw8c"; }
 
 tag BlockTag() {
   static const tag t = __builtin_cpu_supports("avx512f") ? tag::nChw16c : tag::nChw8c;
@@ -287,6 +291,32 @@ struct BlockedChain::Impl {
   std::shared_ptr<Plan> last;
   std::vector<std::shared_ptr<Plan>> plans;  // by input shapes and thread count, oldest first
   BlockedChain::Layout layout = BlockedChain::Layout::kMeasured;
+  BlockedChain::LayoutStore store;
+  // What the layout choice depends on, for the store (see LayoutStore).
+  std::string ChoiceKey(const std::vector<Shape>& in_shapes, int threads) const {
+    std::string k = fmt::format("blocked-chain v1 dnnl {}.{}.{} threads {} inputs", DNNL_VERSION_MAJOR,
+                                DNNL_VERSION_MINOR, DNNL_VERSION_PATCH, threads);
+    for (const Shape& sh : in_shapes) k += " " + ShapeToString(sh);
+    for (const Node& n : nodes) {
+      k += "\n" + n.op_type + "(";
+      for (const auto& in : n.inputs) {
+        const Tensor* c = in.empty() ? nullptr : Constant(in);
+        k += c != nullptr ? "const" + ShapeToString(c->shape()) : "v";
+        k += ",";
+      }
+      k += ")";
+      for (const Attribute& a : n.attributes) {
+        k += " " + a.name + "=";
+        if (a.type == Attribute::Type::kInt) k += std::to_string(a.i);
+        else if (a.type == Attribute::Type::kFloat) k += fmt::format("{}", a.f);
+        else if (a.type == Attribute::Type::kString) k += fmt::format("{:?}", a.s);
+        else if (a.type == Attribute::Type::kInts) k += fmt::format("{}", fmt::join(a.ints, ","));
+        else if (a.type == Attribute::Type::kFloats) k += fmt::format("{}", fmt::join(a.floats, ","));
+        else k += "?";
+      }
+    }
+    return k;
+  }
   std::string measured;       // what the last choice measured
 
   // `layout`: the format of every value inside the chain (a channel-blocked tag, or nhwc).
@@ -575,7 +605,7 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
   dnnl::engine& eng = DnnlEngine();
   const tag bt = layout;
   const bool channel_blocked = bt == tag::nChw16c || bt == tag::nChw8c;
-  plan->layout = bt == tag::nhwc ? "nhwc" : bt == tag::nChw16c ? "nChw16c" : "nChw8c";
+  plan->layout = LayoutName(bt);
   auto blocked_md = [&](const Shape& s) { return dnnl::memory::desc(Dims(s), dt::f32, bt); };
   auto plain_md = [&](const Shape& s) { return dnnl::memory::desc(Dims(s), dt::f32, tag::nchw); };
   std::map<std::string, int> last_use;  // op index
@@ -1067,6 +1097,11 @@ std::shared_ptr<BlockedChain> BlockedChain::Create(std::vector<Node> nodes, std:
 
 BlockedChain::~BlockedChain() = default;
 
+void BlockedChain::SetLayoutStore(LayoutStore store) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  impl_->store = std::move(store);
+}
+
 void BlockedChain::SetLayout(Layout layout) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   if (impl_->layout != layout) {
@@ -1127,6 +1162,13 @@ std::string BlockedChain::Prepare(const std::vector<Shape>& input_shapes) {
   std::vector<tag> layouts;
   if (impl_->layout != Layout::kNhwc) layouts.push_back(BlockTag());
   if (impl_->layout != Layout::kBlocked) layouts.push_back(tag::nhwc);
+  std::string key, stored;
+  if (impl_->layout == Layout::kMeasured && impl_->store.get) {
+    key = impl_->ChoiceKey(input_shapes, threads);
+    stored = impl_->store.get(key);
+    for (tag t : layouts)
+      if (stored == LayoutName(t)) layouts = {t};  // anything else stored is ignored
+  }
   for (tag layout : layouts) {
     // With residual Adds as post-ops first; where oneDNN has no convolution taking them, the
     // Adds run as binary steps of their own.
@@ -1149,19 +1191,24 @@ std::string BlockedChain::Prepare(const std::vector<Shape>& input_shapes) {
       runs[i].Bind(*plans[i], input_shapes);
       TimedRun::Once(*plans[i]);  // warm-up: first touches, oneDNN's lazy initialization
     }
-    for (int round = 0; round < 3; ++round)
+    for (int round = 0; round < kLayoutRounds; ++round)
       for (size_t i = 0; i < plans.size(); ++i) times[i].push_back(TimedRun::Once(*plans[i]));
     size_t best = 0;
     for (size_t i = 0; i < plans.size(); ++i) {
       std::sort(times[i].begin(), times[i].end());
-      plans[i]->measured_ms = times[i][1];
+      plans[i]->measured_ms = times[i][kLayoutRounds / 2];
       if (plans[i]->measured_ms < plans[best]->measured_ms) best = i;
     }
     impl_->measured.clear();
-    for (const auto& p : plans) impl_->measured += fmt::format("{}{} {:.3f} ms", impl_->measured.empty() ? "" : ", ", p->layout, p->measured_ms);
+    for (const auto& p : plans)
+      impl_->measured += fmt::format("{}{} {:.3f} ms", impl_->measured.empty() ? "layout measured: " : ", ", p->layout,
+                                     p->measured_ms);
     impl_->last = plans[best];
+    if (!key.empty() && impl_->store.put) impl_->store.put(key, plans[best]->layout);
   } else {
     impl_->last = plans[0];
+    if (layouts.size() == 1 && !key.empty() && stored == plans[0]->layout)
+      impl_->measured = "layout from an earlier measurement on this machine";
   }
   // A few signatures are kept (a detector fed images of several sizes does not re-plan on every
   // change), the oldest dropped first.
@@ -1210,7 +1257,7 @@ std::string BlockedChain::Describe() const {
                      "{} inside, Concat inputs {} in place / {} copied, {} residuals in place, {:.1f} MB of buffers{}",
                      layout, impl_->nodes.size(), s.convs, s.post_ops, s.steps, s.reorders_in, s.reorders_out,
                      s.reorders_inside, s.concat_in_place, s.concat_copies, s.residuals_in_place,
-                     static_cast<double>(s.buffer_bytes) / 1e6, measured.empty() ? "" : " (measured: " + measured + ")");
+                     static_cast<double>(s.buffer_bytes) / 1e6, measured.empty() ? "" : " (" + measured + ")");
 }
 
 }  // namespace gaf

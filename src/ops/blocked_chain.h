@@ -58,10 +58,19 @@ class BlockedChain {
                                               std::vector<std::string> outputs,
                                               std::map<std::string, Tensor> constants, std::string* why);
   // The layout of the values inside the chain: by default both the channel-blocked layout and
-  // NHWC are planned and timed on this machine at the call's thread count (three interleaved
-  // runs after a warm-up), and the faster is kept; tests and comparisons can fix one.
+  // NHWC are planned and timed on this machine at the call's thread count (five interleaved
+  // runs after a warm-up, medians), and the faster is kept; tests and comparisons can fix one.
   enum class Layout { kMeasured, kBlocked, kNhwc };
   void SetLayout(Layout layout);
+  // Where a measured choice is remembered across processes: `get` returns the layout stored under
+  // a key ("" when none), `put` stores one. The key names the chain's operators and attributes,
+  // the input and weight shapes, the thread count and oneDNN's version; the store keys it by the
+  // machine (codegen: the gate cache, per CPU target). A stored layout is used without measuring.
+  struct LayoutStore {
+    std::function<std::string(const std::string& key)> get;
+    std::function<void(const std::string& key, const std::string& layout)> put;
+  };
+  void SetLayoutStore(LayoutStore store);
   // Plans the chain for these input shapes (by input; constants' entries ignored). "" on success,
   // else why oneDNN cannot run it (the caller keeps its other kernel).
   std::string Prepare(const std::vector<Shape>& input_shapes);

@@ -140,7 +140,7 @@ TEST(BlockedChain, ResidualBlocksFoldBatchNormAndTakeTheAddAsPostOp) {
   EXPECT_NE(nhwc.described.find("oneDNN nhwc chain"), std::string::npos) << nhwc.described;
   Outcome measured = RunAsChain(n.Finish({1, 3, 33, 31}, {x}), BlockedChain::Layout::kMeasured);
   EXPECT_LT(measured.worst, 1e-4);
-  EXPECT_NE(measured.described.find("(measured: nChw"), std::string::npos) << measured.described;
+  EXPECT_NE(measured.described.find("(layout measured: nChw"), std::string::npos) << measured.described;
   EXPECT_NE(measured.described.find("nhwc "), std::string::npos) << measured.described;
 }
 
