@@ -6,6 +6,7 @@
 //      initializers is run once through its reference kernel (OpRegistry) and replaced by
 //      initializers; Shape/Size of a value whose shape is fully known fold the same way.
 //   3. Forwarding: Identity, inference Dropout (no training_mode or a false constant, mask unused),
+//      Pad by zero on every axis,
 //      Cast to the type the value already has, Reshape/Expand to the shape the value already has
 //      (also through a chain: Reshape(Reshape(x, s1), shape of x)), and Squeeze/Unsqueeze pairs
 //      with the same axes are removed; readers of the output read the input instead.
@@ -321,6 +322,17 @@ class Canonicalizer {
       }
       if (n.GetInt("is_test", 1) == 0 && m_.OpsetVersion("") < 7) return "";
       *what = "an inference Dropout";
+      return x;
+    }
+    if (n.op_type == "Pad") {
+      // All pads zero (opset 11+: a constant input; before: the attribute), whatever the mode:
+      // torch.onnx.export writes one in front of AveragePool.
+      std::optional<std::vector<int64_t>> pads;
+      if (n.HasAttr("pads")) pads = n.GetInts("pads");
+      else if (n.HasInput(1) && IsConstant(n.inputs[1])) pads = ConstInts(n.inputs[1]);
+      if (!pads || pads->empty() || std::any_of(pads->begin(), pads->end(), [](int64_t p) { return p != 0; }))
+        return "";
+      *what = "a Pad by zero everywhere";
       return x;
     }
     if (n.op_type == "Cast") {

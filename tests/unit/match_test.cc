@@ -333,6 +333,27 @@ TEST(Canonicalize, RemovesIdentityDropoutNoOpCastAndKeepsOutputNames) {
   EXPECT_EQ(RunOne(m, {{"x", x}}), RunOne(before, {{"x", x}}));
 }
 
+TEST(Canonicalize, PadByZeroGoesOtherPadsStay) {
+  Graph g;
+  g.inputs = {FloatValue("x", {1, 2, 3, 3})};
+  g.outputs = {FloatValue("y", {1, 2, 5, 5})};
+  g.initializers.emplace_back("zeros", Tensor::FromInt64s({0, 0, 0, 0, 0, 0, 0, 0}));
+  g.initializers.emplace_back("ones", Tensor::FromInt64s({0, 0, 1, 1, 0, 0, 1, 1}));
+  g.nodes.push_back(MakeNode("Relu", {"x"}, {"r"}, "relu"));
+  g.nodes.push_back(MakeNode("Pad", {"r", "zeros"}, {"p0"}, "pad_zero"));
+  g.nodes.push_back(MakeNode("Pad", {"p0", "ones"}, {"y"}, "pad_one"));
+  Model m = MakeModel(g, 13);
+  Model before = m;
+  std::vector<std::string> log = Canonicalize(m);
+  EXPECT_TRUE(LogMentions(log, "removed node 'pad_zero' (Pad), a Pad by zero everywhere")) << fmt::format("{}", fmt::join(log, "\n"));
+  std::vector<std::string> ops;
+  for (const Node& n : m.graph.nodes) ops.push_back(n.op_type);
+  EXPECT_EQ(ops, (std::vector<std::string>{"Relu", "Pad"}));
+  Tensor x = Tensor::FromVector<float>(std::vector<float>(18, -0.5f), {1, 2, 3, 3});
+  for (int i = 0; i < 18; i += 2) x.data<float>()[i] = static_cast<float>(i);
+  EXPECT_EQ(RunOne(m, {{"x", x}}), RunOne(before, {{"x", x}}));
+}
+
 TEST(Canonicalize, TrainingDropoutAndUsedMaskStay) {
   Graph g;
   g.inputs = {FloatValue("x", {4})};
