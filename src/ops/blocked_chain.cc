@@ -177,8 +177,7 @@ TransposedGeometry TransposedGeometryOf(const Node& n, const Shape& x, const Sha
     t.pb[i] = pads[i];
     t.pe[i] = pads[2 + i];
     GAF_CHECK(t.s[i] >= 1 && t.pb[i] >= 0 && t.pe[i] >= 0, "{}: invalid strides or pads", n.Describe());
-    t.out[i] = CheckedAdd(CheckedMul(t.s[i], x[2 + i] - 1, "ConvTranspose output size"), t.k[i] - t.pb[i] - t.pe[i],
-                          "ConvTranspose output size");
+    t.out[i] = t.s[i] * (x[2 + i] - 1) + t.k[i] - t.pb[i] - t.pe[i];
     GAF_CHECK(t.out[i] > 0, "{}: an empty output", n.Describe());
   }
   return t;
