@@ -303,7 +303,7 @@ bool BlockedChainKernel(const RowKernelRequest& req, const Function& f,
   for (const Node& n : f.nodes) {
     *why = BlockedChainRejects(n, constant, shape_of);
     if (!why->empty()) return false;
-    convs += n.op_type == "Conv" || n.op_type == "ConvTranspose";
+    convs += n.op_type == "Conv";
   }
   // One convolution and its epilogue is what the prepared convolution with post-ops does.
   if (convs < 2) {

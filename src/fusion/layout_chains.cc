@@ -65,7 +65,7 @@ std::vector<LayoutChain> FindLayoutChains(const Graph& g, const GraphIndex& inde
   for (const auto& m : members) {
     LayoutChain c;
     c.nodes = m;
-    for (int i : m) c.convs += g.nodes[i].op_type == "Conv" || g.nodes[i].op_type == "ConvTranspose";
+    for (int i : m) c.convs += g.nodes[i].op_type == "Conv";
     if (c.convs >= 2) out.push_back(std::move(c));
   }
   return out;

@@ -15,7 +15,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -155,34 +154,6 @@ bool NearestFactors(const Node& n, const std::function<const Tensor*(const std::
   return true;
 }
 
-// ConvTranspose without output_padding / output_shape / dilations (what BlockedChainRejects
-// lets in): out = stride * (in - 1) + kernel - pad_begin - pad_end per spatial axis.
-struct TransposedGeometry {
-  int64_t group = 1, out_channels = 0;
-  std::array<int64_t, 2> out{0, 0}, k{1, 1}, s{1, 1}, pb{0, 0}, pe{0, 0};
-};
-TransposedGeometry TransposedGeometryOf(const Node& n, const Shape& x, const Shape& w) {
-  TransposedGeometry t;
-  t.group = n.GetInt("group", 1);
-  GAF_CHECK(x.size() == 4 && w.size() == 4 && t.group >= 1 && x[1] == w[0] && w[0] % t.group == 0,
-            "{}: input {} does not match weight {} (group {})", n.Describe(), ShapeToString(x), ShapeToString(w), t.group);
-  t.out_channels = w[1] * t.group;
-  std::vector<int64_t> strides = n.GetInts("strides"), pads = n.GetInts("pads");
-  if (strides.empty()) strides = {1, 1};
-  if (pads.empty()) pads = {0, 0, 0, 0};
-  GAF_CHECK(strides.size() == 2 && pads.size() == 4, "{}: strides/pads do not match a 2-D kernel", n.Describe());
-  for (int i = 0; i < 2; ++i) {
-    t.k[i] = w[2 + i];
-    t.s[i] = strides[i];
-    t.pb[i] = pads[i];
-    t.pe[i] = pads[2 + i];
-    GAF_CHECK(t.s[i] >= 1 && t.pb[i] >= 0 && t.pe[i] >= 0, "{}: invalid strides or pads", n.Describe());
-    t.out[i] = t.s[i] * (x[2 + i] - 1) + t.k[i] - t.pb[i] - t.pe[i];
-    GAF_CHECK(t.out[i] > 0, "{}: an empty output", n.Describe());
-  }
-  return t;
-}
-
 // Scratch owned by a plan: 64-byte aligned.
 struct Buffer {
   std::unique_ptr<char, decltype(&std::free)> p{nullptr, &std::free};
@@ -226,21 +197,10 @@ std::string BlockedChainRejects(const Node& n, const std::function<const Tensor*
     if (!n.outputs[i].empty()) return n.Describe() + ": a second output";
   std::string why;
   std::vector<Act> acts;
-  if (op == "Conv" || op == "ConvTranspose") {
+  if (op == "Conv") {
     const Tensor* w = cst(1);
     if (w == nullptr || w->dtype() != DataType::kFloat || w->rank() != 4) return n.Describe() + ": weight not a constant 4-D float32";
     if (n.HasInput(2) && !float_cst(2)) return n.Describe() + ": bias not a constant float32";
-    if (op == "ConvTranspose") {
-      if (n.HasAttr("output_shape")) return n.Describe() + ": output_shape";
-      const std::string ap = n.GetString("auto_pad", "NOTSET");
-      if (ap != "NOTSET" && !ap.empty()) return n.Describe() + ": auto_pad " + ap;
-      for (int64_t v : n.GetInts("output_padding"))
-        if (v != 0) return n.Describe() + ": output_padding";
-      for (int64_t v : n.GetInts("dilations"))
-        if (v != 1) return n.Describe() + ": dilations";
-      const int64_t group = n.GetInt("group", 1);
-      if (group < 1 || w->dim(0) % group != 0) return n.Describe() + ": group";
-    }
   } else if (op == "BatchNormalization") {
     if (n.GetInt("training_mode", 0) != 0) return n.Describe() + ": training mode";
     for (size_t i = 1; i < 5; ++i)
@@ -409,10 +369,6 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
     Shape y = x;
     if (op == "Conv") {
       y = ConvOutputShape(n, shape_of(n.inputs[0]), Constant(n.inputs[1])->shape());
-    } else if (op == "ConvTranspose") {
-      const Shape& w = Constant(n.inputs[1])->shape();
-      const TransposedGeometry t = TransposedGeometryOf(n, x, w);
-      y = {x[0], t.out_channels, t.out[0], t.out[1]};
     } else if (op == "MaxPool" || op == "AveragePool") {
       ConvGeometry g = PoolGeometryOf(n, x, n.GetInts("kernel_shape"));
       y = {x[0], x[1], g.out[1], g.out[2]};
@@ -460,17 +416,10 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
         c.push_back(static_cast<int>(i));
     return c;
   };
-  // x * Sigmoid(x) (SiLU / Swish) and x * HardSigmoid(x) with alpha 1/6, beta 1/2 (HardSwish, as
-  // exporters write it before opset 14): the Mul node index when node s is the gate of such a
-  // pair, else -1; gate_act gives the activation the pair is.
-  auto gate_act = [&](int s) -> Act {
-    return nodes[s].op_type == "Sigmoid" ? Act{alg::eltwise_swish, 1.f, 0.f} : Act{alg::eltwise_hardswish, 0.f, 0.f};
-  };
+  // x * Sigmoid(x): the Mul node index when node s is the Sigmoid of such a pair, else -1.
   auto swish_mul = [&](int s) -> int {
     const Node& sig = nodes[s];
-    const bool hard = sig.op_type == "HardSigmoid" && std::abs(sig.GetFloat("alpha", 0.2f) - 1.f / 6) < 1e-6f &&
-                      sig.GetFloat("beta", 0.5f) == 0.5f;
-    if (sig.op_type != "Sigmoid" && !hard) return -1;
+    if (sig.op_type != "Sigmoid") return -1;
     const int m = sole_consumer(sig.outputs[0]);
     if (m < 0 || nodes[m].op_type != "Mul") return -1;
     const Node& mul = nodes[m];
@@ -492,11 +441,10 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
     op.emit = static_cast<int>(i);
     op.out = n.outputs[0];
     std::vector<Act> acts;
-    if (opt == "Conv" || opt == "ConvTranspose") {
+    if (opt == "Conv") {
       op.kind = Op::kConv;
       op.in = {n.inputs[0]};
-      const Tensor& w0 = *Constant(n.inputs[1]);
-      const int64_t M = opt == "Conv" ? w0.dim(0) : w0.dim(1) * n.GetInt("group", 1);
+      const int64_t M = Constant(n.inputs[1])->dim(0);
       op.scale.assign(static_cast<size_t>(M), 1.f);
       op.shift.assign(static_cast<size_t>(M), 0.f);
       if (n.HasInput(2))
@@ -511,13 +459,12 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
           // x * Sigmoid(x) reads x twice.
           auto cs = consumers(cur);
           if (is_output.count(cur) || cs.size() != 2) break;
-          int gate = -1;
           for (int s : cs) {
             const int m = swish_mul(s);
-            if (m >= 0 && std::find(cs.begin(), cs.end(), m) != cs.end()) pair_mul = m, gate = s;
+            if (m >= 0 && std::find(cs.begin(), cs.end(), m) != cs.end()) pair_mul = m;
           }
           if (pair_mul < 0 || absorbed[pair_mul]) break;
-          op.acts.push_back(gate_act(gate));
+          op.acts.push_back({alg::eltwise_swish, 1.f, 0.f});
           for (int s : cs) absorbed[s] = true;
           op.emit = std::max(op.emit, pair_mul);
           op.absorbed += 2;
@@ -586,12 +533,12 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
         op.acts.push_back({alg::eltwise_relu});
         ++op.absorbed;
       }
-    } else if (swish_mul(static_cast<int>(i)) >= 0) {
-      // Swish / HardSwish on its own: the Mul (later in the order) produces the value.
+    } else if (opt == "Sigmoid" && swish_mul(static_cast<int>(i)) >= 0) {
+      // Swish on its own: the Mul (later in the order) produces the value.
       const int m = swish_mul(static_cast<int>(i));
       op.kind = Op::kEltwise;
       op.in = {n.inputs[0]};
-      op.acts = {gate_act(static_cast<int>(i))};
+      op.acts = {{alg::eltwise_swish, 1.f, 0.f}};
       absorbed[m] = true;
       op.emit = m;
       op.out = nodes[m].outputs[0];
@@ -818,33 +765,12 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
     if (op.kind == Op::kConv) {
       const Tensor& w = *Constant(n.inputs[1]);
       const Shape& x = shape_of(op.in[0]);
-      const bool transposed = n.op_type == "ConvTranspose";
-      int64_t G = 1, M = 0;
-      dnnl::memory::dims wd, strides, dil, pad_l, pad_r;
-      tag user_wtag;
-      if (!transposed) {
-        ConvGeometry g = ConvGeometryOf(n, x, w.shape());
-        G = g.group;
-        M = w.dim(0);
-        wd = G == 1 ? Dims(w.shape()) : dnnl::memory::dims{G, M / G, w.dim(1), w.dim(2), w.dim(3)};
-        user_wtag = G == 1 ? tag::oihw : tag::goihw;
-        strides = {g.s[1], g.s[2]};
-        dil = {g.d[1] - 1, g.d[2] - 1};
-        pad_l = {g.pb[1], g.pb[2]};
-        pad_r = {g.pe[1], g.pe[2]};
-      } else {
-        // ONNX's ConvTranspose weight is [C_in, C_out / group, kH, kW]: oneDNN's iohw (giohw).
-        const TransposedGeometry t = TransposedGeometryOf(n, x, w.shape());
-        G = t.group;
-        M = t.out_channels;
-        wd = G == 1 ? dnnl::memory::dims{M, w.dim(0), w.dim(2), w.dim(3)}
-                    : dnnl::memory::dims{G, M / G, w.dim(0) / G, w.dim(2), w.dim(3)};
-        user_wtag = G == 1 ? tag::iohw : tag::giohw;
-        strides = {t.s[0], t.s[1]};
-        dil = {0, 0};
-        pad_l = {t.pb[0], t.pb[1]};
-        pad_r = {t.pe[0], t.pe[1]};
-      }
+      ConvGeometry g = ConvGeometryOf(n, x, w.shape());
+      const int64_t G = g.group, M = w.dim(0);
+      dnnl::memory::dims wd = G == 1 ? Dims(w.shape())
+                                     : dnnl::memory::dims{G, M / G, w.dim(1), w.dim(2), w.dim(3)};
+      dnnl::memory::dims strides{g.s[1], g.s[2]}, dil{g.d[1] - 1, g.d[2] - 1}, pad_l{g.pb[1], g.pb[2]},
+          pad_r{g.pe[1], g.pe[2]};
       // A residual that dies here is added in place: the convolution writes into its buffer with
       // a sum post-op (which every oneDNN kernel has); otherwise a binary post-op reads it.
       const bool sum_in_place = !op.residual.empty() && op.residual != op.in[0] && !input_index.count(op.residual) &&
@@ -872,20 +798,14 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
       }
       attr.set_post_ops(po);
       const bool plain_src = input_index.count(op.in[0]) && !value_md.count(op.in[0]);
-      auto make_pd = [&](const dnnl::memory::desc& src_md) -> dnnl::primitive_desc {
-        const auto wany = dnnl::memory::desc(wd, dt::f32, tag::any);
-        const auto bmd = dnnl::memory::desc({M}, dt::f32, tag::x);
-        if (transposed)
-          return dnnl::deconvolution_forward::primitive_desc(
-              dnnl::deconvolution_forward::desc(dnnl::prop_kind::forward_inference, alg::deconvolution_direct, src_md,
-                                                wany, bmd, md_of(op.out), strides, dil, pad_l, pad_r),
-              attr, eng);
-        return dnnl::convolution_forward::primitive_desc(
-            dnnl::convolution_forward::desc(dnnl::prop_kind::forward_inference, alg::convolution_direct, src_md, wany,
-                                            bmd, md_of(op.out), strides, dil, pad_l, pad_r),
-            attr, eng);
+      auto make_pd = [&](const dnnl::memory::desc& src_md) {
+        auto desc = dnnl::convolution_forward::desc(
+            dnnl::prop_kind::forward_inference, alg::convolution_direct, src_md,
+            dnnl::memory::desc(wd, dt::f32, tag::any), dnnl::memory::desc({M}, dt::f32, tag::x), md_of(op.out),
+            strides, dil, pad_l, pad_r);
+        return dnnl::convolution_forward::primitive_desc(desc, attr, eng);
       };
-      dnnl::primitive_desc pd;
+      dnnl::convolution_forward::primitive_desc pd;
       bool src_plain = false;
       if (plain_src) {
         // The chain's input as given (NCHW), as oneDNN's first-layer kernels read it, unless only
@@ -922,40 +842,22 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
       }
       // Weights scaled by the folded per-channel factors, reordered once into the primitive's layout.
       Tensor wf(DataType::kFloat, w.shape());
-      if (!transposed) {
-        const int64_t per = w.numel() / M;
-        for (int64_t o = 0; o < M; ++o)
-          for (int64_t j = 0; j < per; ++j)
-            wf.data<float>()[o * per + j] = w.data<float>()[o * per + j] * op.scale[static_cast<size_t>(o)];
-      } else {
-        // [C_in, C_out / G, kH, kW]: input channel c of group c / (C_in / G) feeds output channels
-        // (c / (C_in / G)) * (C_out / G) + j.
-        const int64_t cin = w.dim(0), mg = w.dim(1), kk = w.dim(2) * w.dim(3), cg = cin / G;
-        for (int64_t c = 0; c < cin; ++c)
-          for (int64_t j = 0; j < mg; ++j) {
-            const float sc = op.scale[static_cast<size_t>((c / cg) * mg + j)];
-            for (int64_t q = 0; q < kk; ++q) {
-              const int64_t at = (c * mg + j) * kk + q;
-              wf.data<float>()[at] = w.data<float>()[at] * sc;
-            }
-          }
-      }
+      const int64_t per = w.numel() / M;
+      for (int64_t o = 0; o < M; ++o)
+        for (int64_t j = 0; j < per; ++j)
+          wf.data<float>()[o * per + j] = w.data<float>()[o * per + j] * op.scale[static_cast<size_t>(o)];
       dnnl::stream s(eng);
-      dnnl::memory user_w(dnnl::memory::desc(wd, dt::f32, user_wtag), eng, wf.data<float>());
+      dnnl::memory user_w(dnnl::memory::desc(wd, dt::f32, G == 1 ? tag::oihw : tag::goihw), eng, wf.data<float>());
       dnnl::memory wm(pd.weights_desc(), eng);
       dnnl::reorder(user_w, wm).execute(s, user_w, wm);
       s.wait();
-      dnnl::memory bm(pd.query_md(dnnl::query::weights_md, 1), eng);  // the bias
+      dnnl::memory bm(pd.bias_desc(), eng);
       std::memcpy(bm.get_data_handle(), op.shift.data(), sizeof(float) * op.shift.size());
       plan->owned.push_back(wm);
       plan->owned.push_back(bm);
       std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_BIAS, bm}};
       if (src_plain) args[DNNL_ARG_SRC] = plan->input_mem[input_index.at(op.in[0])];
-      const int st = add_step(transposed ? dnnl::primitive(dnnl::deconvolution_forward(
-                                               dnnl::deconvolution_forward::primitive_desc(pd.get())))
-                                         : dnnl::primitive(dnnl::convolution_forward(
-                                               dnnl::convolution_forward::primitive_desc(pd.get()))),
-                              std::move(args));
+      const int st = add_step(dnnl::convolution_forward(pd), std::move(args));
       if (!src_plain) read_blocked(conv_src, st, DNNL_ARG_SRC);
       read_blocked(op.out, st, DNNL_ARG_DST);
       if (!op.residual.empty() && !sum_in_place)

@@ -219,15 +219,6 @@ TEST(BlockedChain, SppFpnAndOddChannels) {
   std::string out = n.Op("Relu", {n.Conv(fpn, 80, 24, 3)});
   out = n.Op("AveragePool", {n.Conv(out, 24, 24, 3, 1, 24)},
              {IntsAttr("kernel_shape", {3, 3}), IntsAttr("strides", {2, 2}), IntAttr("ceil_mode", 1)});
-  // A DB head: ConvTranspose (k2 s2) + BN + ReLU, a grouped one + BN, then Sigmoid.
-  std::string head = n.Op("Relu", {n.BN(n.Conv(out, 24, 16, 3), 16)});
-  head = n.Op("ConvTranspose", {head, n.Const({16, 32, 2, 2}, -0.3f, 0.3f), n.Const({32}, -0.1f, 0.1f)},
-              {IntsAttr("kernel_shape", {2, 2}), IntsAttr("strides", {2, 2})});
-  head = n.Op("Relu", {n.BN(head, 32)});
-  head = n.Op("ConvTranspose", {head, n.Const({32, 16, 3, 3}, -0.3f, 0.3f)},
-              {IntsAttr("strides", {2, 2}), IntsAttr("pads", {1, 0, 1, 0}), IntAttr("group", 2)});
-  head = n.Op("Sigmoid", {n.BN(head, 32)});
-  out = head;
   Outcome r = RunAsChain(n.Finish({1, 3, 32, 32}, {out, low}));  // two outputs
   EXPECT_LT(r.worst, 1e-4);
   EXPECT_LT(RunAsChain(n.Finish({1, 3, 32, 32}, {out, low}), BlockedChain::Layout::kNhwc).worst, 1e-4);
