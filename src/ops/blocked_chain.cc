@@ -250,6 +250,10 @@ std::string BlockedChainRejects(const Node& n, const std::function<const Tensor*
   } else if (op == "Resize" || op == "Upsample") {
     int64_t fh = 0, fw = 0;
     if (!NearestFactors(n, constant, shape_of(n.inputs[0]), &fh, &fw, &why)) return why;
+  } else if (op == "ConvTranspose") {
+    // oneDNN 2.6's deconvolution ran the PP-OCR-like head's 2x2 stride-2 upsampling 10-100x slower
+    // than our ConvTranspose kernel: it stays outside chains.
+    return n.Describe() + ": ConvTranspose is left to our own kernel (oneDNN's deconvolution is slow here)";
   } else {
     return n.Describe() + ": " + op + " does not run on blocked layouts";
   }
@@ -416,10 +420,17 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
         c.push_back(static_cast<int>(i));
     return c;
   };
-  // x * Sigmoid(x): the Mul node index when node s is the Sigmoid of such a pair, else -1.
+  // x * Sigmoid(x) (SiLU / Swish) and x * HardSigmoid(x) with alpha 1/6, beta 1/2 (HardSwish, as
+  // exporters write it before opset 14): the Mul node index when node s is the gate of such a
+  // pair, else -1; gate_act gives the activation the pair is.
+  auto gate_act = [&](int s) -> Act {
+    return nodes[s].op_type == "Sigmoid" ? Act{alg::eltwise_swish, 1.f, 0.f} : Act{alg::eltwise_hardswish, 0.f, 0.f};
+  };
   auto swish_mul = [&](int s) -> int {
     const Node& sig = nodes[s];
-    if (sig.op_type != "Sigmoid") return -1;
+    const bool hard = sig.op_type == "HardSigmoid" && std::abs(sig.GetFloat("alpha", 0.2f) - 1.f / 6) < 1e-6f &&
+                      sig.GetFloat("beta", 0.5f) == 0.5f;
+    if (sig.op_type != "Sigmoid" && !hard) return -1;
     const int m = sole_consumer(sig.outputs[0]);
     if (m < 0 || nodes[m].op_type != "Mul") return -1;
     const Node& mul = nodes[m];
@@ -459,12 +470,13 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
           // x * Sigmoid(x) reads x twice.
           auto cs = consumers(cur);
           if (is_output.count(cur) || cs.size() != 2) break;
+          int gate = -1;
           for (int s : cs) {
             const int m = swish_mul(s);
-            if (m >= 0 && std::find(cs.begin(), cs.end(), m) != cs.end()) pair_mul = m;
+            if (m >= 0 && std::find(cs.begin(), cs.end(), m) != cs.end()) pair_mul = m, gate = s;
           }
           if (pair_mul < 0 || absorbed[pair_mul]) break;
-          op.acts.push_back({alg::eltwise_swish, 1.f, 0.f});
+          op.acts.push_back(gate_act(gate));
           for (int s : cs) absorbed[s] = true;
           op.emit = std::max(op.emit, pair_mul);
           op.absorbed += 2;
@@ -533,12 +545,12 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
         op.acts.push_back({alg::eltwise_relu});
         ++op.absorbed;
       }
-    } else if (opt == "Sigmoid" && swish_mul(static_cast<int>(i)) >= 0) {
-      // Swish on its own: the Mul (later in the order) produces the value.
+    } else if (swish_mul(static_cast<int>(i)) >= 0) {
+      // Swish / HardSwish on its own: the Mul (later in the order) produces the value.
       const int m = swish_mul(static_cast<int>(i));
       op.kind = Op::kEltwise;
       op.in = {n.inputs[0]};
-      op.acts = {{alg::eltwise_swish, 1.f, 0.f}};
+      op.acts = {gate_act(static_cast<int>(i))};
       absorbed[m] = true;
       op.emit = m;
       op.out = nodes[m].outputs[0];

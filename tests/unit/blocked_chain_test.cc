@@ -161,6 +161,10 @@ TEST(BlockedChain, SiluHardSwishSqueezeExciteAndDepthwise) {
   EXPECT_LT(RunAsChain(n.Finish({1, 16, 20, 18}, {d}), BlockedChain::Layout::kNhwc).worst, 1e-4);
   EXPECT_EQ(r.stats.convs, 5);
   EXPECT_EQ(r.stats.reorders_in, 1);  // a 1x1 convolution reads the blocked copy of the input
+  // BN, SiLU and HardSwish pairs, HardSwish, Clip, Tanh and LeakyRelu ride on the convolutions: the
+  // steps are the 5 convolutions, the pool and SE Mul, the per-channel Add after the activations,
+  // and the reorders in and out.
+  EXPECT_EQ(r.stats.steps, 10) << r.described;
 }
 
 // Dense blocks as torch exports them: every layer concatenates all features so far.
