@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ir/error.h"
+#include "ir/half.h"  // HalfToFloat, FloatToHalf, BFloat16ToFloat, FloatToBFloat16
 
 namespace gaf {
 
@@ -39,12 +40,6 @@ size_t DataTypeSize(DataType dt);
 std::string DataTypeName(DataType dt);
 bool IsFloatingPoint(DataType dt);  // float, double, float16, bfloat16
 bool IsHalf(DataType dt);           // float16, bfloat16
-
-// IEEE half and bfloat16 conversions (round to nearest even).
-float HalfToFloat(uint16_t h);
-uint16_t FloatToHalf(float f);
-float BFloat16ToFloat(uint16_t h);
-uint16_t FloatToBFloat16(float f);
 
 // Storage types used by kernels for 16-bit floats (distinct from uint16_t).
 struct Half {

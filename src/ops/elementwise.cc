@@ -6,7 +6,6 @@
 // is contiguous or broadcast across them) and walked row by row with the innermost dimension as a
 // contiguous (stride 1) or broadcast (stride 0) inner loop.
 #include <algorithm>
-#include <bit>
 #include <charconv>
 #include <cerrno>
 #include <cmath>
@@ -18,10 +17,6 @@
 
 #include "ops/fast_math.h"
 #include <vector>
-
-#if defined(__F16C__) && defined(__AVX__)
-#include <immintrin.h>
-#endif
 
 #include "ops/kernel.h"
 #include "ops/kernel_util.h"
@@ -918,24 +913,16 @@ void WhereKernel(KernelContext& ctx) {
 // ---------------------------------------------------------------------------------------------
 // Cast / CastLike.
 
-inline float BF16ToF32(uint16_t h) { return std::bit_cast<float>(static_cast<uint32_t>(h) << 16); }
-inline uint16_t F32ToBF16(float f) {  // round to nearest even, NaN stays NaN
-  uint32_t u = std::bit_cast<uint32_t>(f);
-  if (f != f) return static_cast<uint16_t>((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
 template <class D, class S>
 inline D ConvertElem(S v) {
   if constexpr (std::is_same_v<S, Half>) {
     return ConvertElem<D>(HalfToFloat(v.bits));
   } else if constexpr (std::is_same_v<S, BFloat16>) {
-    return ConvertElem<D>(BF16ToF32(v.bits));
+    return ConvertElem<D>(BFloat16ToFloat(v.bits));
   } else if constexpr (std::is_same_v<D, Half>) {
     return Half{FloatToHalf(static_cast<float>(v))};
   } else if constexpr (std::is_same_v<D, BFloat16>) {
-    return BFloat16{F32ToBF16(static_cast<float>(v))};
+    return BFloat16{FloatToBFloat16(static_cast<float>(v))};
   } else if constexpr (std::is_same_v<D, bool>) {
     return v != S(0);
   } else {
@@ -951,25 +938,6 @@ decltype(auto) DispatchCastType(DataType dt, const Node& node, F&& fn) {
     case DataType::kBFloat16: return fn(BFloat16{});
     default: return DispatchNumeric(dt, node, fn);
   }
-}
-
-void HalfToFloatLoop(const uint16_t* in, float* out, int64_t n) {
-  int64_t i = 0;
-#if defined(__F16C__) && defined(__AVX__)
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
-#endif
-  for (; i < n; ++i) out[i] = HalfToFloat(in[i]);
-}
-
-void FloatToHalfLoop(const float* in, uint16_t* out, int64_t n) {
-  int64_t i = 0;
-#if defined(__F16C__) && defined(__AVX__)
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT));
-#endif
-  for (; i < n; ++i) out[i] = FloatToHalf(in[i]);
 }
 
 std::string NumberToString(double v, bool is_float32) {

@@ -1,5 +1,6 @@
-// float32 matrix products for kernels outside nn.cc, and MatMul by a constant weight prepared for
-// prompts (PreparedMatMul).
+// float32 matrix products (gemm.cc) for kernels outside the contraction kernels (which share
+// ops/nn_internal.h), and MatMul by a constant weight prepared for prompts (PreparedMatMul,
+// matmul_dnnl.cc).
 //
 // SgemmF32: C[M,N] = alpha * op(A) * op(B) + beta * C,
 // row-major with leading dimensions. Batch-1 products with a row-major [K,N] B take the streaming
