@@ -9,7 +9,8 @@
 #
 # Environment: BUILD (build dir, default build), MODELS (default /tmp/gaf-cnn-models), SIZE (224;
 # the input side of the classifiers when they are exported), THREADS (1,2), REPEAT (11),
-# SKIP_BUILD=1 (use $BUILD/autofusion as it is). Each model's input is its folder's input.npy.
+# SKIP_BUILD=1 (use $BUILD/autofusion as it is), ROUNDS (3: alternating rounds of the side-by-side
+# comparison with ONNX Runtime). Each model's input is its folder's input.npy.
 # Needs: /usr/bin/python3 with torch (Debian's python3-torch) to export the models missing from
 # $MODELS (once), and `npm ci` in bench/ for ONNX Runtime (done here when missing).
 set -euo pipefail
@@ -19,6 +20,7 @@ MODELS=${MODELS:-/tmp/gaf-cnn-models}
 SIZE=${SIZE:-224}
 THREADS=${THREADS:-1,2}
 REPEAT=${REPEAT:-11}
+ROUNDS=${ROUNDS:-3}
 models=("$@")
 [ ${#models[@]} -gt 0 ] || models=(resnet18 mobilenetv2 resnet50 yolox_nano densenet121 ppocr_det)
 
@@ -51,11 +53,34 @@ for m in "${models[@]}"; do
     node bench/ort_run.js "$model" -i "image=$MODELS/$m/input.npy" -o "$out" --opt all --threads "$t" \
       --repeat "$REPEAT" | sed -n "s/^ort median ms: /  ONNX Runtime (all optimizations), $t thread(s): ms /p"
   done
-  # Our output on the exported input against PyTorch's.
+  # Side by side with ONNX Runtime on equal terms: the model fused by `fuse --safe` and ORT, each
+  # timed back to back in its own process (warm caches for both), processes alternating for
+  # ROUNDS rounds; the median of the per-round medians and their ratio.
+  "$BUILD/autofusion" fuse "$model" -i "image=$MODELS/$m/input.npy" --preset cnn --safe -o "$out/fused.onnx" >/dev/null
+  for t in ${THREADS//,/ }; do
+    ours=() theirs=()
+    for r in $(seq "$ROUNDS"); do
+      ours+=("$("$BUILD/autofusion" run "$out/fused.onnx" -i "image=$MODELS/$m/input.npy" --threads "$t" \
+        --repeat "$REPEAT" | sed -n 's/^ran .* in \([0-9.]*\) ms.*/\1/p')")
+      theirs+=("$(node bench/ort_run.js "$model" -i "image=$MODELS/$m/input.npy" -o "$out" --opt all --threads "$t" \
+        --repeat "$REPEAT" | sed -n 's/^ort median ms: \([0-9.]*\).*/\1/p')")
+    done
+    /usr/bin/python3 -c "
+import statistics as st, sys
+o = [float(v) for v in '${ours[*]}'.split()]; e = [float(v) for v in '${theirs[*]}'.split()]
+print('  fused --safe vs ONNX Runtime, %s thread(s), %d alternating rounds: ours %.3f ms, ORT %.3f ms -> %.2fx '
+      '(rounds: %s)' % ('$t', len(o), st.median(o), st.median(e), st.median(e) / st.median(o),
+                        ', '.join('%.2fx' % (b / a) for a, b in zip(o, e))))
+"
+  done
+  # Our outputs on the exported input against PyTorch's: unfused and fused.
   "$BUILD/autofusion" run "$model" -i "image=$MODELS/$m/input.npy" -o "$out/ours" >/dev/null
+  "$BUILD/autofusion" run "$out/fused.onnx" -i "image=$MODELS/$m/input.npy" -o "$out/fused" >/dev/null
   /usr/bin/python3 -c "
 import numpy as np, sys
-a = np.load('$out/ours/logits.npy'); b = np.load('$MODELS/$m/expected_output.npy')
-print('  unfused output vs PyTorch: max abs error %.2e' % float(np.abs(a - b).max()))
+b = np.load('$MODELS/$m/expected_output.npy')
+for name in ('ours', 'fused'):
+    a = np.load('$out/%s/logits.npy' % name)
+    print('  %s output vs PyTorch: max abs error %.2e' % ('unfused' if name == 'ours' else 'fused --safe', float(np.abs(a - b).max())))
 "
 done
