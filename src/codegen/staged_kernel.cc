@@ -13,6 +13,7 @@
 #include "codegen/half_weights.h"
 #include "ops/blocked_chain.h"
 #include "ops/conv.h"
+#include "ops/kernel_util.h"
 #include "runtime/session.h"
 
 namespace gaf {
@@ -218,17 +219,8 @@ bool EpilogueAsPostOps(const Function& body, const std::string& conv_out, int64_
     } else if (n.op_type == "LeakyRelu" && n.inputs.size() == 1 && n.inputs[0] == cur) {
       post->push_back({ConvPostOp::kRelu, n.GetFloat("alpha", 0.01f)});
     } else if (n.op_type == "Clip" && !n.inputs.empty() && n.inputs[0] == cur) {
-      float lo = -3.402823e38f, hi = 3.402823e38f;
-      if (n.HasAttr("min") || n.HasAttr("max")) {
-        lo = n.GetFloat("min", lo);
-        hi = n.GetFloat("max", hi);
-      }
-      for (size_t i = 1; i < n.inputs.size() && i < 3; ++i) {
-        if (n.inputs[i].empty()) continue;
-        const Tensor* t = constant(n.inputs[i]);
-        if (t == nullptr || t->numel() != 1) return false;
-        (i == 1 ? lo : hi) = static_cast<float>(t->ScalarAsDouble());
-      }
+      float lo = 0, hi = 0;
+      if (!ConstantClipBounds(n, constant, &lo, &hi)) return false;
       post->push_back({ConvPostOp::kClip, lo, hi});
     } else {
       return false;

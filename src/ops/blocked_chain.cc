@@ -59,19 +59,10 @@ bool ActivationOf(const Node& n, const std::function<const Tensor*(const std::st
     acts->push_back({alg::eltwise_linear, n.GetFloat("alpha", 0.2f), n.GetFloat("beta", 0.5f)});
     acts->push_back({alg::eltwise_clip, 0.f, 1.f});
   } else if (op == "Clip") {
-    float lo = -3.402823e38f, hi = 3.402823e38f;
-    if (n.HasAttr("min") || n.HasAttr("max")) {
-      lo = n.GetFloat("min", lo);
-      hi = n.GetFloat("max", hi);
-    }
-    for (size_t i = 1; i < n.inputs.size() && i < 3; ++i) {
-      if (n.inputs[i].empty()) continue;
-      const Tensor* t = constant(n.inputs[i]);
-      if (t == nullptr || t->numel() != 1 || t->dtype() != DataType::kFloat) {
-        if (why) *why = n.Describe() + ": Clip bounds that are not constant float32 scalars";
-        return false;
-      }
-      (i == 1 ? lo : hi) = static_cast<float>(t->ScalarAsDouble());
+    float lo = 0, hi = 0;
+    if (!ConstantClipBounds(n, constant, &lo, &hi)) {
+      if (why) *why = n.Describe() + ": Clip bounds that are not constant float32 scalars";
+      return false;
     }
     acts->push_back({alg::eltwise_clip, lo, hi});
   } else {

@@ -67,4 +67,21 @@ const char* OpKindName(OpKind k) {
   return "?";
 }
 
+bool ConstantClipBounds(const Node& n, const std::function<const Tensor*(const std::string&)>& constant, float* lo,
+                        float* hi) {
+  *lo = -3.402823e38f;
+  *hi = 3.402823e38f;
+  if (n.HasAttr("min") || n.HasAttr("max")) {
+    *lo = n.GetFloat("min", *lo);
+    *hi = n.GetFloat("max", *hi);
+  }
+  for (size_t i = 1; i < n.inputs.size() && i < 3; ++i) {
+    if (n.inputs[i].empty()) continue;
+    const Tensor* t = constant(n.inputs[i]);
+    if (t == nullptr || t->numel() != 1 || t->dtype() != DataType::kFloat) return false;
+    (i == 1 ? *lo : *hi) = static_cast<float>(t->ScalarAsDouble());
+  }
+  return true;
+}
+
 }  // namespace gaf

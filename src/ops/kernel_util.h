@@ -4,6 +4,8 @@
 #include <omp.h>
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -66,6 +68,12 @@ decltype(auto) DispatchBySize(DataType dt, const Node& node, F&& fn) {
       GAF_UNSUPPORTED("{}: data type {} is not supported", node.Describe(), DataTypeName(dt));
   }
 }
+
+// The bounds of a Clip node for a fused epilogue: its min/max attributes (before opset 11) or its
+// constant float32 scalar inputs (`constant` gives an input's value, null when not constant);
+// unbounded sides are +-FLT_MAX. False when a given bound is not such a constant.
+bool ConstantClipBounds(const Node& n, const std::function<const Tensor*(const std::string&)>& constant, float* lo,
+                        float* hi);
 
 // Parallel loop over [0, n) in chunks; runs serially when n < grain. fn(begin, end).
 template <class F>
