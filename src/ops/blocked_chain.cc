@@ -271,7 +271,11 @@ struct BlockedChain::Impl {
     }
     return k;
   }
-  std::string measured;       // what the last choice measured
+  std::string plan_error;  // why the last PlanFor found no plan
+
+  // The plan of these input shapes at the current thread count, made (and the layout chosen) on
+  // first use; null with plan_error set when oneDNN cannot run the chain for them. mu held.
+  std::shared_ptr<Plan> PlanFor(const std::vector<Shape>& input_shapes);
 
   // `layout`: the format of every value inside the chain (a channel-blocked tag, or nhwc).
   std::shared_ptr<Plan> Build(const std::vector<Shape>& in_shapes, bool binary_post_ops, dnnl::memory::format_tag layout);
@@ -362,34 +366,38 @@ struct TimedRun {
 
 std::string BlockedChain::Prepare(const std::vector<Shape>& input_shapes) {
   std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->PlanFor(input_shapes) ? "" : impl_->plan_error;
+}
+
+std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::PlanFor(const std::vector<Shape>& input_shapes) {
   const int threads = omp_get_max_threads();
-  if (impl_->last && impl_->last->in_shapes == input_shapes && impl_->last->threads == threads) return "";
-  for (const auto& p : impl_->plans)
+  if (last && last->in_shapes == input_shapes && last->threads == threads) return last;
+  for (const auto& p : plans)
     if (p->in_shapes == input_shapes && p->threads == threads) {
-      impl_->last = p;
-      return "";
+      last = p;
+      return p;
     }
   // The layout is chosen by measurement: a plan on the channel-blocked layout (the jit kernels;
   // Concats in place) and one on NHWC (oneDNN's brgemm kernels), timed interleaved on this
   // machine at this thread count; the faster is kept.
   std::string first;
-  std::vector<std::shared_ptr<Impl::Plan>> plans;
+  std::vector<std::shared_ptr<Plan>> candidates;
   std::vector<tag> layouts;
-  if (impl_->layout != Layout::kNhwc) layouts.push_back(BlockTag());
-  if (impl_->layout != Layout::kBlocked) layouts.push_back(tag::nhwc);
+  if (layout != Layout::kNhwc) layouts.push_back(BlockTag());
+  if (layout != Layout::kBlocked) layouts.push_back(tag::nhwc);
   std::string key, stored;
-  if (impl_->layout == Layout::kMeasured && impl_->store.get) {
-    key = impl_->ChoiceKey(input_shapes, threads);
-    stored = impl_->store.get(key);
+  if (layout == Layout::kMeasured && store.get) {
+    key = ChoiceKey(input_shapes, threads);
+    stored = store.get(key);
     for (tag t : layouts)
       if (stored == LayoutName(t)) layouts = {t};  // anything else stored is ignored
   }
-  for (tag layout : layouts) {
+  for (tag t : layouts) {
     // With residual Adds as post-ops first; where oneDNN has no convolution taking them, the
     // Adds run as binary steps of their own.
     for (bool binary : {true, false}) {
       try {
-        plans.push_back(impl_->Build(input_shapes, binary, layout));
+        candidates.push_back(Build(input_shapes, binary, t));
         break;
       } catch (const dnnl::error& e) {
         if (first.empty()) first = fmt::format("oneDNN: {} (status {})", e.what(), static_cast<int>(e.status));
@@ -398,38 +406,42 @@ std::string BlockedChain::Prepare(const std::vector<Shape>& input_shapes) {
       }
     }
   }
-  if (plans.empty()) return first;
-  if (plans.size() > 1) {
-    std::vector<TimedRun> runs(plans.size());
-    std::vector<std::vector<double>> times(plans.size());
-    for (size_t i = 0; i < plans.size(); ++i) {
-      runs[i].Bind(*plans[i], input_shapes);
-      TimedRun::Once(*plans[i]);  // warm-up: first touches, oneDNN's lazy initialization
+  if (candidates.empty()) {
+    plan_error = first;
+    return nullptr;
+  }
+  if (candidates.size() > 1) {
+    std::vector<TimedRun> runs(candidates.size());
+    std::vector<std::vector<double>> times(candidates.size());
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      runs[i].Bind(*candidates[i], input_shapes);
+      TimedRun::Once(*candidates[i]);  // warm-up: first touches, oneDNN's lazy initialization
     }
     for (int round = 0; round < kLayoutRounds; ++round)
-      for (size_t i = 0; i < plans.size(); ++i) times[i].push_back(TimedRun::Once(*plans[i]));
+      for (size_t i = 0; i < candidates.size(); ++i) times[i].push_back(TimedRun::Once(*candidates[i]));
     size_t best = 0;
-    for (size_t i = 0; i < plans.size(); ++i) {
+    for (size_t i = 0; i < candidates.size(); ++i) {
       std::sort(times[i].begin(), times[i].end());
-      plans[i]->measured_ms = times[i][kLayoutRounds / 2];
-      if (plans[i]->measured_ms < plans[best]->measured_ms) best = i;
+      candidates[i]->measured_ms = times[i][kLayoutRounds / 2];
+      if (candidates[i]->measured_ms < candidates[best]->measured_ms) best = i;
     }
-    impl_->measured.clear();
-    for (const auto& p : plans)
-      impl_->measured += fmt::format("{}{} {:.3f} ms", impl_->measured.empty() ? "layout measured: " : ", ", p->layout,
-                                     p->measured_ms);
-    impl_->last = plans[best];
-    if (!key.empty() && impl_->store.put) impl_->store.put(key, plans[best]->layout);
+    std::string choice;
+    for (const auto& p : candidates)
+      choice += fmt::format("{}{} {:.3f} ms", choice.empty() ? fmt::format("layout measured at {} thread(s): ", threads) : ", ",
+                            p->layout, p->measured_ms);
+    last = candidates[best];
+    last->choice = choice;
+    if (!key.empty() && store.put) store.put(key, candidates[best]->layout);
   } else {
-    impl_->last = plans[0];
-    if (layouts.size() == 1 && !key.empty() && stored == plans[0]->layout)
-      impl_->measured = "layout from an earlier measurement on this machine";
+    last = candidates[0];
+    if (layouts.size() == 1 && !key.empty() && stored == candidates[0]->layout)
+      last->choice = fmt::format("layout from an earlier measurement on this machine at {} thread(s)", threads);
   }
   // A few signatures are kept (a detector fed images of several sizes does not re-plan on every
   // change), the oldest dropped first.
-  impl_->plans.push_back(impl_->last);
-  if (impl_->plans.size() > kPlansKept) impl_->plans.erase(impl_->plans.begin());
-  return "";
+  plans.push_back(last);
+  if (plans.size() > kPlansKept) plans.erase(plans.begin());
+  return last;
 }
 
 std::vector<Tensor> BlockedChain::Run(const std::vector<const Tensor*>& inputs) {
@@ -440,10 +452,11 @@ std::vector<Tensor> BlockedChain::Run(const std::vector<const Tensor*>& inputs) 
               "blocked chain: input '{}' must be a float32 tensor", impl_->inputs[i]);
     shapes[i] = inputs[i]->shape();
   }
-  const std::string why = Prepare(shapes);
-  GAF_CHECK(why.empty(), "blocked chain: cannot plan for these shapes: {}", why);
+  // Planned and run under one lock: another thread's call of other shapes cannot swap the plan.
   std::lock_guard<std::mutex> lock(impl_->mu);
-  Impl::Plan& p = *impl_->last;
+  std::shared_ptr<Impl::Plan> plan = impl_->PlanFor(shapes);
+  GAF_CHECK(plan != nullptr, "blocked chain: cannot plan for these shapes: {}", impl_->plan_error);
+  Impl::Plan& p = *plan;
   std::vector<Tensor> outs;
   for (const Shape& s : p.out_shapes) outs.push_back(Tensor::Uninitialized(DataType::kFloat, s));
   for (size_t i = 0; i < impl_->inputs.size(); ++i)
@@ -465,8 +478,7 @@ std::string BlockedChain::Describe() const {
   std::string layout, measured;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    if (impl_->last) layout = impl_->last->layout;
-    measured = impl_->measured;
+    if (impl_->last) layout = impl_->last->layout, measured = impl_->last->choice;
   }
   return fmt::format("oneDNN {} chain: {} operators, {} convolutions, {} folded/post-op, {} steps, reorders {} in / {} out / "
                      "{} inside, Concat inputs {} in place / {} copied, {} residuals in place, {:.1f} MB of buffers{}",

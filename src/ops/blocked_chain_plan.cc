@@ -113,7 +113,7 @@ void ChainPlanner::InferShapes(const std::vector<Shape>& in_shapes) {
       for (const auto& in : n.inputs) {
         const Shape& s = ShapeOf(in);
         GAF_CHECK(s[0] == y[0] && s[2] == y[2] && s[3] == y[3], "{}: inputs differ outside the channel axis", n.Describe());
-        y[1] += s[1];
+        y[1] = CheckedAdd(y[1], s[1], "Concat channels");
       }
     } else if (op == "Resize" || op == "Upsample") {
       int64_t fh = 0, fw = 0;
@@ -122,9 +122,16 @@ void ChainPlanner::InferShapes(const std::vector<Shape>& in_shapes) {
       y = {x[0], x[1], x[2] * fh, x[3] * fw};
     } else if ((op == "Add" || op == "Mul") && !Constant(n.inputs[0]) && !Constant(n.inputs[1])) {
       const Shape &a = ShapeOf(n.inputs[0]), &b = ShapeOf(n.inputs[1]);
-      y = a[2] * a[3] >= b[2] * b[3] ? a : b;
+      const bool a_full = a[2] * a[3] >= b[2] * b[3];
+      y = a_full ? a : b;
+      const Shape& small = a_full ? b : a;
+      GAF_CHECK(a == b || (small[0] == y[0] && small[1] == y[1] && small[2] == 1 && small[3] == 1),
+                "{}: operand shapes {} and {} (same shape or [N,C,1,1] broadcast only)", n.Describe(),
+                ShapeToString(a), ShapeToString(b));
     }
     for (int64_t d : y) GAF_CHECK(d > 0, "{}: an empty output", n.Describe());
+    // Overflow and the memory limit (--max-memory) before any buffer is sized from it.
+    TensorBytes(DataType::kFloat, y, n.Describe() + " output");
     shape_[n.outputs[0]] = y;
   }
 }

@@ -66,6 +66,7 @@ struct Plan {
   BlockedChain::Stats stats;
   std::string layout;
   double measured_ms = 0;  // the median of its timed runs when the layout was chosen by measurement
+  std::string choice;      // how its layout was chosen, for Describe ("" when it was fixed)
 };
 
 // One operator of the plan: a node plus what it absorbed.
