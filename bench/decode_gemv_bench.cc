@@ -1,28 +1,37 @@
 // The weight stream of one decode step, cold: the batch-1 products of a Llama decoder's layers
 // (q, k, v, o, gate, up, down per layer, then the vocabulary head) over weights far larger than
 // the caches, against the machine's read bandwidth measured on the same weights in the same
-// process, interleaved round by round. "separate" runs one GemvF32 per product; "siblings" runs
-// q/k/v and gate/up as one GemvF32Many each (as the session's SiblingMatMul does).
+// process, interleaved round by round. At one row, "separate" runs one GemvF32 per product;
+// "siblings" runs q/k/v and gate/up as one GemvF32Many each (as the session's SiblingMatMul does).
+// At M rows (--rows: a small batch's decode step, a short prompt), "siblings" is the GEMV's
+// multi-row form (GemvF32ManyRows) and "separate" oneDNN's matmul on its packed weight
+// (PreparedMatMul, what the session takes from kPackedMatMulMinRows rows). "panel" is the
+// products on weights packed into column panels (ops/panel_gemm.h), siblings grouped.
 //
 //   decode_gemv_bench [--layers 12] [--hidden 1024] [--kv 256] [--inter 2816] [--vocab 32000]
-//                     [--threads 1,2] [--rounds 9]
+//                     [--threads 1,2] [--rows 1,4,8] [--rounds 9]
 //
-// Prints per thread count the median ms per step and GB/s of each variant, the read floor (the
-// same bytes summed by 8 streams per thread, as bench/membw) and the ratio to it.
+// Prints per thread count and row count the median ms per step, GB/s and GFLOPS of each variant,
+// the read floor (the same bytes summed by 8 streams per thread, as bench/membw) and the ratio of
+// each variant to it.
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "bench_util.h"
 #include "ir/tensor.h"
+#include "ops/gemm.h"
 #include "ops/gemv.h"
+#include "ops/panel_gemm.h"
 
 namespace {
 
@@ -41,7 +50,7 @@ double Median(std::vector<double> v) {
 int main(int argc, char** argv) {
   int64_t layers = 12, hidden = 1024, kv = 256, inter = 2816, vocab = 32000;  // the `bench` preset
   int rounds = 9;
-  std::vector<int> threads{1, 2};
+  std::vector<int> threads{1, 2}, row_counts{1};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
     if (k == "--layers") layers = std::atoll(v.c_str());
@@ -51,6 +60,7 @@ int main(int argc, char** argv) {
     else if (k == "--vocab") vocab = std::atoll(v.c_str());
     else if (k == "--rounds") rounds = std::atoi(v.c_str());
     else if (k == "--threads") threads = bench::ParseIntList(v);
+    else if (k == "--rows") row_counts = bench::ParseIntList(v);
     else {
       std::fprintf(stderr, "decode_gemv_bench: unknown option %s\n", k.c_str());
       return 2;
@@ -76,26 +86,75 @@ int main(int argc, char** argv) {
     bytes += 4.0 * x.K * x.N;
   }
   const int64_t widest = std::max({hidden, inter, vocab});
-  std::vector<float> xin(std::max(hidden, inter)), y1(widest), y2(widest), y3(widest);
+  int max_rows = 1;
+  for (int m : row_counts) {
+    if (m < 1 || m > gaf::kPanelMaxRows) {
+      std::fprintf(stderr, "decode_gemv_bench: --rows must be 1 to %lld\n", static_cast<long long>(gaf::kPanelMaxRows));
+      return 2;
+    }
+    max_rows = std::max(max_rows, m);
+  }
+  std::vector<float> xin(max_rows * std::max(hidden, inter)), y1(max_rows * widest), y2(max_rows * widest),
+      y3(max_rows * widest);
   for (float& v : xin) v = u(rng);
+  std::vector<gaf::PanelWeight> panels;
+  std::vector<std::unique_ptr<gaf::PreparedMatMul>> prepared;
+  for (const Weight& x : w) {
+    panels.emplace_back(x.t.data<float>(), x.K, x.N);
+    prepared.push_back(std::make_unique<gaf::PreparedMatMul>(x.t));
+  }
+  int64_t M = 1;  // the row count being measured
 
-  auto separate = [&] {
-    for (const Weight& x : w) gaf::GemvF32(xin.data(), x.t.data<float>(), x.N, y1.data(), x.K, x.N, false);
-  };
-  auto siblings = [&] {
+  // One step's products in the session's order, each group of siblings through `group` (the
+  // products of one x: count weights from index i, each y at y1/y2/y3) and lone products through `one`.
+  auto step = [&](auto&& group, auto&& one) {
     size_t i = 0;
     for (int64_t l = 0; l < layers; ++l, i += 7) {
-      const gaf::GemvOutput qkv[3] = {{w[i].t.data<float>(), hidden, y1.data(), hidden},
-                                      {w[i + 1].t.data<float>(), kv, y2.data(), kv},
-                                      {w[i + 2].t.data<float>(), kv, y3.data(), kv}};
-      gaf::GemvF32Many(xin.data(), hidden, qkv, 3);
-      gaf::GemvF32(xin.data(), w[i + 3].t.data<float>(), hidden, y1.data(), hidden, hidden, false);
-      const gaf::GemvOutput gu[2] = {{w[i + 4].t.data<float>(), inter, y1.data(), inter},
-                                     {w[i + 5].t.data<float>(), inter, y2.data(), inter}};
-      gaf::GemvF32Many(xin.data(), hidden, gu, 2);
-      gaf::GemvF32(xin.data(), w[i + 6].t.data<float>(), hidden, y1.data(), inter, hidden, false);
+      group(i, 3), one(i + 3), group(i + 4, 2), one(i + 6);
     }
-    gaf::GemvF32(xin.data(), w[i].t.data<float>(), vocab, y1.data(), hidden, vocab, false);
+    one(i);
+  };
+  float* ys[3] = {y1.data(), y2.data(), y3.data()};
+  auto separate = [&] {
+    for (size_t i = 0; i < w.size(); ++i) {
+      if (M == 1) gaf::GemvF32(xin.data(), w[i].t.data<float>(), w[i].N, y1.data(), w[i].K, w[i].N, false);
+      else prepared[i]->Run(xin.data(), M, y1.data());
+    }
+  };
+  auto siblings = [&] {
+    step(
+        [&](size_t i, int n) {
+          gaf::GemvOutput outs[3];
+          for (int j = 0; j < n; ++j) outs[j] = {w[i + j].t.data<float>(), w[i + j].N, ys[j], w[i + j].N};
+          gaf::GemvF32ManyRows(xin.data(), M, w[i].K, outs, n);
+        },
+        [&](size_t i) {
+          const gaf::GemvOutput out{w[i].t.data<float>(), w[i].N, y1.data(), w[i].N};
+          gaf::GemvF32ManyRows(xin.data(), M, w[i].K, &out, 1);
+        });
+  };
+  auto panel = [&] {
+    step(
+        [&](size_t i, int n) {
+          gaf::PanelProduct ps[3];
+          for (int j = 0; j < n; ++j) ps[j] = {&panels[i + j], ys[j]};
+          gaf::PanelGemmMany(xin.data(), M, w[i].K, ps, n);
+        },
+        [&](size_t i) {
+          const gaf::PanelProduct p{&panels[i], y1.data()};
+          gaf::PanelGemmMany(xin.data(), M, w[i].K, &p, 1);
+        });
+  };
+  // The panel results against the row-major GEMV's on the last product (the head), as a check.
+  auto check = [&] {
+    std::vector<float> a(M * w.back().N), b(M * w.back().N);
+    const gaf::GemvOutput out{w.back().t.data<float>(), w.back().N, a.data(), w.back().N};
+    gaf::GemvF32ManyRows(xin.data(), M, w.back().K, &out, 1);
+    const gaf::PanelProduct p{&panels.back(), b.data()};
+    gaf::PanelGemmMany(xin.data(), M, w.back().K, &p, 1);
+    double worst = 0;
+    for (size_t j = 0; j < a.size(); ++j) worst = std::max(worst, static_cast<double>(std::abs(a[j] - b[j])));
+    return worst;
   };
   volatile float sink = 0;
   // The floor: all the weights read once in one parallel sweep, each thread taking an equal share
@@ -122,20 +181,27 @@ int main(int argc, char** argv) {
   };
   std::printf("decode weight stream: %zu products, %.1f MB per step, medians of %d interleaved rounds\n", w.size(),
               bytes / 1e6, rounds);
-  std::printf("%4s | %12s %8s | %12s %8s | %12s %8s | %9s %9s\n", "thr", "floor ms", "GB/s", "separate ms", "GB/s",
-              "siblings ms", "GB/s", "sep/floor", "sib/floor");
+  std::printf("%4s %4s | %9s %6s | %9s %6s %6s | %9s %6s %6s | %9s %6s %6s | %7s %7s %7s | %8s\n", "thr", "rows",
+              "floor ms", "GB/s", "separ ms", "GB/s", "GFLOPS", "sibl ms", "GB/s", "GFLOPS", "panel ms", "GB/s",
+              "GFLOPS", "sep/fl", "sib/fl", "pan/fl", "max diff");
   for (int t : threads) {
     omp_set_num_threads(t);
-    std::vector<double> f, a, b;
-    separate(), siblings(), floor_read();  // warm-up
-    for (int r = 0; r < rounds; ++r) {
-      f.push_back(time(floor_read));
-      a.push_back(time(separate));
-      b.push_back(time(siblings));
+    for (int m : row_counts) {
+      M = m;
+      std::vector<double> f, a, b, c;
+      separate(), siblings(), panel(), floor_read();  // warm-up (and oneDNN's packing)
+      for (int r = 0; r < rounds; ++r) {
+        f.push_back(time(floor_read));
+        a.push_back(time(separate));
+        b.push_back(time(siblings));
+        c.push_back(time(panel));
+      }
+      const double mf = Median(f), ma = Median(a), mb = Median(b), mc = Median(c), flops = 2.0 * M * bytes / 4;
+      std::printf("%4d %4d | %9.3f %6.1f | %9.3f %6.1f %6.0f | %9.3f %6.1f %6.0f | %9.3f %6.1f %6.0f | %7.3f %7.3f %7.3f | %8.1e\n",
+                  t, m, mf * 1e3, bytes / mf / 1e9, ma * 1e3, bytes / ma / 1e9, flops / ma / 1e9, mb * 1e3,
+                  bytes / mb / 1e9, flops / mb / 1e9, mc * 1e3, bytes / mc / 1e9, flops / mc / 1e9, mf / ma, mf / mb,
+                  mf / mc, check());
     }
-    const double mf = Median(f), ma = Median(a), mb = Median(b);
-    std::printf("%4d | %12.3f %8.1f | %12.3f %8.1f | %12.3f %8.1f | %9.3f %9.3f\n", t, mf * 1e3, bytes / mf / 1e9,
-                ma * 1e3, bytes / ma / 1e9, mb * 1e3, bytes / mb / 1e9, mf / ma, mf / mb);
   }
   return 0;
 }

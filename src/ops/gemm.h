@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ops/kernel.h"
+#include "ops/panel_gemm.h"
 
 namespace gaf {
 
@@ -24,11 +25,13 @@ void SgemmF32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
 std::vector<int64_t> BatchOffsets(const Shape& batch_shape, int64_t mat_size, const Shape& out_batch);
 
 
-// A float32 MatMul by a constant [K, N] weight, prepared for prompts: products of more than 8 rows
-// (a prefill) run oneDNN's matmul on a copy of the weight reordered once into the layout that
-// primitive wants (its blocked layout; no packing of the weight on every call, which made sgemm
-// stream it two more times). Fewer rows keep the streaming GEMV (ops/gemv.h) on the weight as given. The packed
-// copy is made on the first such product, so a session that only decodes does not hold it.
+// A float32 MatMul by a constant [K, N] weight, prepared for prompts and small batches:
+//  - one row (a decode step) streams the weight as given (the GEMV, ops/gemv.h);
+//  - 2 to kPanelMaxRows rows run on a copy of the weight packed into column panels
+//    (ops/panel_gemm.h): read once, in order, for all rows, at the memory's pace;
+//  - from kPackedMatMulMinRows rows (a prefill) oneDNN's matmul runs on a copy of the weight
+//    reordered once into the layout that primitive wants (sgemm had re-packed it on every call).
+// Each copy is made on the first product that needs it, so a session that only decodes holds none.
 class PreparedMatMul {
  public:
   explicit PreparedMatMul(Tensor weight);
@@ -38,8 +41,10 @@ class PreparedMatMul {
   const Tensor& weight() const { return weight_; }
   // C[M, N] = A[M, K] * W, row-major and contiguous.
   void Run(const float* A, int64_t M, float* C) const;
-  // Packed copies of the weight made so far (one per layout a primitive asked for; 0 before the
-  // first product of kPackedMatMulMinRows rows).
+  // The panel copy (made on the first call).
+  const PanelWeight& panels() const;
+  // Copies of the weight made so far: the panel copy, and one per layout a library primitive
+  // asked for.
   size_t packed_copies() const;
 
  private:
@@ -48,9 +53,8 @@ class PreparedMatMul {
   std::unique_ptr<Impl> impl_;
 };
 
-// Rows from which PreparedMatMul takes oneDNN's matmul on the packed weight (on the bench Llama
-// here: 2-4 rows stream faster through GemvRows, 26.6 vs 29.3 ms at 2; 6 rows 33-34 vs 35.6 ms).
-inline constexpr int64_t kPackedMatMulMinRows = 6;
+// Rows from which PreparedMatMul takes oneDNN's matmul on its packed weight (below: the panels).
+inline constexpr int64_t kPackedMatMulMinRows = kPanelMaxRows + 1;
 // Weights (elements) from which a MatMul is prepared: below, oneDNN's sgemm on the weight as given
 // is as fast, and the matmul primitive (created per row count) and its threads cost more than they
 // save; under CPU contention its parallel regions on tiny products made a whole run 100x slower.

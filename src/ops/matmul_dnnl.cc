@@ -26,6 +26,7 @@ struct PreparedMatMul::Impl {
     const dnnl::memory* weights = nullptr;  // packed copy in the primitive's layout
   };
   std::mutex mu;
+  std::unique_ptr<PanelWeight> panels;                             // made on first use
   std::map<int64_t, Plan> plans;                                   // by M
   std::vector<std::pair<dnnl::memory::desc, dnnl::memory>> packed;  // per layout asked for
 };
@@ -35,13 +36,24 @@ PreparedMatMul::~PreparedMatMul() = default;
 
 size_t PreparedMatMul::packed_copies() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->packed.size();
+  return impl_->packed.size() + (impl_->panels ? 1 : 0);
+}
+
+const PanelWeight& PreparedMatMul::panels() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (!impl_->panels) impl_->panels = std::make_unique<PanelWeight>(weight_.data<float>(), K(), N());
+  return *impl_->panels;
 }
 
 void PreparedMatMul::Run(const float* A, int64_t M, float* C) const {
   const int64_t K = this->K(), N = this->N();
-  if (M < kPackedMatMulMinRows || K == 0) {
+  if (M == 1 || K == 0) {
     SgemmF32(false, false, M, N, K, 1.f, A, K, weight_.data<float>(), N, 0.f, C, N);
+    return;
+  }
+  if (M <= kPanelMaxRows) {
+    const PanelProduct p{&panels(), C};
+    PanelGemmMany(A, M, K, &p, 1);
     return;
   }
   dnnl::engine& eng = DnnlEngine();
@@ -110,12 +122,27 @@ KernelInfo PreparedSiblingMatMulKernel(std::vector<std::shared_ptr<PreparedMatMu
     const Tensor& A = ctx.input(0);
     int64_t M = 0;
     const int64_t K = A.rank() >= 1 ? A.shape().back() : 0;
-    if (A.rank() < 2 || !RowsOf(A, K, &M) || M < kPackedMatMulMinRows || ctx.num_inputs() != mms.size() + 1)
-      return fallback(ctx);
+    if (A.rank() < 2 || !RowsOf(A, K, &M) || M < 2 || ctx.num_inputs() != mms.size() + 1) return fallback(ctx);
+    bool all_prepared = true;
     for (size_t i = 0; i < mms.size(); ++i) {
       const Tensor& w = ctx.input(1 + i);
       if (w.dtype() != DataType::kFloat || w.rank() != 2 || w.dim(0) != K || (mms[i] && mms[i]->K() != K))
         return fallback(ctx);
+      all_prepared = all_prepared && mms[i] != nullptr;
+    }
+    if (M <= kPanelMaxRows) {
+      // A few rows: every weight's panels in one set of tasks, or the registry's multi-row GEMV
+      // when some weight is not prepared.
+      if (!all_prepared) return fallback(ctx);
+      std::vector<PanelProduct> ps;
+      for (size_t i = 0; i < mms.size(); ++i) {
+        Shape s = A.shape();
+        s.back() = mms[i]->N();
+        ctx.outputs[i] = Tensor::Uninitialized(DataType::kFloat, s);
+        ps.push_back({&mms[i]->panels(), ctx.outputs[i].data<float>()});
+      }
+      PanelGemmMany(A.data<float>(), M, K, ps.data(), static_cast<int>(ps.size()));
+      return;
     }
     for (size_t i = 0; i < mms.size(); ++i) {
       const Tensor& w = ctx.input(1 + i);

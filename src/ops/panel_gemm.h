@@ -1,0 +1,49 @@
+// Products of a few rows by a constant weight packed into column panels: C[M, N] = A[M, K] * W[K, N]
+// for 2 <= M <= kPanelMaxRows (a short prompt, a small batch's decode step).
+//
+// Why: a row-major weight read k by k for a register tile of rows strides by N floats per k (the
+// prefetchers lose it), and reading it row by row as the GEMV does keeps the sums in memory (its
+// multi-row form is bound by loads and adds at 75-115 GFLOPS). A panel is kPanelCols columns of W
+// for every k, stored contiguously ([panel][k][kPanelCols], the last panel padded with zeros), so
+// a register tile of up to 6 rows x 64 columns sums over all of K with one FMA per weight vector
+// per row while the weight streams in order.
+//
+// Every element is summed over k in order (no split of K), so results depend neither on the
+// thread count nor on how the rows are tiled.
+#pragma once
+
+#include <cstdint>
+
+#include "ir/tensor.h"
+
+namespace gaf {
+
+inline constexpr int64_t kPanelCols = 64;
+inline constexpr int64_t kPanelMaxRows = 16;
+
+class PanelWeight {
+ public:
+  // Packs w[K, N] (row-major, contiguous), in parallel.
+  PanelWeight(const float* w, int64_t K, int64_t N);
+  int64_t K() const { return K_; }
+  int64_t N() const { return N_; }
+  int64_t panels() const { return panels_; }
+  const float* panel(int64_t p) const { return packed_.data<float>() + p * K_ * kPanelCols; }
+  int64_t bytes() const { return packed_.nbytes(); }
+
+ private:
+  int64_t K_, N_, panels_;
+  Tensor packed_;
+};
+
+struct PanelProduct {
+  const PanelWeight* w;
+  float* y;  // [M, w->N()] row-major, leading dimension w->N()
+};
+
+// y_i = x[M, K] * W_i for each product (x row m at x + m * K), as one set of tasks (one per panel
+// of every weight) taken dynamically by the threads. M must be in [1, kPanelMaxRows] and every
+// weight's K the same.
+void PanelGemmMany(const float* x, int64_t M, int64_t K, const PanelProduct* ps, int count);
+
+}  // namespace gaf

@@ -1,0 +1,139 @@
+// Products of a few rows on weights packed into column panels (ops/panel_gemm.h), and the
+// PreparedMatMul / SiblingMatMul paths that take them.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "ops/gemm.h"
+#include "ops/panel_gemm.h"
+#include "runtime/session.h"
+#include "test_util.h"
+
+namespace gaf {
+namespace {
+
+using testing::MakeModel;
+using testing::MakeNode;
+using testing::RandomFloat;
+
+// Worst |x * w - y| against double precision, over every element.
+double WorstError(const Tensor& x, const Tensor& w, const std::vector<float>& y, int64_t M) {
+  const int64_t K = w.dim(0), N = w.dim(1);
+  double worst = 0;
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t n = 0; n < N; ++n) {
+      double ref = 0;
+      for (int64_t k = 0; k < K; ++k) ref += double(x.data<float>()[m * K + k]) * w.data<float>()[k * N + n];
+      worst = std::max(worst, std::abs(ref - y[m * N + n]));
+    }
+  return worst;
+}
+
+TEST(PanelGemm, EqualsDoublePrecisionForEveryRowCountAndTail) {
+  // N not a multiple of the panel width (a padded last panel), K not a multiple of the k-block,
+  // and a K below it; every row count the kernel takes (one tile, and several over k-blocks).
+  for (auto [K, N] : {std::pair<int64_t, int64_t>{300, 130}, {37, 64}, {129, 1}, {1, 200}}) {
+    const Tensor w = RandomFloat({K, N}, 3 + K, -0.5f, 0.5f);
+    const PanelWeight pw(w.data<float>(), K, N);
+    EXPECT_EQ(pw.panels(), (N + kPanelCols - 1) / kPanelCols);
+    for (int64_t M = 1; M <= kPanelMaxRows; ++M) {
+      const Tensor x = RandomFloat({M, K}, 11 + M);
+      std::vector<float> y(M * N, -7.f);
+      const PanelProduct p{&pw, y.data()};
+      PanelGemmMany(x.data<float>(), M, K, &p, 1);
+      EXPECT_LT(WorstError(x, w, y, M), 1e-4 * std::sqrt(double(K))) << "K " << K << " N " << N << " M " << M;
+    }
+  }
+}
+
+TEST(PanelGemm, RowsDoNotDependOnTilingOrThreads) {
+  const int64_t K = 700, N = 450;  // several k-blocks and panels
+  const Tensor w = RandomFloat({K, N}, 5, -0.5f, 0.5f);
+  const PanelWeight pw(w.data<float>(), K, N);
+  const Tensor x = RandomFloat({kPanelMaxRows, K}, 6);
+  auto run = [&](int64_t M, const float* rows, int threads) {
+    std::vector<float> y(M * N);
+    const PanelProduct p{&pw, y.data()};
+    const int saved = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    PanelGemmMany(rows, M, K, &p, 1);
+    omp_set_num_threads(saved);
+    return y;
+  };
+  const std::vector<float> all = run(kPanelMaxRows, x.data<float>(), 2);
+  EXPECT_EQ(run(kPanelMaxRows, x.data<float>(), 1), all);
+  for (int64_t M : {1, 4, 6, 7, 11}) {  // one tile, tiles of other sizes
+    const std::vector<float> part = run(M, x.data<float>() + K * 3, 2);  // rows 3 .. 3+M
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n) ASSERT_EQ(part[m * N + n], all[(3 + m) * N + n]) << M << " rows, row " << m;
+  }
+}
+
+TEST(PanelGemm, SeveralProductsInOneTaskSet) {
+  const int64_t K = 256, M = 5;
+  const Tensor w1 = RandomFloat({K, 1000}, 7, -0.5f, 0.5f), w2 = RandomFloat({K, 70}, 8, -0.5f, 0.5f);
+  const PanelWeight p1(w1.data<float>(), K, 1000), p2(w2.data<float>(), K, 70);
+  const Tensor x = RandomFloat({M, K}, 9);
+  std::vector<float> y1(M * 1000), y2(M * 70), a(M * 1000), b(M * 70);
+  const PanelProduct ps[2] = {{&p1, y1.data()}, {&p2, y2.data()}};
+  PanelGemmMany(x.data<float>(), M, K, ps, 2);
+  const PanelProduct one1{&p1, a.data()}, one2{&p2, b.data()};
+  PanelGemmMany(x.data<float>(), M, K, &one1, 1);
+  PanelGemmMany(x.data<float>(), M, K, &one2, 1);
+  EXPECT_EQ(y1, a);
+  EXPECT_EQ(y2, b);
+  EXPECT_LT(WorstError(x, w2, y2, M), 1e-4 * 16);
+}
+
+TEST(PanelGemm, RejectsRowCountsOutsideItsRange) {
+  const Tensor w = RandomFloat({8, 8}, 1);
+  const PanelWeight pw(w.data<float>(), 8, 8);
+  std::vector<float> x(8 * (kPanelMaxRows + 1)), y(8 * (kPanelMaxRows + 1));
+  const PanelProduct p{&pw, y.data()};
+  EXPECT_THROW(PanelGemmMany(x.data(), kPanelMaxRows + 1, 8, &p, 1), Error);
+  EXPECT_THROW(PanelGemmMany(x.data(), 0, 8, &p, 1), Error);
+  EXPECT_THROW(PanelGemmMany(x.data(), 2, 7, &p, 1), Error);  // K of another weight
+}
+
+// y_i = MatMul(x, w_i), every weight large enough to be prepared.
+Model PreparedSiblings(int64_t K) {
+  Graph g;
+  g.inputs = {testing::FloatValue("x", {-1, K})};
+  const int64_t n[3] = {700, 520, 520};
+  for (int i = 0; i < 3; ++i) {
+    const std::string w = "w" + std::to_string(i), y = "y" + std::to_string(i);
+    g.SetInitializer(w, RandomFloat({K, n[i]}, 60 + i, -0.1f, 0.1f));
+    g.nodes.push_back(MakeNode("MatMul", {"x", w}, {y}, "proj" + std::to_string(i)));
+    g.outputs.push_back(ValueInfo{y, DataType::kFloat});
+  }
+  return MakeModel(std::move(g));
+}
+
+TEST(PanelGemm, SiblingProductsOfAFewRowsShareOneTaskSet) {
+  const int64_t K = 512;
+  static_assert(512 * 520 >= kPackedMatMulMinWeight);
+  Model m = PreparedSiblings(K);
+  SessionOptions on{.profile = true}, off;
+  off.rewrite_products = false;
+  off.prepared_kernels = false;
+  Session fast(m, on), plain(m, off);
+  ASSERT_EQ(fast.product_rewrites().siblings, 3);
+  for (int64_t rows : {2, 5, 8, 16, 17}) {  // the panels, then the library (17)
+    std::map<std::string, Tensor> feeds = {{"x", RandomFloat({rows, K}, 80 + rows)}};
+    const std::vector<Tensor> a = fast.Run(feeds), b = plain.Run(feeds);
+    ASSERT_EQ(a.size(), 3u);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(a[i].shape(), b[i].shape());
+      const std::vector<double> x = a[i].ToDoubles(), y = b[i].ToDoubles();
+      double worst = 0;
+      for (size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::abs(x[j] - y[j]));
+      EXPECT_LT(worst, 1e-4) << rows << " rows, output " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gaf
