@@ -4,9 +4,10 @@
 // process, interleaved round by round. At one row, "separate" runs one GemvF32 per product;
 // "siblings" runs q/k/v and gate/up as one GemvF32Many each (as the session's SiblingMatMul does).
 // At M rows (--rows: a small batch's decode step, a short prompt), "siblings" is the GEMV's
-// multi-row form (GemvF32ManyRows) and "separate" oneDNN's matmul on its packed weight
-// (PreparedMatMul, what the session takes from kPackedMatMulMinRows rows). "panel" is the
-// products on weights packed into column panels (ops/panel_gemm.h), siblings grouped.
+// multi-row form (GemvF32ManyRows, what products by weights that are not prepared take) and
+// "separate" PreparedMatMul per product (the panels to kPanelMaxRows rows, then oneDNN's matmul
+// on its packed weight). "panel" is the products on weights packed into column panels
+// (ops/panel_gemm.h) with siblings grouped, as the session's SiblingMatMul runs them.
 //
 //   decode_gemv_bench [--layers 12] [--hidden 1024] [--kv 256] [--inter 2816] [--vocab 32000]
 //                     [--threads 1,2] [--rows 1,4,8] [--rounds 9]

@@ -17,23 +17,22 @@ using nn_detail::CeilDiv;
 namespace {
 
 // Rows of one register tile (6 x 4 accumulators + 4 weight vectors + a broadcast fit the 32
-// vector registers), and the k-block a weight panel is taken in when M needs several tiles
-// (128 x 64 floats = 32 KiB: in L1 for the tiles after the first).
+// vector registers), and the k-block a weight panel is taken in (64 x 64 floats = 16 KiB: in L1
+// for the tiles after the first).
 constexpr int kTileRows = 6;
 constexpr int64_t kKBlock = 64;
 // A single sequential stream per core is held back by the hardware prefetchers (about 9 of the
-// 12 GB/s one core reads here, bench/decode_gemv_bench), so the tiles prefetch themselves: a lone
-// tile kPrefetch bytes ahead of where it reads (into L1); several tiles over a k-block prefetch
-// the next k-block between them (into L2), so the stream keeps going while the later tiles work
-// from L1 (prefetching only ahead of each tile left memory idle during all but the first).
-constexpr int64_t kPrefetch = 16384;
+// 12 GB/s one core reads here, bench/decode_gemv_bench), so the tiles prefetch the next k-block
+// between them (into L2) while they work on this one: the stream keeps going while the later
+// tiles work from L1. (Prefetching only ahead of each tile left memory idle during all but the
+// first; 2 or 4 blocks ahead, or 128-row blocks, were slower.)
 // Weight elements x rows below which one thread is faster than waking the team.
 constexpr int64_t kPanelMinParallel = int64_t{1} << 18;
 
 // out[r][0:64] (+)= sum over k in [k0, k1) of x[r * ldx + k] * panel[k][0:64], r < R; out rows 64
 // floats apart. The sums run over k in order. Iteration i prefetches the 4 lines at pf + i * pf_step
-// (into L1 when near, else L2).
-template <int R, bool kNear>
+// into L2.
+template <int R>
 void Tile(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t k1, float* out, bool first,
           const char* pf, int64_t pf_step) {
 #if GAF_AVX512
@@ -45,7 +44,7 @@ void Tile(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t k
     for (int j = 0; j < 4; ++j) acc[r][j] = first ? _mm512_setzero_ps() : _mm512_load_ps(out + r * 64 + 16 * j);
   const float* q = panel + k0 * kPanelCols;
   for (int64_t k = k0; k < k1; ++k, q += kPanelCols) {
-    constexpr _mm_hint kHint = kNear ? _MM_HINT_T0 : _MM_HINT_T1;
+    constexpr _mm_hint kHint = _MM_HINT_T1;
     _mm_prefetch(pf, kHint), _mm_prefetch(pf + 64, kHint), _mm_prefetch(pf + 128, kHint),
         _mm_prefetch(pf + 192, kHint);
     pf += pf_step;
@@ -80,40 +79,34 @@ void Tile(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t k
 #endif
 }
 
-template <bool kNear>
 void TileRows(int rows, const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t k1, float* out,
               bool first, const char* pf, int64_t pf_step) {
   switch (rows) {
-    case 1: return Tile<1, kNear>(x, ldx, panel, k0, k1, out, first, pf, pf_step);
-    case 2: return Tile<2, kNear>(x, ldx, panel, k0, k1, out, first, pf, pf_step);
-    case 3: return Tile<3, kNear>(x, ldx, panel, k0, k1, out, first, pf, pf_step);
-    case 4: return Tile<4, kNear>(x, ldx, panel, k0, k1, out, first, pf, pf_step);
-    case 5: return Tile<5, kNear>(x, ldx, panel, k0, k1, out, first, pf, pf_step);
-    default: return Tile<6, kNear>(x, ldx, panel, k0, k1, out, first, pf, pf_step);
+    case 1: return Tile<1>(x, ldx, panel, k0, k1, out, first, pf, pf_step);
+    case 2: return Tile<2>(x, ldx, panel, k0, k1, out, first, pf, pf_step);
+    case 3: return Tile<3>(x, ldx, panel, k0, k1, out, first, pf, pf_step);
+    case 4: return Tile<4>(x, ldx, panel, k0, k1, out, first, pf, pf_step);
+    case 5: return Tile<5>(x, ldx, panel, k0, k1, out, first, pf, pf_step);
+    default: return Tile<6>(x, ldx, panel, k0, k1, out, first, pf, pf_step);
   }
 }
 
-// y[0:M, c0:c0+cols] = x * panel, through a block of M x 64 sums.
+// y[0:M, c0:c0+cols] = x * panel, through a block of M x 64 sums: the rows in tiles of nearly
+// equal size that take each k-block in turn (from L1 after the first), each tile prefetching its
+// share of the next k-block. (Cutting K into 2 or 4 segments read round-robin, for more streams
+// per core, was no faster.)
 void PanelTask(const float* x, int64_t M, int64_t K, const float* panel, float* y, int64_t ldy, int64_t c0,
                int64_t cols) {
   alignas(64) float out[kPanelMaxRows * kPanelCols];
-  if (M <= kTileRows) {
-    const char* pf = reinterpret_cast<const char*>(panel) + kPrefetch;
-    TileRows<true>(static_cast<int>(M), x, K, panel, 0, K, out, true, pf, kPanelCols * sizeof(float));
-  } else {
-    // Tiles of nearly equal rows, each taking the panel a k-block at a time (from L1 after the first).
-    const int64_t tiles = CeilDiv(M, kTileRows);
-    for (int64_t k0 = 0; k0 < K; k0 += kKBlock) {
-      const int64_t k1 = std::min(K, k0 + kKBlock);
-      for (int64_t t = 0; t < tiles; ++t) {
-        const int64_t m0 = M * t / tiles, m1 = M * (t + 1) / tiles;
-        // Tile t prefetches its share (1/tiles) of the next k-block.
-        constexpr int64_t kRowBytes = kPanelCols * sizeof(float);
-        const int64_t share = kKBlock * kRowBytes / tiles;
-        const char* pf = reinterpret_cast<const char*>(panel + k1 * kPanelCols) + t * share;
-        TileRows<false>(static_cast<int>(m1 - m0), x + m0 * K, K, panel, k0, k1, out + m0 * kPanelCols, k0 == 0, pf,
-                        kRowBytes / tiles);
-      }
+  const int64_t tiles = CeilDiv(M, kTileRows);
+  constexpr int64_t kRowBytes = kPanelCols * sizeof(float);
+  for (int64_t k0 = 0; k0 < K; k0 += kKBlock) {
+    const int64_t k1 = std::min(K, k0 + kKBlock);
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t m0 = M * t / tiles, m1 = M * (t + 1) / tiles;
+      const char* pf = reinterpret_cast<const char*>(panel + k1 * kPanelCols) + t * (kKBlock * kRowBytes / tiles);
+      TileRows(static_cast<int>(m1 - m0), x + m0 * K, K, panel, k0, k1, out + m0 * kPanelCols, k0 == 0, pf,
+               kRowBytes / tiles);
     }
   }
   for (int64_t m = 0; m < M; ++m) std::memcpy(y + m * ldy + c0, out + m * kPanelCols, sizeof(float) * cols);
