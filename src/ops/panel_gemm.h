@@ -4,21 +4,22 @@
 // Why: a row-major weight read k by k for a register tile of rows strides by N floats per k (the
 // prefetchers lose it), and reading it row by row as the GEMV does keeps the sums in memory (its
 // multi-row form is bound by loads and adds at 75-115 GFLOPS). A panel is kPanelCols columns of W
-// for every k, stored contiguously ([panel][k][kPanelCols], the last panel padded with zeros), so
-// a register tile of up to 6 rows x 64 columns sums over all of K with one FMA per weight vector
-// per row while the weight streams in order.
+// for every k, stored contiguously ([k][kPanelCols]; the last panel is as wide as the columns left,
+// rounded up to 16 and padded with zeros), so a register tile of up to 8 rows x 48 columns sums over
+// all of K with one FMA per weight vector per row while the weight streams in order.
 //
 // Every element is summed over k in order (no split of K), so results depend neither on the
 // thread count nor on how the rows are tiled.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 
 #include "ir/tensor.h"
 
 namespace gaf {
 
-inline constexpr int64_t kPanelCols = 64;
+inline constexpr int64_t kPanelCols = 48;
 inline constexpr int64_t kPanelMaxRows = 16;
 
 class PanelWeight {
@@ -28,7 +29,11 @@ class PanelWeight {
   int64_t K() const { return K_; }
   int64_t N() const { return N_; }
   int64_t panels() const { return panels_; }
+  // Panel p: columns [p * kPanelCols, +kPanelCols) as vectors(p) * 16 floats per k.
   const float* panel(int64_t p) const { return packed_.data<float>() + p * K_ * kPanelCols; }
+  int vectors(int64_t p) const {
+    return static_cast<int>((std::min(kPanelCols, N_ - p * kPanelCols) + 15) / 16);
+  }
   int64_t bytes() const { return packed_.nbytes(); }
 
  private:
