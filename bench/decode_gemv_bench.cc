@@ -100,10 +100,10 @@ int main(int argc, char** argv) {
   for (float& v : xin) v = u(rng);
   std::vector<gaf::PanelWeight> panels;
   std::vector<std::unique_ptr<gaf::PreparedMatMul>> prepared;
-  for (const Weight& x : w) {
-    panels.emplace_back(x.t.data<float>(), x.K, x.N);
-    prepared.push_back(std::make_unique<gaf::PreparedMatMul>(x.t));
-  }
+  const auto pack_start = std::chrono::steady_clock::now();
+  for (const Weight& x : w) panels.emplace_back(x.t.data<float>(), x.K, x.N);
+  const double pack_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - pack_start).count();
+  for (const Weight& x : w) prepared.push_back(std::make_unique<gaf::PreparedMatMul>(x.t));
   int64_t M = 1;  // the row count being measured
 
   // One step's products in the session's order, each group of siblings through `group` (the
@@ -182,6 +182,7 @@ int main(int argc, char** argv) {
   };
   std::printf("decode weight stream: %zu products, %.1f MB per step, medians of %d interleaved rounds\n", w.size(),
               bytes / 1e6, rounds);
+  std::printf("packing the panel copies: %.1f ms (%d threads)\n", pack_s * 1e3, omp_get_max_threads());
   std::printf("%4s %4s | %9s %6s | %9s %6s %6s | %9s %6s %6s | %9s %6s %6s | %7s %7s %7s | %8s\n", "thr", "rows",
               "floor ms", "GB/s", "separ ms", "GB/s", "GFLOPS", "sibl ms", "GB/s", "GFLOPS", "panel ms", "GB/s",
               "GFLOPS", "sep/fl", "sib/fl", "pan/fl", "max diff");
