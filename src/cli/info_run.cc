@@ -280,8 +280,9 @@ void RunRun(const RunArgs& a) {
       fmt::print("  {:<24} {:>8} calls {:>10.3f} ms\n", p.op_type, p.calls, p.seconds * 1e3);
     const ProductRewrites& r = session.product_rewrites();
     fmt::print("plan rewrites (--no-plan-rewrites turns them off): {} products read a transposed operand in place, {} "
-               "a repeated KV cache once per cache head, {} sibling products in {} passes\n",
-               r.transposed, r.kv_grouped, r.siblings, r.sibling_groups);
+               "a repeated KV cache once per cache head ({} of them making the present cache in the same pass), {} "
+               "sibling products in {} passes\n",
+               r.transposed, r.kv_grouped, r.appended, r.siblings, r.sibling_groups);
     for (const std::string& n : r.notes) fmt::print("  {}\n", n);
     if (kernels) fmt::print("fused kernels:\n{}", DescribeFusedKernels(*kernels));
   }

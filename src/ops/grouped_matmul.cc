@@ -7,7 +7,9 @@
 //           kv_group  1: B is a key/value cache [b, g, t, d] that the graph repeated per query head
 //                        (Unsqueeze at axis 2, Expand to [b, g, r, t, d], Reshape to [b, g*r, t, d]);
 //                        the product reads each cache head once for its r query heads
-//           fallback  the original nodes, as a graph on (A, B, expand_shape, reshape_shape)
+//           append    1 (with kv_group): inputs A, past, new, expand_shape, reshape_shape and
+//                        outputs (Y, B) with B = Concat(past, new) on axis 2, made in the same pass
+//           fallback  the original nodes, as a graph on the node's inputs
 //
 // With kv_group the query heads of one cache head are r consecutive heads of A, so A viewed as
 // [b, g, r*S, K] multiplies each cache head [t, d] in one product of r*S rows. Whenever a run's
@@ -132,7 +134,7 @@ inline __m512 SumEach16(const __m512* v) {
 // Attention scores C[M,N] = A[M,D] * B[N,D]ᵀ for D a multiple of 16 (a decode step: M = the query
 // heads of one cache head, N = the cache length): 16 cache rows at a time stay in L1 while every
 // query row takes its 16 dot products, summed across lanes together.
-void ScoresAvx512(int64_t M, int64_t N, int64_t D, const float* A, const float* B, float* C) {
+void ScoresAvx512(int64_t M, int64_t N, int64_t D, const float* A, const float* B, float* C, int64_t ldc) {
   const int64_t chunks = D / 16;
   for (int64_t n0 = 0; n0 < N; n0 += 16) {
     const int64_t nb = std::min<int64_t>(16, N - n0);
@@ -148,24 +150,25 @@ void ScoresAvx512(int64_t M, int64_t N, int64_t D, const float* A, const float* 
         }
         part[i] = acc;
       }
-      _mm512_mask_storeu_ps(C + m * N + n0, static_cast<__mmask16>((1u << nb) - 1), SumEach16(part));
+      _mm512_mask_storeu_ps(C + m * ldc + n0, static_cast<__mmask16>((1u << nb) - 1), SumEach16(part));
     }
   }
 }
 
-// C[M, 16*DV] = P[M,T] * V[T, 16*DV] for MB rows of P at a time: the MB x DV sums in registers
-// while V streams by (read once per MB rows: from L2 after the first block).
+// C[M, 16*DV] (+)= P[M,T] * V[T, 16*DV] (P rows ldp apart) for MB rows of P at a time: the MB x DV
+// sums in registers while V streams by (read once per MB rows: from L2 after the first block).
 template <int DV, int MB>
-void ValuesBlock(int64_t mb, int64_t T, const float* P, const float* V, float* C) {
+void ValuesBlock(int64_t mb, int64_t T, const float* P, int64_t ldp, const float* V, float* C, bool accumulate) {
   __m512 acc[MB][DV];
   for (int i = 0; i < MB; ++i)
-    for (int c = 0; c < DV; ++c) acc[i][c] = _mm512_setzero_ps();
+    for (int c = 0; c < DV; ++c)
+      acc[i][c] = accumulate && i < mb ? _mm512_loadu_ps(C + i * 16 * DV + 16 * c) : _mm512_setzero_ps();
   for (int64_t t = 0; t < T; ++t) {
     __m512 v[DV];
     for (int c = 0; c < DV; ++c) v[c] = _mm512_loadu_ps(V + t * 16 * DV + 16 * c);
     for (int i = 0; i < MB; ++i) {
       if (i >= mb) break;
-      const __m512 p = _mm512_set1_ps(P[i * T + t]);
+      const __m512 p = _mm512_set1_ps(P[i * ldp + t]);
       for (int c = 0; c < DV; ++c) acc[i][c] = _mm512_fmadd_ps(p, v[c], acc[i][c]);
     }
   }
@@ -174,27 +177,32 @@ void ValuesBlock(int64_t mb, int64_t T, const float* P, const float* V, float* C
 }
 
 template <int DV, int MB>
-void ValuesAvx512(int64_t M, int64_t T, const float* P, const float* V, float* C) {
+void ValuesAvx512(int64_t M, int64_t T, const float* P, int64_t ldp, const float* V, float* C, bool accumulate) {
   for (int64_t m0 = 0; m0 < M; m0 += MB)
-    ValuesBlock<DV, MB>(std::min<int64_t>(MB, M - m0), T, P + m0 * T, V, C + m0 * 16 * DV);
+    ValuesBlock<DV, MB>(std::min<int64_t>(MB, M - m0), T, P + m0 * ldp, ldp, V, C + m0 * 16 * DV, accumulate);
 }
 
 // The attention products of a decode step or short prompt, when this machine and shape have them:
-// false when the caller is to use the library.
-bool AttentionProduct(int64_t M, int64_t N, int64_t K, bool trans_b, const float* A, const float* B, float* C) {
+// false when the caller is to use the library. A's rows are lda apart, C's ldc apart (scores) or
+// N (values, which add into C when accumulate).
+bool AttentionProduct(int64_t M, int64_t N, int64_t K, bool trans_b, const float* A, int64_t lda, const float* B,
+                      float* C, int64_t ldc, bool accumulate) {
   if (M > 16) return false;
   if (trans_b) {
-    if (K % 16 != 0 || K > 256) return false;
-    ScoresAvx512(M, N, K, A, B, C);
+    if (K % 16 != 0 || K > 256 || lda != K || accumulate) return false;
+    ScoresAvx512(M, N, K, A, B, C, ldc);
     return true;
   }
-  if (N == 64) ValuesAvx512<4, 4>(M, K, A, B, C);
-  else if (N == 128) ValuesAvx512<8, 2>(M, K, A, B, C);
+  if (ldc != N) return false;
+  if (N == 64) ValuesAvx512<4, 4>(M, K, A, lda, B, C, accumulate);
+  else if (N == 128) ValuesAvx512<8, 2>(M, K, A, lda, B, C, accumulate);
   else return false;
   return true;
 }
 #else
-bool AttentionProduct(int64_t, int64_t, int64_t, bool, const float*, const float*, float*) { return false; }
+bool AttentionProduct(int64_t, int64_t, int64_t, bool, const float*, int64_t, const float*, float*, int64_t, bool) {
+  return false;
+}
 #endif
 
 // Below this many multiply-adds a product is computed by SmallProduct.
@@ -208,7 +216,7 @@ void Products(int64_t batches, int64_t M, int64_t N, int64_t K, bool trans_b, co
   const int64_t ldb = trans_b ? K : N;
   const bool small = M * N * K <= kSmallProduct;
   auto one = [&](int64_t i) {
-    if (AttentionProduct(M, N, K, trans_b, A + i * a_stride, B + i * b_stride, C + i * M * N)) return;
+    if (AttentionProduct(M, N, K, trans_b, A + i * a_stride, K, B + i * b_stride, C + i * M * N, N, false)) return;
     if (small)
       SmallProduct(M, N, K, trans_b, A + i * a_stride, B + i * b_stride, C + i * M * N);
     else
@@ -225,8 +233,76 @@ void Products(int64_t batches, int64_t M, int64_t N, int64_t K, bool trans_b, co
   }
 }
 
+// C[M,N] (+)= A[M,K] * op(B) with A's rows lda apart and C's ldc apart (one segment of the cache rows).
+void Segment(int64_t M, int64_t N, int64_t K, bool trans_b, const float* A, int64_t lda, const float* B, float* C,
+             int64_t ldc, bool accumulate) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    if (!accumulate)
+      for (int64_t m = 0; m < M; ++m) std::fill(C + m * ldc, C + m * ldc + N, 0.f);
+    return;
+  }
+  if (AttentionProduct(M, N, K, trans_b, A, lda, B, C, ldc, accumulate)) return;
+  SgemmF32(false, trans_b, M, N, K, 1.f, A, lda, B, trans_b ? K : N, accumulate ? 1.f : 0.f, C, ldc);
+}
+
+// kv_group with append: B is Concat(past, new) on the cache axis, the present cache, which is also
+// this node's second output. Each cache head's product reads its past rows and new rows where they
+// are, then copies both into the present (the past rows from cache, just read, with stores that
+// bypass the caches): the past crosses memory once, not once for the Concat and again for the
+// product. Scores (trans_b) take the two segments as column ranges of each row; values add the
+// new rows' terms after the past's, in the same order as over the concatenated cache.
+void AppendProducts(KernelContext& ctx, bool trans_b) {
+  const Tensor& A = ctx.input(0);
+  const Tensor& past = ctx.input(1);
+  const Tensor& cur = ctx.input(2);
+  if (ctx.num_inputs() < 5 || !ctx.has_input(3) || !ctx.has_input(4) || ctx.num_outputs() != 2 ||
+      A.dtype() != DataType::kFloat || past.dtype() != DataType::kFloat || cur.dtype() != DataType::kFloat ||
+      A.rank() != 4 || past.rank() != 4 || cur.rank() != 4 || past.dim(0) != cur.dim(0) || past.dim(1) != cur.dim(1) ||
+      past.dim(3) != cur.dim(3))
+    return RunFallback(ctx);
+  const int64_t b = past.dim(0), g = past.dim(1), tp = past.dim(2), tn = cur.dim(2), d = past.dim(3);
+  const int64_t t = CheckedAdd(tp, tn, "present cache length");
+  const int64_t r = KvRepeat({b, g, t, d}, ctx.input(3).ToInt64s(), ctx.input(4).ToInt64s());
+  const Shape& as = A.shape();
+  const int64_t K = trans_b ? d : t, N = trans_b ? t : d;
+  if (r <= 0 || as[0] != b || as[1] != g * r || as[3] != K) return RunFallback(ctx);
+  const int64_t M = r * as[2];
+  Tensor Y = Tensor::Uninitialized(DataType::kFloat, {b, g * r, as[2], N});
+  Tensor present = Tensor::Uninitialized(DataType::kFloat, {b, g, t, d});
+  const float* a = A.data<float>();
+  const float* pp = past.data<float>();
+  const float* cp = cur.data<float>();
+  float* y = Y.data<float>();
+  float* pr = present.data<float>();
+  auto head = [&](int64_t i) {
+    const float* ai = a + i * M * K;
+    float* yi = y + i * M * N;
+    if (trans_b) {
+      Segment(M, tp, d, true, ai, d, pp + i * tp * d, yi, t, false);
+      Segment(M, tn, d, true, ai, d, cp + i * tn * d, yi + tp, t, false);
+    } else {
+      Segment(M, d, tp, false, ai, t, pp + i * tp * d, yi, d, false);
+      Segment(M, d, tn, false, ai + tp, t, cp + i * tn * d, yi, d, true);
+    }
+    CopyBytes(pr + i * t * d, pp + i * tp * d, sizeof(float) * tp * d);
+    CopyBytes(pr + i * t * d + tp * d, cp + i * tn * d, sizeof(float) * tn * d);
+  };
+  const int64_t heads = b * g;
+  if (heads > 1 && M * N * K < (int64_t{1} << 22) && heads * M * N * K > kParallelWork) {
+    ParallelFor(heads, 1, [&](int64_t h0, int64_t h1) {
+      for (int64_t i = h0; i < h1; ++i) head(i);
+    });
+  } else {
+    for (int64_t i = 0; i < heads; ++i) head(i);
+  }
+  ctx.outputs[0] = Y;
+  ctx.outputs[1] = present;
+}
+
 void GroupedMatMulKernel(KernelContext& ctx) {
   const Node& node = ctx.node;
+  if (node.GetInt("append", 0) != 0) return AppendProducts(ctx, node.GetInt("trans_b", 0) != 0);
   const Tensor& A = ctx.input(0);
   const Tensor& B = ctx.input(1);
   const bool trans_b = node.GetInt("trans_b", 0) != 0, kv = node.GetInt("kv_group", 0) != 0;

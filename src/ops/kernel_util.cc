@@ -1,6 +1,34 @@
 #include "ops/kernel_util.h"
 
+#include <cstring>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace gaf {
+
+void CopyBytes(void* dst_v, const void* src_v, int64_t n) {
+  auto* dst = static_cast<uint8_t*>(dst_v);
+  const auto* src = static_cast<const uint8_t*>(src_v);
+#if defined(__SSE2__)
+  if (n >= kStreamingCopyMin) {
+    const int64_t head = std::min<int64_t>(n, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
+    std::memcpy(dst, src, head);
+    int64_t i = head;
+    for (; i + 64 <= n; i += 64) {
+      for (int u = 0; u < 4; ++u) {
+        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16 * u));
+        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16 * u), v);
+      }
+    }
+    std::memcpy(dst + i, src + i, n - i);
+    _mm_sfence();
+    return;
+  }
+#endif
+  if (n > 0) std::memcpy(dst, src, n);
+}
 
 int64_t NormalizeAxis(int64_t axis, int64_t rank, const Node& node) {
   GAF_CHECK(axis >= -rank && axis < std::max<int64_t>(rank, 1), "{}: axis {} is out of range for rank {}",

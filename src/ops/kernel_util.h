@@ -22,6 +22,12 @@ int64_t NormalizeAxis(int64_t axis, int64_t rank, const Node& node);
 Shape BroadcastShapes(const Shape& a, const Shape& b, const Node& node);
 Shape BroadcastShapes(const std::vector<const Tensor*>& ins, const Node& node);
 
+// memcpy that, from kStreamingCopyMin bytes (copies larger than the caches hold for the next
+// operator: the present KV cache), uses stores that bypass the caches (no read of the destination
+// lines first), so the copy moves each byte once each way.
+inline constexpr int64_t kStreamingCopyMin = int64_t{256} << 10;
+void CopyBytes(void* dst, const void* src, int64_t n);
+
 // Row-major strides (in elements).
 std::vector<int64_t> Strides(const Shape& shape);
 // Strides of `in_shape` broadcast to `out_shape` (0 on broadcast dims), right-aligned.

@@ -9,10 +9,6 @@
 #include <string>
 #include <vector>
 
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-
 #include "ops/kernel.h"
 #include "ops/kernel_util.h"
 
@@ -389,29 +385,6 @@ void TransposeKernel(KernelContext& ctx) {
   TransposeTensor(x, ctx.outputs[0], x.shape(), perm, node);
 }
 
-// memcpy for copies much larger than the caches hold for the next operator: stores that bypass
-// the caches (no read of the destination lines first), so the copy moves each byte once each way.
-constexpr int64_t kStreamingCopyMin = int64_t{256} << 10;
-void CopyLarge(uint8_t* dst, const uint8_t* src, int64_t n) {
-#if defined(__SSE2__)
-  if (n >= kStreamingCopyMin) {
-    const int64_t head = std::min<int64_t>(n, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
-    std::memcpy(dst, src, head);
-    int64_t i = head;
-    for (; i + 64 <= n; i += 64) {
-      for (int u = 0; u < 4; ++u) {
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16 * u));
-        _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16 * u), v);
-      }
-    }
-    std::memcpy(dst + i, src + i, n - i);
-    _mm_sfence();
-    return;
-  }
-#endif
-  std::memcpy(dst, src, n);
-}
-
 void ConcatKernel(KernelContext& ctx) {
   const Node& node = ctx.node;
   std::vector<const Tensor*> ins;
@@ -444,7 +417,7 @@ void ConcatKernel(KernelContext& ctx) {
     const uint8_t* src = static_cast<const uint8_t*>(t->raw());
     if (chunk > 0) {
       ParallelFor(outer, std::max<int64_t>(1, kGrain * 4 / chunk), [&](int64_t b, int64_t e) {
-        for (int64_t o = b; o < e; ++o) CopyLarge(dst + o * out_row + col, src + o * chunk, chunk);
+        for (int64_t o = b; o < e; ++o) CopyBytes(dst + o * out_row + col, src + o * chunk, chunk);
       });
     }
     col += chunk;

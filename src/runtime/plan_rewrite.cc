@@ -177,29 +177,62 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
       }
     }
     if ((!trans && !kv) || ix.constants.count(v)) continue;
+    // A cache made by Concat(past, new) on its length axis for this product alone (and perhaps
+    // as a graph output, the present cache): the product makes it too, reading the past once.
+    const Node* cat = nullptr;
+    if (kv) {
+      const int p = ix.index.Producer(v);
+      if (p >= 0 && ix.index.Consumers(v).size() == 1 && !ix.read_by_subgraphs.count(v)) {
+        const Node& c = g.nodes[p];
+        const int64_t axis = c.GetInt("axis", 0);
+        if (c.op_type == "Concat" && c.domain.empty() && c.inputs.size() == 2 && c.outputs.size() == 1 &&
+            (axis == 2 || axis == -2) && !c.inputs[0].empty() && !c.inputs[1].empty() &&
+            !ix.constants.count(c.inputs[0]) && !ix.constants.count(c.inputs[1]))
+          cat = &c;
+      }
+    }
 
     // The original operators, as a graph on the new node's inputs.
     auto fallback = std::make_shared<Graph>();
     fallback->name = n.name + "/fallback";
-    std::vector<std::string> formal = {n.inputs[0], v};
+    std::vector<std::string> formal = {n.inputs[0]};
+    if (cat != nullptr) {
+      formal.push_back(cat->inputs[0]);
+      formal.push_back(cat->inputs[1]);
+    } else {
+      formal.push_back(v);
+    }
     if (kv) {
       formal.push_back(expand_shape);
       formal.push_back(reshape_shape);
     }
     for (const std::string& f : formal) fallback->inputs.push_back(ValueInfo{f});
+    if (cat != nullptr) fallback->nodes.push_back(*cat);
     for (auto it = chain.rbegin(); it != chain.rend(); ++it) fallback->nodes.push_back(**it);
     fallback->nodes.push_back(n);
     fallback->outputs.push_back(ValueInfo{n.outputs[0]});
+    if (cat != nullptr) fallback->outputs.push_back(ValueInfo{v});
 
-    stats.notes.push_back(fmt::format("{}: reads {} {}{}", n.Describe(), v, trans ? "transposed" : "",
-                                      kv ? (trans ? ", once per cache head" : "once per cache head") : ""));
+    stats.notes.push_back(fmt::format("{}: reads {} {}{}{}", n.Describe(), v, trans ? "transposed" : "",
+                                      kv ? (trans ? ", once per cache head" : "once per cache head") : "",
+                                      cat != nullptr ? fmt::format(", and makes it from {} and {} in the same pass",
+                                                                   cat->inputs[0], cat->inputs[1])
+                                                     : ""));
     stats.transposed += trans;
     stats.kv_grouped += kv;
+    stats.appended += cat != nullptr;
     for (const Node* c : chain) absorbed.insert(c);
+    if (cat != nullptr) {
+      absorbed.insert(cat);
+      n.outputs.push_back(v);
+    }
     n.op_type = "GroupedMatMul";
     n.domain = kPlanDomain;
     n.inputs = formal;
-    Attribute tb, kg, fb;
+    Attribute tb, kg, ap, fb;
+    ap.name = "append";
+    ap.type = Attribute::Type::kInt;
+    ap.i = cat != nullptr;
     tb.name = "trans_b";
     tb.type = Attribute::Type::kInt;
     tb.i = trans;
@@ -209,7 +242,7 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
     fb.name = "fallback";
     fb.type = Attribute::Type::kGraph;
     fb.g = std::move(fallback);
-    n.attributes = {tb, kg, fb};
+    n.attributes = {tb, kg, ap, fb};
   }
   if (!absorbed.empty()) {
     std::vector<Node> kept;

@@ -112,6 +112,78 @@ TEST(ProductRewrite, AttentionKernelsOfCommonHeadSizes) {
   }
 }
 
+// GqaModel's attention where each cache is Concat(past, new) on axis 2 and also a graph output
+// (the present cache, as torch.onnx.export writes a decoder with a KV cache); with `cache_read`
+// the key cache is also read by another node (a ReduceSum output).
+Model GqaAppendModel(int64_t d, bool cache_read = false) {
+  Model m = GqaModel({1, 1, 2, 1, 1}, false, d);
+  Graph& g = m.graph;
+  g.inputs = {testing::FloatValue("q", {-1, 4, -1, d}), testing::FloatValue("kp", {-1, 2, -1, d}),
+              testing::FloatValue("kn", {-1, 2, -1, d}), testing::FloatValue("vp", {-1, 2, -1, d}),
+              testing::FloatValue("vn", {-1, 2, -1, d})};
+  g.nodes.insert(g.nodes.begin(), MakeNode("Concat", {"vp", "vn"}, {"vc"}, "v_concat", {testing::IntAttr("axis", 2)}));
+  g.nodes.insert(g.nodes.begin(), MakeNode("Concat", {"kp", "kn"}, {"kc"}, "k_concat", {testing::IntAttr("axis", -2)}));
+  g.outputs.push_back(ValueInfo{"kc", DataType::kFloat});
+  g.outputs.push_back(ValueInfo{"vc", DataType::kFloat});
+  if (cache_read) {
+    g.nodes.push_back(MakeNode("ReduceSum", {"kc"}, {"ks"}, "k_sum"));
+    g.outputs.push_back(ValueInfo{"ks", DataType::kFloat});
+  }
+  return m;
+}
+
+std::map<std::string, Tensor> AppendFeeds(int64_t b, int64_t s, int64_t tp, int64_t tn, uint32_t seed, int64_t d,
+                                          int64_t bn = -1) {
+  return {{"q", RandomFloat({b, 4, s, d}, seed)},
+          {"kp", RandomFloat({b, 2, tp, d}, seed + 1)},
+          {"kn", RandomFloat({bn < 0 ? b : bn, 2, tn, d}, seed + 2)},
+          {"vp", RandomFloat({b, 2, tp, d}, seed + 3)},
+          {"vn", RandomFloat({b, 2, tn, d}, seed + 4)}};
+}
+
+TEST(ProductRewrite, ProductsMakeThePresentCacheFromThePastInTheSamePass) {
+  for (int64_t d : {64, 8}) {  // the decode kernels (AVX-512 machines), and the library
+    Model m = GqaAppendModel(d);
+    SessionOptions on{.profile = true}, off{.profile = true};
+    off.rewrite_products = false;
+    Session fast(m, on), plain(m, off);
+    ASSERT_EQ(fast.product_rewrites().appended, 2);
+    ASSERT_EQ(fast.product_rewrites().kv_grouped, 2);
+    // Decode, a prompt on an empty past, a long past, a prompt after a past, batch 2.
+    const std::vector<std::array<int64_t, 4>> shapes = {{1, 1, 16, 1}, {1, 5, 0, 5}, {1, 1, 700, 1}, {1, 4, 9, 4},
+                                                        {2, 1, 40, 1}};
+    uint32_t seed = 90;
+    for (const auto& [b, s, tp, tn] : shapes) {
+      const auto feeds = AppendFeeds(b, s, tp, tn, seed += 5, d);
+      const std::vector<Tensor> x = fast.Run(feeds), y = plain.Run(feeds);
+      const std::string what = fmt::format("d={} b={} s={} past={} new={}", d, b, s, tp, tn);
+      ExpectClose(x, y, what);
+      ASSERT_EQ(x.size(), 4u);
+      EXPECT_EQ(x[2].ToDoubles(), y[2].ToDoubles()) << what;  // the present caches: copies, exactly
+      EXPECT_EQ(x[3].ToDoubles(), y[3].ToDoubles()) << what;
+    }
+    EXPECT_EQ(testing::ProfiledCalls(fast, "Concat"), 0);
+    EXPECT_EQ(testing::ProfiledCalls(fast, "MatMul"), 0);
+    EXPECT_EQ(testing::ProfiledCalls(fast, "GroupedMatMul"), 2 * static_cast<int64_t>(shapes.size()));
+  }
+}
+
+TEST(ProductRewrite, AppendLeavesACacheReadElsewhereAndFallsBackOnOtherShapes) {
+  Session shared(GqaAppendModel(8, /*cache_read=*/true));
+  EXPECT_EQ(shared.product_rewrites().appended, 1);  // the value cache only; the key Concat stays
+  EXPECT_EQ(shared.product_rewrites().kv_grouped, 2);
+  Model m = GqaAppendModel(8);
+  SessionOptions on{.profile = true}, off;
+  off.rewrite_products = false;
+  Session fast(m, on), plain(m, off);
+  ExpectClose(shared.Run(AppendFeeds(1, 1, 6, 1, 3, 8)), Session(GqaAppendModel(8, true), off).Run(AppendFeeds(1, 1, 6, 1, 3, 8)),
+              "cache read elsewhere");
+  // New keys of another batch than the past: the original Concat's error, naming it.
+  const std::string e = testing::ErrorOf([&] { fast.Run(AppendFeeds(1, 1, 6, 1, 3, 8, 2)); });
+  EXPECT_NE(e.find("k_concat"), std::string::npos) << e;
+  EXPECT_EQ(e, testing::ErrorOf([&] { plain.Run(AppendFeeds(1, 1, 6, 1, 3, 8, 2)); }));
+}
+
 TEST(ProductRewrite, OtherShapesRunTheOriginalOperators) {
   // The cache's batch of 1 is expanded to the queries' batch of 2: not one cache head per group of
   // query heads, so GroupedMatMul runs its fallback graph.
