@@ -15,8 +15,6 @@
 namespace gaf {
 namespace {
 
-using testing::MakeModel;
-using testing::MakeNode;
 using testing::RandomFloat;
 
 // Worst |x * w - y| against double precision, over every element.
@@ -98,24 +96,10 @@ TEST(PanelGemm, RejectsRowCountsOutsideItsRange) {
   EXPECT_THROW(PanelGemmMany(x.data(), 2, 7, &p, 1), Error);  // K of another weight
 }
 
-// y_i = MatMul(x, w_i), every weight large enough to be prepared.
-Model PreparedSiblings(int64_t K) {
-  Graph g;
-  g.inputs = {testing::FloatValue("x", {-1, K})};
-  const int64_t n[3] = {700, 520, 520};
-  for (int i = 0; i < 3; ++i) {
-    const std::string w = "w" + std::to_string(i), y = "y" + std::to_string(i);
-    g.SetInitializer(w, RandomFloat({K, n[i]}, 60 + i, -0.1f, 0.1f));
-    g.nodes.push_back(MakeNode("MatMul", {"x", w}, {y}, "proj" + std::to_string(i)));
-    g.outputs.push_back(ValueInfo{y, DataType::kFloat});
-  }
-  return MakeModel(std::move(g));
-}
-
 TEST(PanelGemm, SiblingProductsOfAFewRowsShareOneTaskSet) {
   const int64_t K = 512;
   static_assert(512 * 520 >= kPackedMatMulMinWeight);
-  Model m = PreparedSiblings(K);
+  Model m = testing::SiblingProjections(K, {700, 520, 520}, 60);  // every weight prepared
   SessionOptions on{.profile = true}, off;
   off.rewrite_products = false;
   off.prepared_kernels = false;

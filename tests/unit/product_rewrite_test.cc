@@ -233,23 +233,9 @@ TEST(ProductRewrite, TransposedOperandWithBroadcastBatch) {
   ExpectClose(fast.Run(feeds), plain.Run(feeds), "broadcast batch");
 }
 
-// y_i = MatMul(x, w_i) for three [K, N_i] weights of one input.
-Model SiblingModel(int64_t K) {
-  Graph g;
-  g.inputs = {testing::FloatValue("x", {-1, K})};
-  const int64_t n[3] = {600, 130, 130};
-  for (int i = 0; i < 3; ++i) {
-    const std::string w = "w" + std::to_string(i), y = "y" + std::to_string(i);
-    g.SetInitializer(w, RandomFloat({K, n[i]}, 20 + i, -0.1f, 0.1f));
-    g.nodes.push_back(MakeNode("MatMul", {"x", w}, {y}, "proj" + std::to_string(i)));
-    g.outputs.push_back(ValueInfo{y, DataType::kFloat});
-  }
-  return MakeModel(std::move(g));
-}
-
 TEST(ProductRewrite, SiblingProductsStreamTheirWeightsInOnePass) {
   const int64_t K = 512;
-  Model m = SiblingModel(K);
+  Model m = testing::SiblingProjections(K, {600, 130, 130}, 20);
   SessionOptions on{.profile = true}, off;
   off.rewrite_products = false;
   Session fast(m, on), plain(m, off);

@@ -102,6 +102,20 @@ inline Model MakeModel(Graph g, int64_t opset = 17) {
   return m;
 }
 
+// y_i = MatMul(x, w_i) for [K, N_i] random float weights of one input x [-1, K] (sibling
+// projections: query/key/value), weight i seeded with seed + i.
+inline Model SiblingProjections(int64_t K, const std::vector<int64_t>& n, uint32_t seed) {
+  Graph g;
+  g.inputs = {FloatValue("x", {-1, K})};
+  for (size_t i = 0; i < n.size(); ++i) {
+    const std::string w = "w" + std::to_string(i), y = "y" + std::to_string(i);
+    g.SetInitializer(w, RandomFloat({K, n[i]}, seed + static_cast<uint32_t>(i), -0.1f, 0.1f));
+    g.nodes.push_back(MakeNode("MatMul", {"x", w}, {y}, "proj" + std::to_string(i)));
+    g.outputs.push_back(ValueInfo{y, DataType::kFloat});
+  }
+  return MakeModel(std::move(g));
+}
+
 // Calls of op type `op` in a session's profile (SessionOptions::profile), 0 when none ran.
 inline int64_t ProfiledCalls(const Session& s, const std::string& op) {
   for (const OpProfile& p : s.Profile())
