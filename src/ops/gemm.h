@@ -27,8 +27,8 @@ std::vector<int64_t> BatchOffsets(const Shape& batch_shape, int64_t mat_size, co
 
 // A float32 MatMul by a constant [K, N] weight, prepared for prompts and small batches:
 //  - one row (a decode step) streams the weight as given (the GEMV, ops/gemv.h);
-//  - 2 to kPanelMaxRows rows run on a copy of the weight packed into column panels
-//    (ops/panel_gemm.h): read once, in order, for all rows, at the memory's pace;
+//  - 2 to kPanelMaxRows (128) rows run on a copy of the weight packed into column panels
+//    (ops/panel_gemm.h): read once, in order, for all rows (at the memory's pace for a few);
 //  - from kPackedMatMulMinRows rows (a prefill) oneDNN's matmul runs on a copy of the weight
 //    reordered once into the layout that primitive wants (sgemm had re-packed it on every call).
 // Each copy is made on the first product that needs it, so a session that only decodes holds none.

@@ -102,7 +102,13 @@ static_assert(kPanelCols == 48);
 // first), each tile prefetching its share of the next k-block.
 void PanelTask(const float* x, int64_t M, int64_t K, const float* panel, int vecs, float* y, int64_t ldy,
                int64_t c0, int64_t cols) {
-  alignas(64) float out[kPanelMaxRows * kPanelCols];
+  // The sums: on the stack for a few rows, else in a block the thread keeps (64-byte aligned).
+  constexpr int64_t kStackRows = 16;
+  alignas(64) float small[kStackRows * kPanelCols];
+  thread_local std::vector<float> large;
+  if (M > kStackRows && static_cast<int64_t>(large.size()) < M * kPanelCols + 16) large.resize(M * kPanelCols + 16);
+  float* out = M <= kStackRows ? small
+                               : large.data() + (16 - reinterpret_cast<uintptr_t>(large.data()) / 4 % 16) % 16;
   const int64_t tiles = CeilDiv(M, kTileRows), row_bytes = 64 * vecs;
   const int64_t block = tiles == 1 ? K : kKBlock;  // one tile: no reuse to block for
   for (int64_t k0 = 0; k0 < K; k0 += block) {
