@@ -2,7 +2,9 @@
 
 #include <cstring>
 
-#if defined(__SSE2__)
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#elif defined(__SSE2__)
 #include <emmintrin.h>
 #endif
 
@@ -11,16 +13,20 @@ namespace gaf {
 void CopyBytes(void* dst_v, const void* src_v, int64_t n) {
   auto* dst = static_cast<uint8_t*>(dst_v);
   const auto* src = static_cast<const uint8_t*>(src_v);
-#if defined(__SSE2__)
+#if defined(__AVX512F__) || defined(__SSE2__)
   if (n >= kStreamingCopyMin) {
-    const int64_t head = std::min<int64_t>(n, (16 - reinterpret_cast<uintptr_t>(dst) % 16) % 16);
+    const int64_t head = std::min<int64_t>(n, (64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64);
     std::memcpy(dst, src, head);
     int64_t i = head;
     for (; i + 64 <= n; i += 64) {
+#if defined(__AVX512F__)
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), _mm512_loadu_si512(src + i));
+#else
       for (int u = 0; u < 4; ++u) {
         const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16 * u));
         _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16 * u), v);
       }
+#endif
     }
     std::memcpy(dst + i, src + i, n - i);
     _mm_sfence();

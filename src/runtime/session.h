@@ -36,9 +36,9 @@ struct SessionOptions {
   std::function<std::optional<KernelInfo>(const Node& node, const Model& model)> node_kernels;
   // Conv nodes of the main graph with a float32 initializer weight run a convolution prepared once
   // for that weight where it is faster (ops/conv.h, PreparedConv: oneDNN's blocked layouts), and
-  // MatMuls by a float32 [K, N] initializer (of kPackedMatMulMinWeight elements or more) take
-  // oneDNN's matmul on a weight packed once for
-  // products of 6 rows or more (ops/gemm.h, PreparedMatMul); false keeps the registry's kernels.
+  // MatMuls by a float32 [K, N] initializer (of kPackedMatMulMinWeight elements or more) run
+  // products of 2 rows or more on a copy of the weight packed once (ops/gemm.h, PreparedMatMul:
+  // column panels to 128 rows, oneDNN's matmul above); false keeps the registry's kernels.
   bool prepared_kernels = true;
   // Steps of the main graph whose inputs are all constant are computed once, when the session is
   // made (Constant nodes, shape arithmetic on constants); shape computation (Shape/Size and the
