@@ -385,7 +385,34 @@ void SiblingMatMulKernel(KernelContext& ctx) {
 
 }  // namespace
 
+// ConcatShape (inputs past, new; attrs axis, start, end): Shape(Concat(past, new, axis)) with
+// Shape's start/end, from the inputs' shapes alone, for the Shape nodes that read a cache an
+// appending GroupedMatMul makes (they would otherwise need the cache before the product that
+// makes it). Shapes Concat would reject run the original nodes (the `fallback` graph), so the
+// error is Concat's.
+void ConcatShapeKernel(KernelContext& ctx) {
+  const Tensor& a = ctx.input(0);
+  const Tensor& b = ctx.input(1);
+  const int64_t r = a.rank();
+  int64_t axis = ctx.node.GetInt("axis", 0);
+  bool ok = r > 0 && b.rank() == r && axis >= -r && axis < r;
+  if (ok && axis < 0) axis += r;
+  for (int64_t d = 0; ok && d < r; ++d) ok = d == axis || a.shape()[d] == b.shape()[d];
+  if (!ok) return RunFallback(ctx);
+  Shape shape = a.shape();
+  shape[axis] = CheckedAdd(a.shape()[axis], b.shape()[axis], "concatenated size");
+  int64_t s = ctx.node.GetInt("start", 0), e = ctx.node.GetInt("end", r);
+  if (s < 0) s += r;
+  if (e < 0) e += r;
+  s = std::clamp<int64_t>(s, 0, r);
+  e = std::clamp<int64_t>(e, 0, r);
+  std::vector<int64_t> v;
+  for (int64_t i = s; i < e; ++i) v.push_back(shape[i]);
+  ctx.outputs[0] = Tensor::FromInt64s(v);
+}
+
 void RegisterPlanKernels(OpRegistry& r) {
+  r.Register({"ai.graph_autofusion.plan", "ConcatShape", OpKind::kOpaque, ConcatShapeKernel, false});
   r.Register({"ai.graph_autofusion.plan", "GroupedMatMul", OpKind::kContraction, GroupedMatMulKernel, true});
   r.Register({"ai.graph_autofusion.plan", "SiblingMatMul", OpKind::kContraction, SiblingMatMulKernel, true});
 }

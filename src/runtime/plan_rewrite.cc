@@ -64,6 +64,33 @@ bool ConstInts(const Graph& g, const ProductIndex& ix, const std::string& v, std
   return false;
 }
 
+// Shape(X) with X = Concat(a, b) -> ConcatShape(a, b): the shape without X, whose maker (an
+// appending GroupedMatMul) may come after it. Its fallback graph is the original Concat + Shape.
+void MakeConcatShape(Node& shape, const Node& cat) {
+  auto fallback = std::make_shared<Graph>();
+  fallback->name = shape.name + "/fallback";
+  fallback->inputs = {ValueInfo{cat.inputs[0]}, ValueInfo{cat.inputs[1]}};
+  fallback->nodes = {cat, shape};
+  fallback->outputs = {ValueInfo{shape.outputs[0]}};
+  std::vector<Attribute> attrs;
+  Attribute axis;
+  axis.name = "axis";
+  axis.type = Attribute::Type::kInt;
+  axis.i = cat.GetInt("axis", 0);
+  attrs.push_back(axis);
+  for (const Attribute& a : shape.attributes)
+    if (a.name == "start" || a.name == "end") attrs.push_back(a);
+  Attribute fb;
+  fb.name = "fallback";
+  fb.type = Attribute::Type::kGraph;
+  fb.g = std::move(fallback);
+  attrs.push_back(fb);
+  shape.op_type = "ConcatShape";
+  shape.domain = kPlanDomain;
+  shape.inputs = {cat.inputs[0], cat.inputs[1]};
+  shape.attributes = std::move(attrs);
+}
+
 bool SwapsLastTwo(const std::vector<int64_t>& perm) {
   const size_t r = perm.size();
   if (r < 2) return false;
@@ -180,9 +207,17 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
     // A cache made by Concat(past, new) on its length axis for this product alone (and perhaps
     // as a graph output, the present cache): the product makes it too, reading the past once.
     const Node* cat = nullptr;
+    std::vector<int> shape_readers;  // Shape nodes of the cache (they read no data)
     if (kv) {
       const int p = ix.index.Producer(v);
-      if (p >= 0 && ix.index.Consumers(v).size() == 1 && !ix.read_by_subgraphs.count(v)) {
+      bool others = false;
+      for (const auto& [c, slot] : ix.index.Consumers(v)) {
+        const Node& r = g.nodes[c];
+        if (&r == chain.back()) continue;
+        if (r.op_type == "Shape" && r.domain.empty() && r.inputs.size() == 1) shape_readers.push_back(c);
+        else others = true;
+      }
+      if (p >= 0 && !others && !ix.read_by_subgraphs.count(v)) {
         const Node& c = g.nodes[p];
         const int64_t axis = c.GetInt("axis", 0);
         if (c.op_type == "Concat" && c.domain.empty() && c.inputs.size() == 2 && c.outputs.size() == 1 &&
@@ -215,8 +250,11 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
 
     stats.notes.push_back(fmt::format("{}: reads {} {}{}{}", n.Describe(), v, trans ? "transposed" : "",
                                       kv ? (trans ? ", once per cache head" : "once per cache head") : "",
-                                      cat != nullptr ? fmt::format(", and makes it from {} and {} in the same pass",
-                                                                   cat->inputs[0], cat->inputs[1])
+                                      cat != nullptr ? fmt::format(", and makes it from {} and {} in the same pass{}",
+                                                                   cat->inputs[0], cat->inputs[1],
+                                                                   shape_readers.empty() ? "" : fmt::format(
+                                                                       " ({} Shape node(s) of it take the shape from those)",
+                                                                       shape_readers.size()))
                                                      : ""));
     stats.transposed += trans;
     stats.kv_grouped += kv;
@@ -225,6 +263,8 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
     if (cat != nullptr) {
       absorbed.insert(cat);
       n.outputs.push_back(v);
+      for (int c : shape_readers) MakeConcatShape(g.nodes[c], *cat);
+      stats.shape_readers += static_cast<int>(shape_readers.size());
     }
     n.op_type = "GroupedMatMul";
     n.domain = kPlanDomain;

@@ -8,7 +8,8 @@
 //   ... where X = Concat(past, new) on the cache axis, read by that product alone (and perhaps a
 //   graph output: the present cache)  -> GroupedMatMul(A, past, new, e, s) append, outputs (Y, X):
 //   the product reads the past rows where they are and copies them into X from cache, so a decode
-//   step reads the past cache once instead of twice
+//   step reads the past cache once instead of twice; Shape nodes of X (which read no data) become
+//   ConcatShape(past, new), the same shape without X
 //   MatMul(A, W1), MatMul(A, W2), ... with constant [K, N] weights  -> SiblingMatMul(A, W1, W2, ...)
 //   (query/key/value, gate/up: a decode step streams all their weights in one set of tasks)
 //
@@ -32,6 +33,7 @@ struct ProductRewrites {
   int transposed = 0;  // products reading B transposed in place
   int kv_grouped = 0;  // products reading a repeated key/value cache once per cache head
   int appended = 0;    // of those, products that also make the cache from Concat(past, new)
+  int shape_readers = 0;  // Shape nodes of such caches, made ConcatShape(past, new)
   int sibling_groups = 0, siblings = 0;  // SiblingMatMul nodes, and the MatMuls they replace
   std::vector<std::string> notes;  // one line per rewritten node
 };

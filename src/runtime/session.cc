@@ -631,7 +631,8 @@ void Session::FoldAndMarkShapeSteps(Plan& plan) {
         continue;
       }
     }
-    st.root = !own_kernel && n.domain.empty() && (n.op_type == "Shape" || n.op_type == "Size");
+    st.root = !own_kernel && ((n.domain.empty() && (n.op_type == "Shape" || n.op_type == "Size")) ||
+                              (n.domain == kPlanDomain && n.op_type == "ConcatShape"));
     st.derived = !st.root && all_known && !all_const;
     if (st.root || st.derived) {
       for (int o : st.out_slots)

@@ -114,8 +114,9 @@ TEST(ProductRewrite, AttentionKernelsOfCommonHeadSizes) {
 
 // GqaModel's attention where each cache is Concat(past, new) on axis 2 and also a graph output
 // (the present cache, as torch.onnx.export writes a decoder with a KV cache); with `cache_read`
-// the key cache is also read by another node (a ReduceSum output).
-Model GqaAppendModel(int64_t d, bool cache_read = false) {
+// the key cache is also read by another node (a ReduceSum output); with `shape_read` its length
+// is read by a Shape node (start 2, end 3) before the products, an output too.
+Model GqaAppendModel(int64_t d, bool cache_read = false, bool shape_read = false) {
   Model m = GqaModel({1, 1, 2, 1, 1}, false, d);
   Graph& g = m.graph;
   g.inputs = {testing::FloatValue("q", {-1, 4, -1, d}), testing::FloatValue("kp", {-1, 2, -1, d}),
@@ -128,6 +129,11 @@ Model GqaAppendModel(int64_t d, bool cache_read = false) {
   if (cache_read) {
     g.nodes.push_back(MakeNode("ReduceSum", {"kc"}, {"ks"}, "k_sum"));
     g.outputs.push_back(ValueInfo{"ks", DataType::kFloat});
+  }
+  if (shape_read) {
+    g.nodes.insert(g.nodes.begin() + 2, MakeNode("Shape", {"kc"}, {"klen"}, "k_shape",
+                                                 {testing::IntAttr("start", 2), testing::IntAttr("end", 3)}));
+    g.outputs.push_back(ValueInfo{"klen", DataType::kInt64});
   }
   return m;
 }
@@ -166,6 +172,30 @@ TEST(ProductRewrite, ProductsMakeThePresentCacheFromThePastInTheSamePass) {
     EXPECT_EQ(testing::ProfiledCalls(fast, "MatMul"), 0);
     EXPECT_EQ(testing::ProfiledCalls(fast, "GroupedMatMul"), 2 * static_cast<int64_t>(shapes.size()));
   }
+}
+
+TEST(ProductRewrite, ShapesOfAnAppendedCacheComeFromItsInputs) {
+  // torch.onnx.export reads the key cache's shape for repeat_kv's Expand target: those Shape nodes
+  // become ConcatShape(past, new), so the product can still make the cache.
+  Model m = GqaAppendModel(8, false, /*shape_read=*/true);
+  SessionOptions on{.profile = true}, off;
+  off.rewrite_products = false;
+  Session fast(m, on), plain(m, off);
+  ASSERT_EQ(fast.product_rewrites().appended, 2);
+  EXPECT_EQ(fast.product_rewrites().shape_readers, 1);
+  for (const auto& [tp, tn] : std::vector<std::pair<int64_t, int64_t>>{{5, 1}, {0, 3}}) {
+    const auto feeds = AppendFeeds(1, tn, tp, tn, 40 + tp, 8);
+    const std::vector<Tensor> x = fast.Run(feeds), y = plain.Run(feeds);
+    ExpectClose(x, y, fmt::format("past {} new {}", tp, tn));
+    EXPECT_EQ(x.back().ToInt64s(), std::vector<int64_t>{tp + tn});
+  }
+  EXPECT_EQ(testing::ProfiledCalls(fast, "ConcatShape"), 2);
+  EXPECT_EQ(testing::ProfiledCalls(fast, "Concat"), 0);
+  // New keys of another batch than the past: Concat's own error, from the fallback graphs.
+  const auto bad = AppendFeeds(1, 1, 5, 1, 3, 8, /*bn=*/2);
+  const std::string e = testing::ErrorOf([&] { fast.Run(bad); });
+  EXPECT_NE(e.find("k_concat"), std::string::npos) << e;
+  EXPECT_EQ(e, testing::ErrorOf([&] { plain.Run(bad); }));
 }
 
 TEST(ProductRewrite, AppendLeavesACacheReadElsewhereAndFallsBackOnOtherShapes) {
