@@ -21,11 +21,11 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT
 
 # Inputs from the model's declared inputs: batch_size=BATCH, sequence_length=1,
-# past_sequence_length=PAST (a sum of dims is evaluated); token ids 1..; positions after the past.
+# past_sequence_length=PAST, total_sequence_length=PAST+1 (a sum of dims is evaluated); token ids 1..; positions after the past.
 /usr/bin/python3 - "$model" "$dir" "$batch" "$past" <<'EOF'
 import sys, numpy as np, onnx
 model, out, batch, past = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-dims = {"batch_size": batch, "sequence_length": 1, "past_sequence_length": past}
+dims = {"batch_size": batch, "sequence_length": 1, "past_sequence_length": past, "total_sequence_length": past + 1}
 m = onnx.load(model, load_external_data=False)
 inits = {t.name for t in m.graph.initializer}
 rng = np.random.default_rng(0)
