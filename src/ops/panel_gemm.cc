@@ -157,6 +157,10 @@ void PanelGemmMany(const float* x, int64_t M, int64_t K, const PanelProduct* ps,
     weights += K * ps[i].w->N();
   }
   const int64_t tasks = first_task[count];
+  if (K == 0) {  // empty sums
+    for (int i = 0; i < count; ++i) std::fill(ps[i].y, ps[i].y + M * ps[i].w->N(), 0.f);
+    return;
+  }
   auto run = [&](int64_t t) {
     int i = 0;
     while (t >= first_task[i + 1]) ++i;

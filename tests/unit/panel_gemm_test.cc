@@ -33,7 +33,7 @@ double WorstError(const Tensor& x, const Tensor& w, const std::vector<float>& y,
 TEST(PanelGemm, EqualsDoublePrecisionForEveryRowCountAndTail) {
   // N not a multiple of the panel width (a padded last panel), K not a multiple of the k-block,
   // and a K below it; every row count the kernel takes (one tile, and several over k-blocks).
-  for (auto [K, N] : {std::pair<int64_t, int64_t>{300, 130}, {37, 64}, {129, 1}, {1, 200}}) {
+  for (auto [K, N] : {std::pair<int64_t, int64_t>{300, 130}, {37, 64}, {129, 1}, {1, 200}, {0, 50}}) {
     const Tensor w = RandomFloat({K, N}, 3 + K, -0.5f, 0.5f);
     const PanelWeight pw(w.data<float>(), K, N);
     EXPECT_EQ(pw.panels(), (N + kPanelCols - 1) / kPanelCols);
@@ -43,7 +43,7 @@ TEST(PanelGemm, EqualsDoublePrecisionForEveryRowCountAndTail) {
       std::vector<float> y(M * N, -7.f);
       const PanelProduct p{&pw, y.data()};
       PanelGemmMany(x.data<float>(), M, K, &p, 1);
-      EXPECT_LT(WorstError(x, w, y, M), 1e-4 * std::sqrt(double(K))) << "K " << K << " N " << N << " M " << M;
+      EXPECT_LE(WorstError(x, w, y, M), 1e-4 * std::sqrt(double(K))) << "K " << K << " N " << N << " M " << M;
     }
   }
 }
