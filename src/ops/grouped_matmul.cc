@@ -401,14 +401,7 @@ void ConcatShapeKernel(KernelContext& ctx) {
   if (!ok) return RunFallback(ctx);
   Shape shape = a.shape();
   shape[axis] = CheckedAdd(a.shape()[axis], b.shape()[axis], "concatenated size");
-  int64_t s = ctx.node.GetInt("start", 0), e = ctx.node.GetInt("end", r);
-  if (s < 0) s += r;
-  if (e < 0) e += r;
-  s = std::clamp<int64_t>(s, 0, r);
-  e = std::clamp<int64_t>(e, 0, r);
-  std::vector<int64_t> v;
-  for (int64_t i = s; i < e; ++i) v.push_back(shape[i]);
-  ctx.outputs[0] = Tensor::FromInt64s(v);
+  ctx.outputs[0] = ShapeSlice(shape, ctx.node);
 }
 
 void RegisterPlanKernels(OpRegistry& r) {

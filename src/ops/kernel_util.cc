@@ -1,5 +1,6 @@
 #include "ops/kernel_util.h"
 
+#include <algorithm>
 #include <cstring>
 
 #if defined(__AVX512F__)
@@ -34,6 +35,18 @@ void CopyBytes(void* dst_v, const void* src_v, int64_t n) {
   }
 #endif
   if (n > 0) std::memcpy(dst, src, n);
+}
+
+Tensor ShapeSlice(const Shape& shape, const Node& node) {
+  const int64_t r = static_cast<int64_t>(shape.size());
+  int64_t s = node.GetInt("start", 0), e = node.GetInt("end", r);
+  if (s < 0) s += r;
+  if (e < 0) e += r;
+  s = std::clamp<int64_t>(s, 0, r);
+  e = std::clamp<int64_t>(e, 0, r);
+  std::vector<int64_t> v;
+  for (int64_t i = s; i < e; ++i) v.push_back(shape[i]);
+  return Tensor::FromInt64s(v);
 }
 
 int64_t NormalizeAxis(int64_t axis, int64_t rank, const Node& node) {

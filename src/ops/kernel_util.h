@@ -28,6 +28,10 @@ Shape BroadcastShapes(const std::vector<const Tensor*>& ins, const Node& node);
 inline constexpr int64_t kStreamingCopyMin = int64_t{256} << 10;
 void CopyBytes(void* dst, const void* src, int64_t n);
 
+// Shape's output for a tensor of `shape`: its dims from the node's `start` to `end` attributes
+// (opset 15; negative counts from the end, clamped to the rank).
+Tensor ShapeSlice(const Shape& shape, const Node& node);
+
 // Row-major strides (in elements).
 std::vector<int64_t> Strides(const Shape& shape);
 // Strides of `in_shape` broadcast to `out_shape` (0 on broadcast dims), right-aligned.

@@ -955,18 +955,7 @@ void PadKernel(KernelContext& ctx) {
 // Shape, Size, ConstantOfShape, Constant, Range, EyeLike, Trilu, OneHot, NonZero
 // ---------------------------------------------------------------------------------------------
 
-void ShapeKernel(KernelContext& ctx) {
-  const Tensor& x = ctx.input(0);
-  const int64_t r = x.rank();
-  int64_t s = ctx.node.GetInt("start", 0), e = ctx.node.GetInt("end", r);
-  if (s < 0) s += r;
-  if (e < 0) e += r;
-  s = std::clamp<int64_t>(s, 0, r);
-  e = std::clamp<int64_t>(e, 0, r);
-  std::vector<int64_t> v;
-  for (int64_t i = s; i < e; ++i) v.push_back(x.shape()[i]);
-  ctx.outputs[0] = Tensor::FromInt64s(v);
-}
+void ShapeKernel(KernelContext& ctx) { ctx.outputs[0] = ShapeSlice(ctx.input(0).shape(), ctx.node); }
 
 void SizeKernel(KernelContext& ctx) { ctx.outputs[0] = Tensor::Scalar<int64_t>(ctx.input(0).numel()); }
 
