@@ -43,8 +43,9 @@ KernelInfo HalfWeightMatMulKernel(const Tensor& weight, HalfWeights mode) {
       return;
     }
     if (M > max_rows) {
-      // Several rows (prefill) are compute-bound, not bandwidth-bound: the float32 weight and
-      // oneDNN's matmul are faster there than widening float16 tiles.
+      // Several rows (a prompt) are compute-bound, not bandwidth-bound: the float32 weight's
+      // prepared products (panels, or oneDNN's matmul for long prompts) are faster there than
+      // widening float16 tiles.
       Shape out = a.shape();
       out.back() = N;
       ctx.outputs[0] = Tensor::Uninitialized(DataType::kFloat, out);
@@ -67,6 +68,8 @@ std::function<std::optional<KernelInfo>(const Node&, const Model&)> HalfWeightPr
     if (n.op_type != "MatMul" || !n.domain.empty() || n.inputs.size() != 2) return std::nullopt;
     const Tensor* w = m.graph.FindInitializer(n.inputs[1]);
     if (w == nullptr || w->dtype() != DataType::kFloat || w->shape().size() != 2) return std::nullopt;
+    for (const ValueInfo& v : m.graph.inputs)  // an IR < 4 default a feed may override: not a constant
+      if (v.name == n.inputs[1]) return std::nullopt;
     std::lock_guard<std::mutex> lock(*mu);
     auto it = cache->find(n.inputs[1]);
     if (it == cache->end()) it = cache->emplace(n.inputs[1], HalfWeightMatMulKernel(*w, mode)).first;

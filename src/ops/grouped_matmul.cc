@@ -395,7 +395,7 @@ void ConcatShapeKernel(KernelContext& ctx) {
   const Tensor& b = ctx.input(1);
   const int64_t r = a.rank();
   int64_t axis = ctx.node.GetInt("axis", 0);
-  bool ok = r > 0 && b.rank() == r && axis >= -r && axis < r;
+  bool ok = r > 0 && b.rank() == r && a.dtype() == b.dtype() && axis >= -r && axis < r;
   if (ok && axis < 0) axis += r;
   for (int64_t d = 0; ok && d < r; ++d) ok = d == axis || a.shape()[d] == b.shape()[d];
   if (!ok) return RunFallback(ctx);

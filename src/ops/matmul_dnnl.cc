@@ -126,7 +126,8 @@ KernelInfo PreparedSiblingMatMulKernel(std::vector<std::shared_ptr<PreparedMatMu
     bool all_prepared = true;
     for (size_t i = 0; i < mms.size(); ++i) {
       const Tensor& w = ctx.input(1 + i);
-      if (w.dtype() != DataType::kFloat || w.rank() != 2 || w.dim(0) != K || (mms[i] && mms[i]->K() != K))
+      if (w.dtype() != DataType::kFloat || w.rank() != 2 || w.dim(0) != K ||
+          (mms[i] && (mms[i]->K() != K || mms[i]->N() != w.dim(1))))
         return fallback(ctx);
       all_prepared = all_prepared && mms[i] != nullptr;
     }

@@ -3,7 +3,7 @@
 //
 // Why: a row-major weight read k by k for a register tile of rows strides by N floats per k (the
 // prefetchers lose it), and reading it row by row as the GEMV does keeps the sums in memory (its
-// multi-row form is bound by loads and adds at 75-115 GFLOPS). A panel is kPanelCols columns of W
+// multi-row form is bound by loads and adds at 40-80 GFLOPS at 2 threads here). A panel is kPanelCols columns of W
 // for every k, stored contiguously ([k][kPanelCols]; the last panel is as wide as the columns left,
 // rounded up to 16 and padded with zeros), so a register tile of up to 8 rows x 48 columns sums over
 // all of K with one FMA per weight vector per row while the weight streams in order.
@@ -20,8 +20,9 @@
 namespace gaf {
 
 inline constexpr int64_t kPanelCols = 48;
-// Rows up to which the panels are used (bench/decode_gemv_bench --rows at 2 threads here: from 8
-// to 128 rows 1.04-1.28x faster than oneDNN's matmul on its own packed weight, 256 rows 0.93x).
+// Rows up to which the panels are used (bench/decode_gemv_bench --rows at 2 threads here, against
+// oneDNN's matmul on its own packed weight: 8 and 16 rows 1.3-1.4x faster, 24-96 rows 1.15-1.28x,
+// 128 rows 1.04x, 256 rows 0.93x).
 inline constexpr int64_t kPanelMaxRows = 128;
 
 class PanelWeight {

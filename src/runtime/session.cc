@@ -410,9 +410,16 @@ Session::Session(const Model& model, SessionOptions options) : model_(model), op
     }
   }
   if (options_.prepared_kernels) {
-    // MatMuls by float32 [K, N] initializers: prompts take oneDNN's matmul on a packed weight.
+    // Initializers no feed can override: an IR < 4 initializer that is also a graph input is only
+    // a default, so a kernel prepared from it would ignore the value fed.
+    std::unordered_set<std::string> fed;
+    for (const ValueInfo& v : model_.graph.inputs) fed.insert(v.name);
+    auto fixed = [&](const std::string& name) -> const Tensor* {
+      return fed.count(name) ? nullptr : model_.graph.FindInitializer(name);
+    };
+    // MatMuls by float32 [K, N] initializers: products of several rows on a packed weight.
     auto prepared = [&](const std::string& w) -> std::shared_ptr<PreparedMatMul> {
-      const Tensor* t = model_.graph.FindInitializer(w);
+      const Tensor* t = fixed(w);
       if (t == nullptr || t->dtype() != DataType::kFloat || t->rank() != 2 || t->numel() < kPackedMatMulMinWeight)
         return nullptr;
       return std::make_shared<PreparedMatMul>(*t);
@@ -439,8 +446,8 @@ Session::Session(const Model& model, SessionOptions options) : model_(model), op
     }
     for (const Node& n : model_.graph.nodes) {
       if (call_kernel_of_.count(&n) || n.op_type != "Conv" || !n.domain.empty() || n.inputs.size() < 2) continue;
-      const Tensor* w = model_.graph.FindInitializer(n.inputs[1]);
-      const Tensor* b = n.HasInput(2) ? model_.graph.FindInitializer(n.inputs[2]) : nullptr;
+      const Tensor* w = fixed(n.inputs[1]);
+      const Tensor* b = n.HasInput(2) ? fixed(n.inputs[2]) : nullptr;
       if (w == nullptr || (n.HasInput(2) && b == nullptr)) continue;
       std::shared_ptr<PreparedConv> conv = PreparedConv::Create(n, *w, b);
       if (!conv) continue;

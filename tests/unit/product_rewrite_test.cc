@@ -198,6 +198,33 @@ TEST(ProductRewrite, ShapesOfAnAppendedCacheComeFromItsInputs) {
   EXPECT_EQ(e, testing::ErrorOf([&] { plain.Run(bad); }));
 }
 
+TEST(ProductRewrite, ConcatShapeGivesTheConcatenatedShapeOrConcatsError) {
+  // The node the rewrite makes, on its own: Shape(Concat(a, b)) from the shapes, start 1; shapes
+  // Concat rejects run the fallback graph (Concat + Shape), whose error names the Concat.
+  auto fallback = std::make_shared<Graph>();
+  fallback->inputs = {ValueInfo{"a"}, ValueInfo{"b"}};
+  fallback->nodes = {MakeNode("Concat", {"a", "b"}, {"c"}, "cat", {testing::IntAttr("axis", -2)}),
+                     MakeNode("Shape", {"c"}, {"y"}, "shp", {testing::IntAttr("start", 1)})};
+  fallback->outputs = {ValueInfo{"y"}};
+  Node n = MakeNode("ConcatShape", {"a", "b"}, {"y"}, "cs", {testing::IntAttr("axis", -2), testing::IntAttr("start", 1)});
+  n.domain = kPlanDomain;
+  Attribute fb;
+  fb.name = "fallback";
+  fb.type = Attribute::Type::kGraph;
+  fb.g = fallback;
+  n.attributes.push_back(fb);
+  Graph g;
+  g.inputs = {testing::FloatValue("a", {-1, 2, -1, 8}), testing::FloatValue("b", {-1, 2, -1, 8})};
+  g.nodes = {n};
+  g.outputs = {ValueInfo{"y", DataType::kInt64}};
+  Session s(MakeModel(std::move(g)));
+  const auto out = s.Run({{"a", RandomFloat({3, 2, 5, 8}, 1)}, {"b", RandomFloat({3, 2, 4, 8}, 2)}});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].ToInt64s(), (std::vector<int64_t>{2, 9, 8}));
+  const std::string e = testing::ErrorOf([&] { s.Run({{"a", RandomFloat({3, 2, 5, 8}, 1)}, {"b", RandomFloat({1, 2, 4, 8}, 2)}}); });
+  EXPECT_NE(e.find("cat"), std::string::npos) << e;
+}
+
 TEST(ProductRewrite, AppendLeavesACacheReadElsewhereAndFallsBackOnOtherShapes) {
   Session shared(GqaAppendModel(8, /*cache_read=*/true));
   EXPECT_EQ(shared.product_rewrites().appended, 1);  // the value cache only; the key Concat stays
@@ -318,6 +345,23 @@ TEST(PreparedMatMul, PromptsOnAPackedWeightEqualTheReference) {
   for (int64_t rows : {1, 5, 9, 16, 40, 130, 9, 130}) {  // again: the cached primitive
     std::map<std::string, Tensor> feeds = {{"x", RandomFloat({2, rows, 300}, 50 + rows)}};
     ExpectClose(prepared.Run(feeds), plain.Run(feeds), fmt::format("{} rows", rows));
+  }
+}
+
+TEST(PreparedMatMul, AWeightAFeedCanOverrideIsNotPrepared) {
+  // An IR < 4 initializer that is also a graph input is only a default: the value fed must be used
+  // (a prepared copy of the default would ignore it) at one row, on the panels and the library.
+  Model m = OutputY({testing::FloatValue("x", {-1, 300}), testing::FloatValue("w", {300, 900})},
+                    {MakeNode("MatMul", {"x", "w"}, {"y"}, "mm")}, {{"w", RandomFloat({300, 900}, 42, -0.1f, 0.1f)}});
+  SessionOptions off;
+  off.prepared_kernels = false;
+  Session s(m), plain(m, off);
+  const Tensor fed = RandomFloat({300, 900}, 43, -0.1f, 0.1f);
+  for (int64_t rows : {1, 8, 200}) {
+    std::map<std::string, Tensor> feeds = {{"x", RandomFloat({rows, 300}, 44 + rows)}, {"w", fed}};
+    ExpectClose(s.Run(feeds), plain.Run(feeds), fmt::format("{} rows, fed weight", rows));
+    feeds.erase("w");
+    ExpectClose(s.Run(feeds), plain.Run(feeds), fmt::format("{} rows, default weight", rows));
   }
 }
 
