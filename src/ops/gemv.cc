@@ -22,10 +22,10 @@ namespace {
 // ------------------------------------------------------------------------------------------
 // GEMV: y[0:N] (+)= x[0:K] * W[K,N], W row-major (leading dimension ldw), float32 or IEEE half.
 //
-// The rows are cut into at most eight chunks, a number that depends on K only, and the columns
+// The rows are cut into at most four chunks, a number that depends on K only, and the columns
 // into pieces of up to kGemvPiece; the (chunk, piece) tasks are handed out to the threads
 // dynamically, so a thread that is descheduled just takes fewer of them instead of holding up
-// the others at a barrier. A task streams its rows as long contiguous segments (what the
+// the others at a barrier. A task streams its rows (8 streams, GemvPiece) as long contiguous segments (what the
 // hardware prefetchers handle best; column blocks of 64-512 were measured 10-20% slower at two
 // threads) into a partial sum per chunk; the partial sums are then added into y in chunk order.
 // Every column is thus summed in the same order whatever the number of threads, so the result
@@ -34,9 +34,10 @@ namespace {
 constexpr int64_t kGemvPiece = 8192;           // columns per task: a 32 KB accumulator row
 constexpr int64_t kGemvMinParallel = 1 << 16;  // weight elements below which one thread is faster
 
-// Rows per chunk (a multiple of 8): at most 8 chunks, at least 96 rows.
+// Rows per chunk (a multiple of 8): at most 4 chunks, at least 96 rows. (At most 8 chunks was
+// 2-4% slower over a decode step's weights: more partial sums and shorter streams.)
 inline int64_t GemvChunkRows(int64_t K) {
-  return std::max<int64_t>(96, CeilDiv(CeilDiv(K, 8), 8) * 8);
+  return std::max<int64_t>(96, CeilDiv(CeilDiv(K, 4), 8) * 8);
 }
 
 #if GAF_AVX512
@@ -46,8 +47,26 @@ inline __m512 Load16(const uint16_t* p, __mmask16 m) {
 }
 #endif
 
-// acc[0:n] = sum over k in [k0, k1) of x[k] * w[k, 0:n], n <= kGemvPiece. Rows are taken eight
-// at a time from k0 and summed as a fixed pairwise tree before they are added to acc.
+// The rows [k0, k1) of a task are read as 8 streams, stream u over its own contiguous run of
+// s = (k1 - k0) / 8 rows from k0 + u * s; step i takes row k0 + u * s + i of every stream. The
+// 8 rows of a step are summed as a fixed pairwise tree, ((0+1) + (2+3)) + ((4+5) + (6+7)), and
+// then added to the sums; the (k1 - k0) % 8 rows left are added one at a time after, in order.
+//
+// Streams over runs rather than 8 consecutive rows: rows of float16 weights (and of narrow
+// float32 ones) are shorter than a 4 KiB page, and 8 consecutive rows then share pages, which
+// the hardware prefetchers track one stream per page; over a decode step's weights (the bench
+// preset: 672 MB, 2 threads) float16 products took 14.0-14.5 ms with consecutive rows and
+// 10.0-10.5 with the runs and the prefetch below, a plain read of the same bytes 9.3-9.5 (float32:
+// 22.8 -> 21.5-21.7 ms, the read 20.4-21.2). Float16 rows also prefetch the next row of their
+// stream into L1 (which did not pay for float32: 22.0 against 21.5).
+struct GemvSteps {
+  int64_t s;        // rows per stream
+  int64_t tail0;    // first of the rows left, k0 + 8 * s
+  int64_t Row(int64_t k0, int u, int64_t i) const { return k0 + u * s + i; }
+};
+inline GemvSteps GemvStepsOf(int64_t k0, int64_t k1) { return {(k1 - k0) / 8, k0 + (k1 - k0) / 8 * 8}; }
+
+// acc[0:n] = sum over k in [k0, k1) of x[k] * w[k, 0:n], n <= kGemvPiece, in the order above.
 template <class T>
 void GemvPiece(const float* x, const T* w, int64_t ldw, int64_t k0, int64_t k1, int64_t n,
                float* acc);
@@ -59,25 +78,25 @@ void GemvPieceRows(const float* x, int64_t ldx, int64_t M, const T* w, int64_t l
                    int64_t n, float* acc) {
 #if GAF_AVX512
   std::fill(acc, acc + M * n, 0.f);
+  const GemvSteps st = GemvStepsOf(k0, k1);
   // Blocks of 8 weight rows x 512 columns (16 KiB of float32: read from memory for the first row
-  // of x, from L1 for the others), each x row's 8 values broadcast once per block; the 8 rows are
-  // summed as GemvPiece's pairwise tree. (Register tiles of 8 x rows x 32 columns summing k in
-  // order were 1.2-1.5x slower here at 4-8 rows.)
+  // of x, from L1 for the others), each x row's 8 values broadcast once per block. (Register
+  // tiles of 8 x rows x 32 columns summing k in order were 1.2-1.5x slower here at 4-8 rows.)
   constexpr int64_t kBlock = 512;
-  int64_t k = k0;
-  for (; k + 8 <= k1; k += 8) {
-    const T* r = w + k * ldw;
+  for (int64_t i = 0; i < st.s; ++i) {
+    const T* r[8];
+    int64_t kr[8];
+    for (int u = 0; u < 8; ++u) kr[u] = st.Row(k0, u, i), r[u] = w + kr[u] * ldw;
     for (int64_t j0 = 0; j0 < n; j0 += kBlock) {
       const int64_t j1 = std::min(n, j0 + kBlock);
       for (int64_t row = 0; row < M; ++row) {
-        const float* xr = x + row * ldx + k;
+        const float* xr = x + row * ldx;
         __m512 xv[8];
-        for (int u = 0; u < 8; ++u) xv[u] = _mm512_set1_ps(xr[u]);
+        for (int u = 0; u < 8; ++u) xv[u] = _mm512_set1_ps(xr[kr[u]]);
         float* a = acc + row * n;
         const auto group = [&](int64_t j, __mmask16 m) {
           const auto pair = [&](int u) {
-            return _mm512_fmadd_ps(xv[u + 1], Load16(r + (u + 1) * ldw + j, m),
-                                   _mm512_mul_ps(xv[u], Load16(r + u * ldw + j, m)));
+            return _mm512_fmadd_ps(xv[u + 1], Load16(r[u + 1] + j, m), _mm512_mul_ps(xv[u], Load16(r[u] + j, m)));
           };
           const __m512 s = _mm512_add_ps(_mm512_add_ps(pair(0), pair(2)), _mm512_add_ps(pair(4), pair(6)));
           _mm512_mask_storeu_ps(a + j, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, a + j), s));
@@ -88,7 +107,7 @@ void GemvPieceRows(const float* x, int64_t ldx, int64_t M, const T* w, int64_t l
       }
     }
   }
-  for (; k < k1; ++k) {
+  for (int64_t k = st.tail0; k < k1; ++k) {
     const T* r = w + k * ldw;
     for (int64_t row = 0; row < M; ++row) {
       const __m512 xk = _mm512_set1_ps(x[row * ldx + k]);
@@ -108,18 +127,25 @@ template <class T>
 void GemvPiece(const float* x, const T* w, int64_t ldw, int64_t k0, int64_t k1, int64_t n,
                float* acc) {
   std::fill(acc, acc + n, 0.f);
-  int64_t k = k0;
+  const GemvSteps st = GemvStepsOf(k0, k1);
 #if GAF_AVX512
   // The same arithmetic as GemvPieceRows for one row, with the broadcasts hoisted (a separate
   // loop: the general one streams 15% slower at batch 1).
-  for (; k + 8 <= k1; k += 8) {
-    const T* r = w + k * ldw;
+  constexpr bool kHalf = std::is_same_v<T, uint16_t>;
+  for (int64_t i = 0; i < st.s; ++i) {
+    const T* r[8];
     __m512 xv[8];
-    for (int u = 0; u < 8; ++u) xv[u] = _mm512_set1_ps(x[k + u]);
+    for (int u = 0; u < 8; ++u) {
+      const int64_t k = st.Row(k0, u, i);
+      r[u] = w + k * ldw;
+      xv[u] = _mm512_set1_ps(x[k]);
+    }
+    const bool prefetch = kHalf && i + 1 < st.s;  // the next row of each stream, within the task
     const auto group = [&](int64_t j, __mmask16 m) {
+      if (prefetch && (j & 31) == 0)  // one 64-byte line: 32 halves
+        for (int u = 0; u < 8; ++u) _mm_prefetch(reinterpret_cast<const char*>(r[u] + ldw + j), _MM_HINT_T0);
       const auto pair = [&](int u) {
-        return _mm512_fmadd_ps(xv[u + 1], Load16(r + (u + 1) * ldw + j, m),
-                               _mm512_mul_ps(xv[u], Load16(r + u * ldw + j, m)));
+        return _mm512_fmadd_ps(xv[u + 1], Load16(r[u + 1] + j, m), _mm512_mul_ps(xv[u], Load16(r[u] + j, m)));
       };
       const __m512 s = _mm512_add_ps(_mm512_add_ps(pair(0), pair(2)),
                                      _mm512_add_ps(pair(4), pair(6)));
@@ -129,7 +155,7 @@ void GemvPiece(const float* x, const T* w, int64_t ldw, int64_t k0, int64_t k1, 
     for (; j + 16 <= n; j += 16) group(j, 0xffff);
     if (j < n) group(j, Mask16(n - j));
   }
-  for (; k < k1; ++k) {
+  for (int64_t k = st.tail0; k < k1; ++k) {
     const T* r = w + k * ldw;
     const __m512 xk = _mm512_set1_ps(x[k]);
     for (int64_t j = 0; j < n; j += 16) {
@@ -142,29 +168,33 @@ void GemvPiece(const float* x, const T* w, int64_t ldw, int64_t k0, int64_t k1, 
   // Half rows are widened a slice of kSlice columns at a time.
   constexpr int64_t kSlice = 512;
   [[maybe_unused]] alignas(64) float widened[8][kSlice];
-  for (; k + 8 <= k1; k += 8) {
-    const T* r = w + k * ldw;
-    const float x0 = x[k], x1 = x[k + 1], x2 = x[k + 2], x3 = x[k + 3];
-    const float x4 = x[k + 4], x5 = x[k + 5], x6 = x[k + 6], x7 = x[k + 7];
+  for (int64_t i = 0; i < st.s; ++i) {
+    const T* r[8];
+    float xs[8];
+    for (int u = 0; u < 8; ++u) {
+      const int64_t k = st.Row(k0, u, i);
+      r[u] = w + k * ldw;
+      xs[u] = x[k];
+    }
     for (int64_t j0 = 0; j0 < n; j0 += kSlice) {
       const int64_t m = std::min(kSlice, n - j0);
       const float* f[8];
       for (int u = 0; u < 8; ++u) {
         if constexpr (std::is_same_v<T, float>) {
-          f[u] = r + u * ldw + j0;
+          f[u] = r[u] + j0;
         } else {
-          HalfToFloatRow(r + u * ldw + j0, widened[u], m);
+          HalfToFloatRow(r[u] + j0, widened[u], m);
           f[u] = widened[u];
         }
       }
       float* a = acc + j0;
 #pragma omp simd
       for (int64_t j = 0; j < m; ++j)
-        a[j] += ((x0 * f[0][j] + x1 * f[1][j]) + (x2 * f[2][j] + x3 * f[3][j])) +
-                ((x4 * f[4][j] + x5 * f[5][j]) + (x6 * f[6][j] + x7 * f[7][j]));
+        a[j] += ((xs[0] * f[0][j] + xs[1] * f[1][j]) + (xs[2] * f[2][j] + xs[3] * f[3][j])) +
+                ((xs[4] * f[4][j] + xs[5] * f[5][j]) + (xs[6] * f[6][j] + xs[7] * f[7][j]));
     }
   }
-  for (; k < k1; ++k) {
+  for (int64_t k = st.tail0; k < k1; ++k) {
     const T* r = w + k * ldw;
     const float xk = x[k];
     for (int64_t j0 = 0; j0 < n; j0 += kSlice) {
