@@ -216,6 +216,9 @@ void RunFuse(const FusionArgs& a) {
     so.reuse_measurements = !a.remeasure;
     so.threads = a.threads;
     so.half_weights = a.half_weights;
+    so.half_weights_check = [threads = a.threads](const Model& fused, std::string* what) {
+      return HalfWeightsKeepGreedyTokens(fused, threads, what);
+    };
     f->FuseAsConfigured(so);
     if (!a.report.empty()) WriteFileAtomic(a.report, f->GetSafeFusionReport().ToJson() + "\n");
   }

@@ -583,15 +583,34 @@ Model SafeGraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
     rep.half_weights_tried = true;
     rep.half_weights_cosine = hp.min_cosine;
     rep.half_weights_max_abs_error = hp.max_abs_error;
-    if (hp.Passes(safe.min_cosine, safe.max_abs_error)) {
-      rep.half_weights_kept = true;
-      meta.emplace_back(kHalfWeightsMetadataKey,
-                        fmt::format("matmul weights stored as float16 at run time; gate passed with every product on "
-                                    "float16 weights: min cosine {:.7f}, max abs error {:.3g}",
-                                    hp.min_cosine, hp.max_abs_error));
+    // Per output: the absolute bound, or the relative one on the output's scale, whichever is larger.
+    std::string worst;
+    double worst_ratio = -1;
+    for (const OutputPrecision& o : hp.outputs) {
+      const double bound = std::max(safe.max_abs_error, safe.half_weights_rel_error * o.max_abs_reference);
+      const double ratio = o.cosine < safe.min_cosine ? INFINITY : o.max_abs_error / bound;
+      if (ratio > worst_ratio) {
+        worst_ratio = ratio;
+        rep.half_weights_error_bound = bound;
+        worst = fmt::format("output '{}': cosine {:.7f} (gate >= {}), max abs error {:.3g} (gate <= {:.3g}: the larger of "
+                            "{} and {:.3g} x its largest magnitude {:.3g})",
+                            o.name, o.cosine, safe.min_cosine, o.max_abs_error, bound, safe.max_abs_error,
+                            safe.half_weights_rel_error, o.max_abs_reference);
+      }
+    }
+    if (worst_ratio > 1 || !std::isfinite(worst_ratio)) {
+      rep.half_weights_reason = "precision: " + worst;
     } else {
-      rep.half_weights_reason = fmt::format("precision: min cosine {:.7f} (gate >= {}), max abs error {:.3g} (gate <= {})",
-                                            hp.min_cosine, safe.min_cosine, hp.max_abs_error, safe.max_abs_error);
+      const bool passed = !safe.half_weights_check || safe.half_weights_check(fused, &rep.half_weights_check);
+      if (passed) {
+        rep.half_weights_kept = true;
+        meta.emplace_back(kHalfWeightsMetadataKey,
+                          fmt::format("matmul weights stored as float16 at run time; gate passed with every product on "
+                                      "float16 weights: min cosine {:.7f}, max abs error {:.3g}",
+                                      hp.min_cosine, hp.max_abs_error));
+      } else {
+        rep.half_weights_reason = rep.half_weights_check;
+      }
     }
   }
   if (rep.original_kept) {
@@ -645,8 +664,9 @@ std::string SafeFusionReport::ToText() const {
   if (half_weights_tried)
     s += half_weights_kept
              ? fmt::format("float16 weight storage: kept (every product on float16 weights: min cosine {:.7f}, max abs "
-                           "error {:.3g}); recorded in the model's metadata, `generate` uses it for decode\n",
-                           half_weights_cosine, half_weights_max_abs_error)
+                           "error {:.3g}, within {:.3g}{}); recorded in the model's metadata, `generate` uses it for decode\n",
+                           half_weights_cosine, half_weights_max_abs_error, half_weights_error_bound,
+                           half_weights_check.empty() ? "" : "; " + half_weights_check)
              : fmt::format("float16 weight storage: ROLLBACK ({})\n", half_weights_reason);
   return s;
 }
@@ -705,6 +725,8 @@ std::string SafeFusionReport::ToJson() const {
   j["workload"] = {{"source", workload}, {"samples", samples}};
   if (half_weights_tried)
     j["half_weights"] = {{"kept", half_weights_kept},
+                         {"error_bound", half_weights_error_bound},
+                         {"check", half_weights_check},
                          {"min_cosine", half_weights_cosine},
                          {"max_abs_error", std::isfinite(half_weights_max_abs_error) ? half_weights_max_abs_error : -1.0},
                          {"reason", half_weights_reason},

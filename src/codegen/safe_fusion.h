@@ -49,9 +49,19 @@ struct SafeFusionOptions {
   std::string kernel_cache;      // "" = $GAF_KERNEL_CACHE or ~/.cache/graph-autofusion/kernels
   uint32_t seed = 0;             // random graph inputs
   // Also gate float16 storage of constant MatMul weights (codegen/half_weights.h): end to end,
-  // with every such product on float16 weights, against the same thresholds. When it passes, the
-  // fused model gets the graph_autofusion.half_weights metadata and `generate` runs it so.
+  // with every such product on float16 weights. It passes when every output keeps min_cosine and
+  // stays within max_abs_error or within half_weights_rel_error of the output's largest magnitude
+  // (float16 rounds each weight by up to 2^-11 of itself, so the error of an output scales with
+  // it: logits of a few units move by a few 1e-3), and then half_weights_check passes (when set).
+  // When it passes, the fused model gets the graph_autofusion.half_weights metadata and `generate`
+  // runs it so.
   bool half_weights = false;
+  double half_weights_rel_error = 1.0 / 512;
+  // A task-level check of float16 storage on the fused model: true when it passes, with what it
+  // did (or why it failed) in *what. The CLI sets one for decoders (the greedy tokens of a
+  // generation with and without float16 weights must be the same), which codegen cannot run
+  // itself (models is the layer above).
+  std::function<bool(const Model& fused, std::string* what)> half_weights_check;
   // Test hook: called with the fused function's name before every timed kernel call, in the group
   // gates (end_to_end false) and end to end (true): a deliberately slow kernel, to test that the
   // gates catch one.
@@ -98,6 +108,8 @@ struct SafeFusionReport {
   // float16 weight storage gate (SafeFusionOptions::half_weights).
   bool half_weights_tried = false, half_weights_kept = false;
   double half_weights_cosine = 0, half_weights_max_abs_error = 0;  // measured, every product on float16 weights
+  double half_weights_error_bound = 0;     // the largest error allowed for the output that came closest to its bound
+  std::string half_weights_check;          // what the task-level check did ("" when none ran)
   std::string half_weights_reason;                                 // why it was not kept
   std::string ToText() const;
   std::string ToJson() const;

@@ -7,6 +7,7 @@
 #include <optional>
 #include <random>
 
+#include "codegen/half_weights.h"
 #include "cost/workload.h"
 #include "ir/error.h"
 
@@ -263,6 +264,35 @@ Workload DecoderTraceWorkload(const Model& model, int prompt_len, int decode_ste
   }
   w.source = fmt::format("a generation: prefill of {} tokens + {} decode steps", prompt_len, decode_steps);
   return w;
+}
+
+bool HalfWeightsKeepGreedyTokens(const Model& fused, int threads, std::string* what, int prompt_len, int new_tokens) {
+    DecoderSignature sig;
+  try {
+    sig = DecoderSignature::Discover(fused.graph.inputs, fused.graph.outputs);
+  } catch (const Error&) {
+    *what = "not a decoder in the Optimum layout: no token check";
+    return true;
+  }
+  SessionOptions so;
+  so.num_threads = threads;
+  Session f32(fused, so);
+  so.node_kernels = HalfWeightProvider(HalfWeights::kDecode);
+  Session f16(fused, so);
+  GenerateOptions opt;
+  opt.max_new_tokens = new_tokens;
+  std::mt19937 rng(0);
+  std::uniform_int_distribution<int64_t> dist(0, DecoderVocabSize(fused, sig) - 1);
+  for (int i = 0; i < prompt_len; ++i) opt.prompt_ids.push_back(dist(rng));
+  const std::vector<int64_t> want = Generate(f32, sig, opt).tokens, got = Generate(f16, sig, opt).tokens;
+  for (size_t i = 0; i < want.size(); ++i)
+    if (i >= got.size() || got[i] != want[i]) {
+      *what = fmt::format("greedy tokens: with float16 weights token {} of {} is {} instead of {} (a random prompt of {} ids)",
+                          i + 1, want.size(), i < got.size() ? got[i] : -1, want[i], prompt_len);
+      return false;
+    }
+  *what = fmt::format("the same {} greedy tokens as float32 weights on a random prompt of {} ids", want.size(), prompt_len);
+  return true;
 }
 
 }  // namespace gaf

@@ -71,4 +71,13 @@ int64_t DecoderVocabSize(const Model& model, const DecoderSignature& sig);
 // fails (naming the step).
 Workload DecoderTraceWorkload(const Model& model, int prompt_len = 8, int decode_steps = 3, uint32_t seed = 0);
 
+// The task-level gate of float16 weight storage (SafeFusionOptions::half_weights_check) on a
+// decoder in the Optimum layout: the greedy tokens of a generation from a random prompt (seed 0)
+// with float16 weights (HalfWeights::kDecode, as `generate` runs them) must be those with float32
+// weights, both on `fused`'s reference kernels. Models that are not such decoders pass (the
+// precision gate alone decides for them). *what says what was compared, or the first token that
+// differs.
+bool HalfWeightsKeepGreedyTokens(const Model& fused, int threads, std::string* what, int prompt_len = 16,
+                                 int new_tokens = 32);
+
 }  // namespace gaf

@@ -526,6 +526,7 @@ TEST(HalfWeights, SafeFusionGatesFloat16Storage) {
 
   SafeFusionOptions strict = o;
   strict.max_abs_error = 1e-12;  // below float16's rounding of the weights
+  strict.half_weights_rel_error = 1e-12;
   SafeGraphAutoFusion g(m, Preset("transformer"));
   Model rolled = g.FuseSafe(strict);
   const SafeFusionReport& rs = g.GetSafeFusionReport();
@@ -533,6 +534,48 @@ TEST(HalfWeights, SafeFusionGatesFloat16Storage) {
   EXPECT_FALSE(rs.half_weights_kept);
   EXPECT_EQ(rs.half_weights_reason.rfind("precision", 0), 0u) << rs.half_weights_reason;
   EXPECT_FALSE(ModelRequestsHalfWeights(rolled));
+
+  // The bound relative to an output's scale: an absolute bound the error exceeds, a relative one
+  // (of the outputs' largest magnitudes) it meets.
+  SafeFusionOptions relative = o;
+  relative.max_abs_error = r.half_weights_max_abs_error / 2;
+  relative.half_weights_rel_error = 1.0 / 512;
+  SafeGraphAutoFusion h(m, Preset("transformer"));
+  h.FuseSafe(relative);
+  EXPECT_TRUE(h.GetSafeFusionReport().half_weights_kept) << h.GetSafeFusionReport().ToText();
+  EXPECT_GT(h.GetSafeFusionReport().half_weights_error_bound, relative.max_abs_error);
+
+  // The task-level check runs after the precision gate, and its verdict and words are the report's.
+  SafeFusionOptions checked = o;
+  int calls = 0;
+  checked.half_weights_check = [&](const Model&, std::string* what) {
+    ++calls;
+    *what = "greedy tokens: token 3 of 32 differs";
+    return false;
+  };
+  SafeGraphAutoFusion c(m, Preset("transformer"));
+  Model unchecked = c.FuseSafe(checked);
+  EXPECT_EQ(calls, 1);
+  EXPECT_FALSE(c.GetSafeFusionReport().half_weights_kept);
+  EXPECT_EQ(c.GetSafeFusionReport().half_weights_reason, "greedy tokens: token 3 of 32 differs");
+  EXPECT_FALSE(ModelRequestsHalfWeights(unchecked));
+}
+
+// The decoder check of fuse --safe --half-weights: the tiny decoder's greedy tokens are the same
+// with float16 weights; a model that is no decoder passes with a note.
+TEST(HalfWeights, GreedyTokensCheck) {
+  std::string what;
+  EXPECT_TRUE(HalfWeightsKeepGreedyTokens(BuildLlamaModel(LlamaPreset("tiny")), 1, &what, 8, 12)) << what;
+  EXPECT_EQ(what, "the same 12 greedy tokens as float32 weights on a random prompt of 8 ids");
+  EXPECT_TRUE(HalfWeightsKeepGreedyTokens(BuildCnnModel(CnnPreset("tiny")), 1, &what)) << what;
+  EXPECT_NE(what.find("not a decoder"), std::string::npos) << what;
+  // A head whose weights float16 cannot hold (above 65504: inf) changes the tokens.
+  Model big = BuildLlamaModel(LlamaPreset("tiny"));
+  Tensor* head = big.graph.FindInitializer("lm_head.weight");
+  ASSERT_NE(head, nullptr);
+  for (int64_t i = 0; i < head->numel(); ++i) head->data<float>()[i] *= (i % 3 == 0 ? 1e6f : 1.f);
+  EXPECT_FALSE(HalfWeightsKeepGreedyTokens(big, 1, &what, 8, 12)) << what;
+  EXPECT_EQ(what.rfind("greedy tokens: with float16 weights token ", 0), 0u) << what;
 }
 
 }  // namespace
