@@ -81,7 +81,7 @@ void RunGenerate(const GenerateArgs& a) {
     kernels = CompileFusedKernels(m, compiler, DecoderTraceWorkload(m, trace_prompt, 2, 0), "ai.graph_autofusion", half);
     so.function_kernels = kernels->Provider();
   }
-  if (half != HalfWeights::kOff) so.node_kernels = HalfWeightProvider(half);
+  UseHalfWeights(so, half);
   Session session(m, so);
   DecoderSignature sig = DecoderSignature::Discover(session.inputs(), session.outputs());
   const int64_t vocab = DecoderVocabSize(m, sig);

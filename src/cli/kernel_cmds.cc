@@ -227,7 +227,7 @@ void RunBench(const BenchArgs& a) {
       st->kernels = Compile(st->model, compiler, o.workload, o.dims, half ? HalfWeights::kDecode : HalfWeights::kOff);
       s.function_kernels = st->kernels->Provider();
     }
-    if (half) s.node_kernels = HalfWeightProvider();
+    if (half) UseHalfWeights(s);
     st->session = std::make_unique<Session>(st->model, s);
     stages.push_back(std::move(st));
   };

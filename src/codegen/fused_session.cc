@@ -53,7 +53,7 @@ FusedRuntime WithSession(const Model& model, SessionOptions options, std::shared
   FusedRuntime rt;
   rt.kernels = std::move(kernels);
   options.function_kernels = rt.kernels->Provider();
-  if (half_weights != HalfWeights::kOff) options.node_kernels = HalfWeightProvider(half_weights);
+  UseHalfWeights(options, half_weights);
   rt.session = std::make_unique<Session>(model, options);
   return rt;
 }

@@ -7,6 +7,7 @@
 
 #include "ops/gemm.h"
 #include "ops/gemv.h"
+#include "runtime/plan_rewrite.h"
 
 namespace gaf {
 
@@ -16,21 +17,39 @@ bool ModelRequestsHalfWeights(const Model& model) {
   return false;
 }
 
-KernelInfo HalfWeightMatMulKernel(const Tensor& weight, HalfWeights mode) {
+namespace {
+
+// A float32 [K, N] weight with its float16 copy, made once, and the float32 weight's prepared
+// products for prompts (more rows than the mode streams in float16).
+struct HalfCopy {
+  int64_t K, N;
+  std::vector<uint16_t> half;
+  std::shared_ptr<PreparedMatMul> prepared;  // null below kPackedMatMulMinWeight
+};
+
+std::shared_ptr<HalfCopy> MakeHalfCopy(const Tensor& weight) {
   GAF_CHECK(weight.dtype() == DataType::kFloat && weight.shape().size() == 2, "float16 weight storage needs a float32 [K,N] weight");
-  const int64_t K = weight.shape()[0], N = weight.shape()[1];
-  auto half = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(K * N));
-  ConvertToHalf(weight.data<float>(), half->data(), K * N);
+  auto c = std::make_shared<HalfCopy>();
+  c->K = weight.shape()[0];
+  c->N = weight.shape()[1];
+  c->half.resize(static_cast<size_t>(c->K * c->N));
+  ConvertToHalf(weight.data<float>(), c->half.data(), c->K * c->N);
+  if (c->K * c->N >= kPackedMatMulMinWeight) c->prepared = std::make_shared<PreparedMatMul>(weight);
+  return c;
+}
+
+int64_t MaxHalfRows(HalfWeights mode) { return mode == HalfWeights::kAll ? std::numeric_limits<int64_t>::max() : 4; }
+
+KernelInfo MatMulKernelOf(std::shared_ptr<HalfCopy> c, HalfWeights mode) {
   const KernelInfo* reference = OpRegistry::Global().Find("", "MatMul");
   KernelInfo info;
   info.domain = "";
   info.op_type = "MatMul";
   info.kind = OpKind::kContraction;
   info.upcast_half = true;
-  const int64_t max_rows = mode == HalfWeights::kAll ? std::numeric_limits<int64_t>::max() : 4;
-  // Prompts on the float32 weight, packed once on first use (PreparedMatMul, as without float16).
-  auto prepared = K * N >= kPackedMatMulMinWeight ? std::make_shared<PreparedMatMul>(weight) : nullptr;
-  info.fn = [half, K, N, reference, max_rows, prepared](KernelContext& ctx) {
+  const int64_t max_rows = MaxHalfRows(mode);
+  info.fn = [c, reference, max_rows](KernelContext& ctx) {
+    const int64_t K = c->K, N = c->N;
     const Tensor& a = ctx.input(0);
     const Tensor& b = ctx.input(1);
     if (a.dtype() != DataType::kFloat || a.shape().empty() || a.shape().back() != K || b.shape() != Shape{K, N}) {
@@ -38,42 +57,89 @@ KernelInfo HalfWeightMatMulKernel(const Tensor& weight, HalfWeights mode) {
       return;
     }
     const int64_t M = a.numel() / K;
-    if (M > max_rows && !prepared) {
+    if (M > max_rows && !c->prepared) {
       reference->fn(ctx);
-      return;
-    }
-    if (M > max_rows) {
-      // Several rows (a prompt) are compute-bound, not bandwidth-bound: the float32 weight's
-      // prepared products (panels, or oneDNN's matmul for long prompts) are faster there than
-      // widening float16 tiles.
-      Shape out = a.shape();
-      out.back() = N;
-      ctx.outputs[0] = Tensor::Uninitialized(DataType::kFloat, out);
-      prepared->Run(a.data<float>(), M, ctx.outputs[0].data<float>());
       return;
     }
     Shape out = a.shape();
     out.back() = N;
-    ctx.outputs[0] = Tensor(DataType::kFloat, out);
-    if (M == 1) GemvF16(a.data<float>(), half->data(), N, ctx.outputs[0].data<float>(), K, N, false);
-    else MatMulF16Weight(a.data<float>(), half->data(), ctx.outputs[0].data<float>(), M, K, N);
+    ctx.outputs[0] = Tensor::Uninitialized(DataType::kFloat, out);
+    if (M > max_rows) {
+      // Several rows (a prompt) are compute-bound, not bandwidth-bound: the float32 weight's
+      // prepared products (panels, or oneDNN's matmul for long prompts) are faster there than
+      // widening float16 tiles.
+      c->prepared->Run(a.data<float>(), M, ctx.outputs[0].data<float>());
+      return;
+    }
+    MatMulF16Weight(a.data<float>(), c->half.data(), ctx.outputs[0].data<float>(), M, K, N);
   };
   return info;
 }
 
+// SiblingMatMul(A, W_1..W_n) of the plan (runtime/plan_rewrite.h): calls of at most max_rows rows
+// stream every float16 copy in one set of tasks (GemvF16ManyRows); longer ones take the float32
+// weights' prepared sibling kernel, as without float16 storage.
+KernelInfo SiblingKernelOf(std::vector<std::shared_ptr<HalfCopy>> cs, HalfWeights mode) {
+  std::vector<std::shared_ptr<PreparedMatMul>> prepared;
+  for (const auto& c : cs) prepared.push_back(c->prepared);
+  KernelInfo info = PreparedSiblingMatMulKernel(prepared);
+  const int64_t max_rows = MaxHalfRows(mode);
+  info.fn = [cs, max_rows, prompt = info.fn](KernelContext& ctx) {
+    const Tensor& a = ctx.input(0);
+    const int64_t K = cs.front()->K;
+    bool ok = a.dtype() == DataType::kFloat && !a.shape().empty() && a.shape().back() == K &&
+              ctx.num_inputs() == cs.size() + 1;
+    for (size_t i = 0; ok && i < cs.size(); ++i) ok = ctx.input(1 + i).shape() == Shape{K, cs[i]->N};
+    const int64_t M = ok && K > 0 ? a.numel() / K : 0;
+    if (!ok || M < 1 || M > max_rows) return prompt(ctx);
+    std::vector<GemvHalfOutput> outs;
+    for (size_t i = 0; i < cs.size(); ++i) {
+      Shape s = a.shape();
+      s.back() = cs[i]->N;
+      ctx.outputs[i] = Tensor::Uninitialized(DataType::kFloat, s);
+      outs.push_back({cs[i]->half.data(), cs[i]->N, ctx.outputs[i].data<float>(), cs[i]->N});
+    }
+    GemvF16ManyRows(a.data<float>(), M, K, outs.data(), static_cast<int>(outs.size()));
+  };
+  return info;
+}
+
+}  // namespace
+
+KernelInfo HalfWeightMatMulKernel(const Tensor& weight, HalfWeights mode) {
+  return MatMulKernelOf(MakeHalfCopy(weight), mode);
+}
+
+void UseHalfWeights(SessionOptions& options, HalfWeights mode) {
+  if (mode == HalfWeights::kOff) return;
+  options.node_kernels = HalfWeightProvider(mode);
+  options.node_kernels_take_siblings = true;
+}
+
 std::function<std::optional<KernelInfo>(const Node&, const Model&)> HalfWeightProvider(HalfWeights mode) {
-  auto cache = std::make_shared<std::map<std::string, KernelInfo>>();
+  auto copies = std::make_shared<std::map<std::string, std::shared_ptr<HalfCopy>>>();
   auto mu = std::make_shared<std::mutex>();
-  return [cache, mu, mode](const Node& n, const Model& m) -> std::optional<KernelInfo> {
-    if (n.op_type != "MatMul" || !n.domain.empty() || n.inputs.size() != 2) return std::nullopt;
-    const Tensor* w = m.graph.FindInitializer(n.inputs[1]);
-    if (w == nullptr || w->dtype() != DataType::kFloat || w->shape().size() != 2) return std::nullopt;
-    for (const ValueInfo& v : m.graph.inputs)  // an IR < 4 default a feed may override: not a constant
-      if (v.name == n.inputs[1]) return std::nullopt;
+  return [copies, mu, mode](const Node& n, const Model& m) -> std::optional<KernelInfo> {
+    const bool sibling = n.op_type == "SiblingMatMul" && n.domain == kPlanDomain;
+    if (!sibling && (n.op_type != "MatMul" || !n.domain.empty() || n.inputs.size() != 2)) return std::nullopt;
+    if (n.inputs.size() < 2) return std::nullopt;
+    std::vector<const Tensor*> ws;
+    for (size_t i = 1; i < n.inputs.size(); ++i) {
+      const Tensor* w = m.graph.FindInitializer(n.inputs[i]);
+      if (w == nullptr || w->dtype() != DataType::kFloat || w->shape().size() != 2) return std::nullopt;
+      for (const ValueInfo& v : m.graph.inputs)  // an IR < 4 default a feed may override: not a constant
+        if (v.name == n.inputs[i]) return std::nullopt;
+      if (!ws.empty() && ws.front()->shape()[0] != w->shape()[0]) return std::nullopt;
+      ws.push_back(w);
+    }
     std::lock_guard<std::mutex> lock(*mu);
-    auto it = cache->find(n.inputs[1]);
-    if (it == cache->end()) it = cache->emplace(n.inputs[1], HalfWeightMatMulKernel(*w, mode)).first;
-    return it->second;
+    std::vector<std::shared_ptr<HalfCopy>> cs;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      auto it = copies->find(n.inputs[1 + i]);
+      if (it == copies->end()) it = copies->emplace(n.inputs[1 + i], MakeHalfCopy(*ws[i])).first;
+      cs.push_back(it->second);
+    }
+    return sibling ? SiblingKernelOf(std::move(cs), mode) : MatMulKernelOf(cs.front(), mode);
   };
 }
 

@@ -13,6 +13,7 @@
 
 #include "ir/graph.h"
 #include "ops/kernel.h"
+#include "runtime/session.h"
 
 namespace gaf {
 
@@ -32,8 +33,12 @@ bool ModelRequestsHalfWeights(const Model& model);
 KernelInfo HalfWeightMatMulKernel(const Tensor& weight, HalfWeights mode = HalfWeights::kDecode);
 
 // For SessionOptions::node_kernels: every MatMul of the main graph whose weight is a float32 2-D
-// initializer (copies shared by initializer name).
+// initializer, and the plan's SiblingMatMul nodes of such weights (the decode step's q/k/v and
+// gate/up, streamed as one set of tasks); copies shared by initializer name.
 std::function<std::optional<KernelInfo>(const Node&, const Model&)> HalfWeightProvider(
     HalfWeights mode = HalfWeights::kDecode);
+
+// Sets options.node_kernels to HalfWeightProvider(mode), with siblings grouped (nothing for kOff).
+void UseHalfWeights(SessionOptions& options, HalfWeights mode = HalfWeights::kDecode);
 
 }  // namespace gaf

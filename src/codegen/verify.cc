@@ -171,7 +171,7 @@ PerformanceReport VerifyPerformance(const Model& fused, const VerifyOptions& o) 
   {
     SessionOptions fo = so;
     fo.function_kernels = rt.kernels->Provider();
-    if (o.half_weights != HalfWeights::kOff) fo.node_kernels = HalfWeightProvider(o.half_weights);
+    UseHalfWeights(fo, o.half_weights);
     rt.session = std::make_unique<Session>(fused, fo);
   }
   std::vector<Feeds> base_feeds, fused_feeds;

@@ -277,7 +277,7 @@ bool HalfWeightsKeepGreedyTokens(const Model& fused, int threads, std::string* w
   SessionOptions so;
   so.num_threads = threads;
   Session f32(fused, so);
-  so.node_kernels = HalfWeightProvider(HalfWeights::kDecode);
+  UseHalfWeights(so, HalfWeights::kDecode);
   Session f16(fused, so);
   GenerateOptions opt;
   opt.max_new_tokens = new_tokens;

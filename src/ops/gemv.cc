@@ -354,6 +354,8 @@ void GemvMany(const float* x, int64_t ldx, int64_t M, int64_t K, const GemvProdu
 }
 template void GemvMany<float>(const float* x, int64_t ldx, int64_t M, int64_t K,
                               const GemvProduct<float>* ps, int count, bool accumulate);
+template void GemvMany<uint16_t>(const float* x, int64_t ldx, int64_t M, int64_t K,
+                                 const GemvProduct<uint16_t>* ps, int count, bool accumulate);
 
 namespace {
 
@@ -391,6 +393,12 @@ void GemvF16(const float* x, const uint16_t* w_half, int64_t ldw, float* y, int6
   Gemv(x, w_half, ldw, y, K, N, accumulate);
 }
 
+void GemvF16ManyRows(const float* x, int64_t M, int64_t K, const GemvHalfOutput* outs, int count) {
+  std::vector<GemvProduct<uint16_t>> ps;
+  for (int i = 0; i < count; ++i) ps.push_back({outs[i].w, outs[i].ldw, outs[i].y, outs[i].N, outs[i].N});
+  GemvMany(x, K, M, K, ps.data(), count, false);
+}
+
 void ConvertToHalf(const float* src, uint16_t* dst, int64_t n) {
   ParallelFor(n, int64_t{1} << 16, [&](int64_t b, int64_t e) { FloatToHalfRow(src + b, dst + b, e - b); });
 }
@@ -398,8 +406,9 @@ void ConvertToHalf(const float* src, uint16_t* dst, int64_t n) {
 void MatMulF16Weight(const float* A, const uint16_t* B_half, float* C, int64_t M, int64_t K,
                      int64_t N) {
   if (M <= 0 || N <= 0) return;
-  if (M <= 4) {  // decode-sized: stream the weight once per row
-    for (int64_t m = 0; m < M; ++m) GemvF16(A + m * K, B_half, N, C + m * N, K, N, false);
+  if (M <= 4) {  // decode-sized: stream the weight once for all rows
+    const GemvHalfOutput out{B_half, N, C, N};
+    GemvF16ManyRows(A, M, K, &out, 1);
     return;
   }
   if (K <= 0) {

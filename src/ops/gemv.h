@@ -33,6 +33,17 @@ void GemvF32ManyRows(const float* x, int64_t M, int64_t K, const GemvOutput* out
 void GemvF16(const float* x, const uint16_t* w_half, int64_t ldw, float* y, int64_t K, int64_t N,
              bool accumulate);
 
+// Several products of the same M rows of x by float16 weights (the decode step's q/k/v or
+// gate/up with float16 storage), as GemvF32ManyRows: one set of tasks, each weight read once for
+// all rows; each y_i row is what GemvF16 gives that row alone.
+struct GemvHalfOutput {
+  const uint16_t* w;
+  int64_t ldw;
+  float* y;
+  int64_t N;
+};
+void GemvF16ManyRows(const float* x, int64_t M, int64_t K, const GemvHalfOutput* outs, int count);
+
 // dst[i] = float16 bits of src[i], rounded to nearest even (overflow to inf, NaN kept quiet).
 void ConvertToHalf(const float* src, uint16_t* dst, int64_t n);
 

@@ -58,13 +58,15 @@ struct GemvProduct {
   int64_t ldy = 0;
 };
 
-// Runs the products (gemv.cc; instantiated for float32 weights): y_p = x * W_p, or y_p += x * W_p
-// when accumulate.
+// Runs the products (gemv.cc; instantiated for float32 and float16 weights): y_p = x * W_p, or
+// y_p += x * W_p when accumulate.
 template <class T>
 void GemvMany(const float* x, int64_t ldx, int64_t M, int64_t K, const GemvProduct<T>* ps, int count,
               bool accumulate);
 extern template void GemvMany<float>(const float* x, int64_t ldx, int64_t M, int64_t K,
                                      const GemvProduct<float>* ps, int count, bool accumulate);
+extern template void GemvMany<uint16_t>(const float* x, int64_t ldx, int64_t M, int64_t K,
+                                        const GemvProduct<uint16_t>* ps, int count, bool accumulate);
 
 // ------------------------------------------------------------------------------------------
 // GEMM (gemm.cc).

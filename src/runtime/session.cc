@@ -389,7 +389,7 @@ Session::Session(const Model& model, SessionOptions options) : model_(model), op
   }
   // The observer sees every value the graph names: it gets the graph as it is.
   if (options_.rewrite_products && !options_.observer)
-    rewrites_ = RewriteProducts(model_, /*group_siblings=*/!options_.node_kernels);
+    rewrites_ = RewriteProducts(model_, /*group_siblings=*/!options_.node_kernels || options_.node_kernels_take_siblings);
   // Bind kernels to the kept call nodes (identified by their first output, which is unique).
   for (auto& [key, info] : kept) {
     for (const Node& n : model_.graph.nodes) {

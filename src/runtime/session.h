@@ -34,6 +34,10 @@ struct SessionOptions {
   // Kernels for other nodes of the main graph (after inlining): when it returns a kernel, the node
   // runs it instead of the registry's (e.g. float16 weight storage for MatMul).
   std::function<std::optional<KernelInfo>(const Node& node, const Model& model)> node_kernels;
+  // node_kernels also gives the kernels of the plan's SiblingMatMul nodes (MatMuls of one input by
+  // several weights, runtime/plan_rewrite.h), so the plan may group siblings; otherwise it does
+  // not, and each MatMul keeps the kernel node_kernels gives it.
+  bool node_kernels_take_siblings = false;
   // Conv nodes of the main graph with a float32 initializer weight run a convolution prepared once
   // for that weight where it is faster (ops/conv.h, PreparedConv: oneDNN's blocked layouts), and
   // MatMuls by a float32 [K, N] initializer (of kPackedMatMulMinWeight elements or more) run

@@ -504,6 +504,32 @@ TEST(HalfWeights, MatMulMatchesFloat32Reference) {
   }
 }
 
+// Sibling products (q/k/v) with float16 storage: the plan groups them (one SiblingMatMul streaming
+// every float16 copy) and each output is bit for bit the lone float16 product's, at one row and
+// at 2-4 rows; a prompt (more rows) takes the float32 weights, as the lone kernel does.
+TEST(HalfWeights, SiblingsStreamTheirCopiesTogether) {
+  const int64_t K = 96;
+  Model m = testing::SiblingProjections(K, {600, 130, 130}, 50);
+  SessionOptions half{.profile = true};
+  UseHalfWeights(half);
+  Session grouped(m, half);
+  EXPECT_EQ(grouped.product_rewrites().siblings, 3);
+  for (int64_t rows : {1, 3, 4, 9}) {
+    std::map<std::string, Tensor> feeds = {{"x", testing::RandomFloat({rows, K}, 60 + rows)}};
+    const std::vector<Tensor> got = grouped.Run(feeds);
+    for (int i = 0; i < 3; ++i) {
+      const Tensor& w = *m.graph.FindInitializer("w" + std::to_string(i));
+      Node n = MakeNode("MatMul", {"x", "w"}, {"y"}, "mm");
+      KernelContext ctx{n, 17, {&feeds["x"], &w}, {}, nullptr, 2};
+      ctx.outputs.resize(1);
+      HalfWeightMatMulKernel(w).fn(ctx);
+      EXPECT_EQ(got[i].ToDoubles(), ctx.outputs[0].ToDoubles()) << rows << " rows, output " << i;
+    }
+  }
+  EXPECT_EQ(testing::ProfiledCalls(grouped, "SiblingMatMul"), 4);
+  EXPECT_EQ(testing::ProfiledCalls(grouped, "MatMul"), 0);
+}
+
 // fuse --safe --half-weights: float16 weight storage is gated end to end with every product on
 // float16 weights; kept -> recorded in the model's metadata (and survives a save/load); a gate
 // the storage cannot meet -> not kept, reason "precision", no metadata.
