@@ -131,10 +131,16 @@ const membw = { array_bytes: membwRuns[0].array_bytes, repeats: membwRuns[0].rep
   results: args.threads.map((t) => ({ threads: t, gbps: bwFor(t) })), per_round: membwRuns };
 
 const bytes = weights.total_bytes;
+// float16 weight storage streams 2 bytes per MatMul/Gemm weight element instead of 4.
+const halfBytes = bytes - weights.matmul_bytes / 2;
 for (const r of rows) {
   r.tps = 1000 / r.ms;
-  r.floor_ms = bytes / (bwFor(r.threads) * 1e9) * 1000;
+  r.half = r.opt.includes('fp16w') && !r.opt.includes('gate-fail');
+  r.floor_ms = (r.half ? halfBytes : bytes) / (bwFor(r.threads) * 1e9) * 1000;
   r.pct_floor = r.ms / r.floor_ms * 100;  // ms/token as a percentage of the floor (100% = at the floor)
+  r.of_floor = r.floor_ms / r.ms;         // the fraction of the floor reached (1 = at the floor)
+  const ort = rows.find((o) => o.engine.startsWith('ort') && o.opt === 'all' && o.threads === r.threads);
+  r.vs_ort = ort ? ort.ms / r.ms : NaN;   // ONNX Runtime (all) ms / this ms, same thread count
 }
 
 const mb = (b) => (b / 1e6).toFixed(2);
@@ -144,13 +150,16 @@ console.log(`weights read per decode token: ${mb(bytes)} MB = MatMul/Gemm weight
   ` + Gather rows ${mb(weights.gather_row_bytes)} MB (${weights.gather_tensors}) + other initializers ${mb(weights.other_bytes)} MB (${weights.other_tensors})`);
 console.log(`memory read bandwidth: ${membw.results.map((r) => `${r.threads} thread(s) ${r.gbps.toFixed(1)} GB/s`).join(', ')}` +
   ` (${(membw.array_bytes / 2 ** 20).toFixed(0)} MiB array sum, median of ${membw.repeats} x ${membw.rounds} rounds)`);
-console.log(`floor ms/token = weight bytes / bandwidth: ${args.threads.map((t) => `${t}T ${(bytes / (bwFor(t) * 1e9) * 1000).toFixed(3)} ms`).join(', ')}`);
+console.log(`floor ms/token = weight bytes / bandwidth: ${args.threads.map((t) => `${t}T ${(bytes / (bwFor(t) * 1e9) * 1000).toFixed(3)} ms`).join(', ')}` +
+  `; with float16 weights (${mb(halfBytes)} MB): ${args.threads.map((t) => `${t}T ${(halfBytes / (bwFor(t) * 1e9) * 1000).toFixed(3)} ms`).join(', ')}`);
 console.log(`load average (1/5/15 min): before ${loadBefore}, after ${loadAfter}; 1-min load after each round: ${loads.map((x) => x.toFixed(2)).join(' ')}`);
 console.log('');
-const head = ['engine', 'opt', 'threads', 'tokens/s', 'ms/token', 'rounds min-max', 'prefill ms', 'same tokens', 'max |dlogit|', 'ms/token vs floor'];
+const head = ['engine', 'opt', 'threads', 'tokens/s', 'ms/token', 'rounds min-max', 'prefill ms', 'same tokens', 'max |dlogit|',
+  'floor / ms', 'vs ort (all)'];
 const table = rows.map((r) => [r.engine, r.opt, String(r.threads), r.tps.toFixed(1), r.ms.toFixed(3),
   `${Math.min(...r.ms_rounds).toFixed(2)}-${Math.max(...r.ms_rounds).toFixed(2)}`, r.prefill.toFixed(2),
-  r.same ? 'yes' : 'NO', Number.isNaN(r.diff) ? '-' : r.diff.toExponential(2), `${r.pct_floor.toFixed(0)}%`]);
+  r.same ? 'yes' : 'NO', Number.isNaN(r.diff) ? '-' : r.diff.toExponential(2),
+  `${r.of_floor.toFixed(2)}${r.half ? ' (fp16 floor)' : ''}`, Number.isNaN(r.vs_ort) ? '-' : `${r.vs_ort.toFixed(2)}x`]);
 const w = head.map((h, i) => Math.max(h.length, ...table.map((row) => row[i].length)));
 const line = (cells) => '| ' + cells.map((c, i) => c.padEnd(w[i])).join(' | ') + ' |';
 console.log(line(head));
