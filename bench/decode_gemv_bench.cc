@@ -14,7 +14,9 @@
 //
 // Prints per thread count and row count the median ms per step, GB/s and GFLOPS of each variant,
 // the read floor (the same bytes summed by 8 streams per thread, as bench/membw) and the ratio of
-// each variant to it.
+// each variant to it. At one row it also prints the float16 storage of the same weights
+// (GemvF16ManyRows with siblings grouped, as the session runs `--half-weights`) against the read
+// floor of their bytes.
 #include <omp.h>
 
 #include <algorithm>
@@ -98,6 +100,12 @@ int main(int argc, char** argv) {
   std::vector<float> xin(max_rows * std::max(hidden, inter)), y1(max_rows * widest), y2(max_rows * widest),
       y3(max_rows * widest);
   for (float& v : xin) v = u(rng);
+  // The float16 copies (as codegen/half_weights makes them), in memory of their own.
+  std::vector<gaf::Tensor> halves;
+  for (const Weight& x : w) {
+    halves.push_back(gaf::Tensor::Uninitialized(gaf::DataType::kFloat16, {x.K, x.N}));
+    gaf::ConvertToHalf(x.t.data<float>(), static_cast<uint16_t*>(halves.back().raw()), x.K * x.N);
+  }
   std::vector<gaf::PanelWeight> panels;
   std::vector<std::unique_ptr<gaf::PreparedMatMul>> prepared;
   const auto pack_start = std::chrono::steady_clock::now();
@@ -146,6 +154,19 @@ int main(int argc, char** argv) {
           gaf::PanelGemmMany(xin.data(), M, w[i].K, &p, 1);
         });
   };
+  auto half = [&] {
+    step(
+        [&](size_t i, int n) {
+          gaf::GemvHalfOutput outs[3];
+          for (int j = 0; j < n; ++j)
+            outs[j] = {static_cast<const uint16_t*>(halves[i + j].raw()), w[i + j].N, ys[j], w[i + j].N};
+          gaf::GemvF16ManyRows(xin.data(), M, w[i].K, outs, n);
+        },
+        [&](size_t i) {
+          const gaf::GemvHalfOutput out{static_cast<const uint16_t*>(halves[i].raw()), w[i].N, y1.data(), w[i].N};
+          gaf::GemvF16ManyRows(xin.data(), M, w[i].K, &out, 1);
+        });
+  };
   // The panel results against the row-major GEMV's on the last product (the head), as a check.
   auto check = [&] {
     std::vector<float> a(M * w.back().N), b(M * w.back().N);
@@ -175,6 +196,21 @@ int main(int argc, char** argv) {
     }
     sink = sink + s;
   };
+  auto floor_half = [&] {  // the float16 bytes, read as floats (half as many)
+    float s = 0;
+#pragma omp parallel reduction(+ : s)
+    {
+      const int id = omp_get_thread_num(), nt = omp_get_num_threads();
+      const int64_t lo = starts.back() / 2 * id / nt, hi = starts.back() / 2 * (id + 1) / nt;
+      for (size_t i = 0; i < w.size(); ++i) {
+        const int64_t a = std::max(lo, starts[i] / 2), b = std::min(hi, starts[i + 1] / 2);
+        if (a < b)
+          s += static_cast<float>(
+              bench::SumStreams(static_cast<const float*>(halves[i].raw()) + (a - starts[i] / 2), b - a));
+      }
+    }
+    sink = sink + s;
+  };
   auto time = [](auto&& fn) {
     const auto t0 = std::chrono::steady_clock::now();
     fn();
@@ -198,11 +234,21 @@ int main(int argc, char** argv) {
         b.push_back(time(siblings));
         c.push_back(time(panel));
       }
+      std::vector<double> hf, hh;
+      if (M == 1) {
+        half(), floor_half();
+        for (int r = 0; r < rounds; ++r) hf.push_back(time(floor_half)), hh.push_back(time(half));
+      }
       const double mf = Median(f), ma = Median(a), mb = Median(b), mc = Median(c), flops = 2.0 * M * bytes / 4;
       std::printf("%4d %4d | %9.3f %6.1f | %9.3f %6.1f %6.0f | %9.3f %6.1f %6.0f | %9.3f %6.1f %6.0f | %7.3f %7.3f %7.3f | %8.1e\n",
                   t, m, mf * 1e3, bytes / mf / 1e9, ma * 1e3, bytes / ma / 1e9, flops / ma / 1e9, mb * 1e3,
                   bytes / mb / 1e9, flops / mb / 1e9, mc * 1e3, bytes / mc / 1e9, flops / mc / 1e9, mf / ma, mf / mb,
                   mf / mc, check());
+      if (M == 1)
+        std::printf("%4d %4d | float16 weights (%.1f MB): floor %.3f ms (%.1f GB/s), siblings %.3f ms (%.1f GB/s), "
+                    "floor / siblings %.3f\n",
+                    t, m, bytes / 2e6, Median(hf) * 1e3, bytes / 2 / Median(hf) / 1e9, Median(hh) * 1e3,
+                    bytes / 2 / Median(hh) / 1e9, Median(hf) / Median(hh));
     }
   }
   return 0;
