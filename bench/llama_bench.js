@@ -141,6 +141,7 @@ for (const r of rows) {
   r.of_floor = r.floor_ms / r.ms;         // the fraction of the floor reached (1 = at the floor)
   const ort = rows.find((o) => o.engine.startsWith('ort') && o.opt === 'all' && o.threads === r.threads);
   r.vs_ort = ort ? ort.ms / r.ms : NaN;   // ONNX Runtime (all) ms / this ms, same thread count
+  r.prefill_vs_ort = ort ? ort.prefill / r.prefill : NaN;
 }
 
 const mb = (b) => (b / 1e6).toFixed(2);
@@ -155,11 +156,12 @@ console.log(`floor ms/token = weight bytes / bandwidth: ${args.threads.map((t) =
 console.log(`load average (1/5/15 min): before ${loadBefore}, after ${loadAfter}; 1-min load after each round: ${loads.map((x) => x.toFixed(2)).join(' ')}`);
 console.log('');
 const head = ['engine', 'opt', 'threads', 'tokens/s', 'ms/token', 'rounds min-max', 'prefill ms', 'same tokens', 'max |dlogit|',
-  'floor / ms', 'vs ort (all)'];
+  'floor / ms', 'vs ort (all)', 'prefill vs ort'];
 const table = rows.map((r) => [r.engine, r.opt, String(r.threads), r.tps.toFixed(1), r.ms.toFixed(3),
   `${Math.min(...r.ms_rounds).toFixed(2)}-${Math.max(...r.ms_rounds).toFixed(2)}`, r.prefill.toFixed(2),
   r.same ? 'yes' : 'NO', Number.isNaN(r.diff) ? '-' : r.diff.toExponential(2),
-  `${r.of_floor.toFixed(2)}${r.half ? ' (fp16 floor)' : ''}`, Number.isNaN(r.vs_ort) ? '-' : `${r.vs_ort.toFixed(2)}x`]);
+  `${r.of_floor.toFixed(2)}${r.half ? ' (fp16 floor)' : ''}`, Number.isNaN(r.vs_ort) ? '-' : `${r.vs_ort.toFixed(2)}x`,
+  Number.isNaN(r.prefill_vs_ort) ? '-' : `${r.prefill_vs_ort.toFixed(2)}x`]);
 const w = head.map((h, i) => Math.max(h.length, ...table.map((row) => row[i].length)));
 const line = (cells) => '| ' + cells.map((c, i) => c.padEnd(w[i])).join(' | ') + ' |';
 console.log(line(head));
