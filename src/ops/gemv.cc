@@ -63,6 +63,15 @@ struct GemvSteps {
   int64_t s;        // rows per stream
   int64_t tail0;    // first of the rows left, k0 + 8 * s
   int64_t Row(int64_t k0, int u, int64_t i) const { return k0 + u * s + i; }
+  // Step i's 8 weight rows and the x values they are scaled by.
+  template <class T>
+  void Rows(const T* w, int64_t ldw, const float* x, int64_t k0, int64_t i, const T* r[8], float xs[8]) const {
+    for (int u = 0; u < 8; ++u) {
+      const int64_t k = Row(k0, u, i);
+      r[u] = w + k * ldw;
+      xs[u] = x[k];
+    }
+  }
 };
 inline GemvSteps GemvStepsOf(int64_t k0, int64_t k1) { return {(k1 - k0) / 8, k0 + (k1 - k0) / 8 * 8}; }
 
@@ -134,12 +143,10 @@ void GemvPiece(const float* x, const T* w, int64_t ldw, int64_t k0, int64_t k1, 
   constexpr bool kHalf = std::is_same_v<T, uint16_t>;
   for (int64_t i = 0; i < st.s; ++i) {
     const T* r[8];
+    float xs[8];
+    st.Rows(w, ldw, x, k0, i, r, xs);
     __m512 xv[8];
-    for (int u = 0; u < 8; ++u) {
-      const int64_t k = st.Row(k0, u, i);
-      r[u] = w + k * ldw;
-      xv[u] = _mm512_set1_ps(x[k]);
-    }
+    for (int u = 0; u < 8; ++u) xv[u] = _mm512_set1_ps(xs[u]);
     const bool prefetch = kHalf && i + 1 < st.s;  // the next row of each stream, within the task
     const auto group = [&](int64_t j, __mmask16 m) {
       if (prefetch && (j & 31) == 0)  // one 64-byte line: 32 halves
@@ -171,11 +178,7 @@ void GemvPiece(const float* x, const T* w, int64_t ldw, int64_t k0, int64_t k1, 
   for (int64_t i = 0; i < st.s; ++i) {
     const T* r[8];
     float xs[8];
-    for (int u = 0; u < 8; ++u) {
-      const int64_t k = st.Row(k0, u, i);
-      r[u] = w + k * ldw;
-      xs[u] = x[k];
-    }
+    st.Rows(w, ldw, x, k0, i, r, xs);
     for (int64_t j0 = 0; j0 < n; j0 += kSlice) {
       const int64_t m = std::min(kSlice, n - j0);
       const float* f[8];
