@@ -18,6 +18,7 @@
 #include "onnx_io/onnx_io.h"
 #include "ir/output_file.h"
 #include "codegen/fused_session.h"
+#include "codegen/half_weights.h"
 #include "runtime/session.h"
 
 namespace gaf::cli {
@@ -187,6 +188,7 @@ struct RunArgs {
   unsigned seed = 0;
   bool json = false;
   bool profile = false, no_prepared = false, reference_kernels = false, no_rewrites = false;
+  bool half_weights = false, float32_weights = false;
 };
 
 void RunRun(const RunArgs& a) {
@@ -219,11 +221,20 @@ void RunRun(const RunArgs& a) {
     }
   }
   const Feeds& feeds = w.samples[0];
+  // float16 weight storage as generate runs it: asked for, or recorded by `fuse --safe
+  // --half-weights` after its gate (--float32-weights keeps float32).
+  GAF_CHECK(!(a.half_weights && a.float32_weights), "--half-weights and --float32-weights exclude each other");
+  const bool from_metadata = !a.half_weights && !a.float32_weights && ModelRequestsHalfWeights(m) && !a.reference_kernels;
+  const HalfWeights half = a.half_weights || from_metadata ? HalfWeights::kDecode : HalfWeights::kOff;
+  if (from_metadata && !a.json)
+    fmt::print("float16 weight storage: on (the model's {} metadata; --float32-weights keeps float32)\n",
+               kHalfWeightsMetadataKey);
   if (has_fused && !a.reference_kernels) {
     KernelCompiler compiler;
-    kernels = CompileFusedKernels(m, compiler, w, "ai.graph_autofusion");
+    kernels = CompileFusedKernels(m, compiler, w, "ai.graph_autofusion", half);
     so.function_kernels = kernels->Provider();
   }
+  UseHalfWeights(so, half);
   Session session(m, so);
   std::vector<double> times;
   std::vector<Tensor> outs;
@@ -321,6 +332,11 @@ void AddRunCommand(CLI::App& app) {
                 "products in one pass)");
   cmd->add_flag("--reference-kernels", a->reference_kernels,
                 "run fused operators through their function bodies instead of generated kernels");
+  cmd->add_flag("--half-weights", a->half_weights,
+                "float16 storage of constant MatMul weights for products of at most 4 rows (half the bytes; changes "
+                "numerics slightly)");
+  cmd->add_flag("--float32-weights", a->float32_weights,
+                "keep float32 weights even when the model records float16 storage (fuse --safe --half-weights)");
   cmd->add_flag("--json", a->json, "machine-readable output");
   cmd->callback([a] { RunRun(*a); });
 }

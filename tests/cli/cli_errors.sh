@@ -43,6 +43,7 @@ expect_error "directory" "$BIN" info "$TMP"
 head -c 20000 "$MODEL" >"$TMP/trunc.onnx"
 expect_error "truncated model" "$BIN" info "$TMP/trunc.onnx"
 expect_error "unknown input name" "$BIN" run "$MODEL" -i nosuch=random
+expect_error "--half-weights with --float32-weights" "$BIN" run "$MODEL" --half-weights --float32-weights
 python3 - "$TMP/wrong.npy" <<'PY'
 import sys, struct
 hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }"
