@@ -64,12 +64,7 @@ void RunGenerate(const GenerateArgs& a) {
   // operators are unaffected.
   std::shared_ptr<FusedKernelSet> kernels;
   // float16 weight storage: asked for, or recorded by `fuse --safe --half-weights` after its gate.
-  GAF_CHECK(!(a.half_weights && a.float32_weights), "--half-weights and --float32-weights exclude each other");
-  const bool from_metadata = !a.half_weights && !a.float32_weights && ModelRequestsHalfWeights(m) && !a.reference_kernels;
-  const HalfWeights half = a.half_weights || from_metadata ? HalfWeights::kDecode : HalfWeights::kOff;
-  if (from_metadata && !a.json)
-    fmt::print("float16 weight storage: on (the model's {} metadata, set by fuse --safe --half-weights after its precision gate)\n",
-               kHalfWeightsMetadataKey);
+  const HalfWeights half = ChooseHalfWeights(m, a.half_weights, a.float32_weights, a.reference_kernels, a.json);
   bool has_fused = false;
   for (const Function& f : m.functions) has_fused |= f.domain == "ai.graph_autofusion";
   if (has_fused && !a.reference_kernels) {

@@ -223,12 +223,7 @@ void RunRun(const RunArgs& a) {
   const Feeds& feeds = w.samples[0];
   // float16 weight storage as generate runs it: asked for, or recorded by `fuse --safe
   // --half-weights` after its gate (--float32-weights keeps float32).
-  GAF_CHECK(!(a.half_weights && a.float32_weights), "--half-weights and --float32-weights exclude each other");
-  const bool from_metadata = !a.half_weights && !a.float32_weights && ModelRequestsHalfWeights(m) && !a.reference_kernels;
-  const HalfWeights half = a.half_weights || from_metadata ? HalfWeights::kDecode : HalfWeights::kOff;
-  if (from_metadata && !a.json)
-    fmt::print("float16 weight storage: on (the model's {} metadata; --float32-weights keeps float32)\n",
-               kHalfWeightsMetadataKey);
+  const HalfWeights half = ChooseHalfWeights(m, a.half_weights, a.float32_weights, a.reference_kernels, a.json);
   if (has_fused && !a.reference_kernels) {
     KernelCompiler compiler;
     kernels = CompileFusedKernels(m, compiler, w, "ai.graph_autofusion", half);

@@ -377,4 +377,15 @@ Workload DecoderWorkload(const Model& model) {
   return IsDecoder(model) ? DecoderTraceWorkload(model, kPromptLength, kDecodeSteps, 0) : Workload{};
 }
 
+HalfWeights ChooseHalfWeights(const Model& model, bool half_weights, bool float32_weights, bool reference_kernels,
+                              bool quiet) {
+  GAF_CHECK(!(half_weights && float32_weights), "--half-weights and --float32-weights exclude each other");
+  const bool from_metadata = !half_weights && !float32_weights && ModelRequestsHalfWeights(model) && !reference_kernels;
+  if (from_metadata && !quiet)
+    fmt::print("float16 weight storage: on (the model's {} metadata, set by fuse --safe --half-weights after its "
+               "precision gate; --float32-weights keeps float32)\n",
+               kHalfWeightsMetadataKey);
+  return half_weights || from_metadata ? HalfWeights::kDecode : HalfWeights::kOff;
+}
+
 }  // namespace gaf::cli

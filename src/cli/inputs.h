@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "codegen/half_weights.h"
 #include "cost/workload.h"
 #include "ir/graph.h"
 
@@ -49,6 +50,13 @@ bool IsDecoder(const Model& model);
 // For a decoder, the workload `generate` runs: a short generation (prefill of 8 tokens and 3
 // decode steps, models/generate.h DecoderTraceWorkload); empty for other models.
 Workload DecoderWorkload(const Model& model);
+
+// float16 weight storage for `generate` and `run`: asked for (--half-weights), or recorded in the
+// model by `fuse --safe --half-weights` after its gate, unless --float32-weights (or reference
+// kernels) keep float32; throws when both flags are given. Prints a line when the metadata
+// turned it on, unless quiet.
+HalfWeights ChooseHalfWeights(const Model& model, bool half_weights, bool float32_weights, bool reference_kernels,
+                              bool quiet);
 
 // The help text of -i.
 inline constexpr const char* kInputHelp =
