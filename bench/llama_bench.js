@@ -135,7 +135,7 @@ const bytes = weights.total_bytes;
 const halfBytes = bytes - weights.matmul_bytes / 2;
 for (const r of rows) {
   r.tps = 1000 / r.ms;
-  r.half = r.opt.includes('fp16w') && !r.opt.includes('gate-fail');
+  r.half = r.opt.includes('fp16w');  // also when its gate failed: that row runs with --half-weights anyway
   r.floor_ms = (r.half ? halfBytes : bytes) / (bwFor(r.threads) * 1e9) * 1000;
   r.pct_floor = r.ms / r.floor_ms * 100;  // ms/token as a percentage of the floor (100% = at the floor)
   r.of_floor = r.floor_ms / r.ms;         // the fraction of the floor reached (1 = at the floor)

@@ -38,7 +38,10 @@ std::shared_ptr<HalfCopy> MakeHalfCopy(const Tensor& weight) {
   return c;
 }
 
-int64_t MaxHalfRows(HalfWeights mode) { return mode == HalfWeights::kAll ? std::numeric_limits<int64_t>::max() : 4; }
+// kDecode puts on float16 exactly the rows the GEMV streams (MatMulF16Weight's decode-sized case).
+int64_t MaxHalfRows(HalfWeights mode) {
+  return mode == HalfWeights::kAll ? std::numeric_limits<int64_t>::max() : kGemvF16MaxRows;
+}
 
 KernelInfo MatMulKernelOf(std::shared_ptr<HalfCopy> c, HalfWeights mode) {
   const KernelInfo* reference = OpRegistry::Global().Find("", "MatMul");
@@ -99,7 +102,13 @@ KernelInfo SiblingKernelOf(std::vector<std::shared_ptr<HalfCopy>> cs, HalfWeight
       ctx.outputs[i] = Tensor::Uninitialized(DataType::kFloat, s);
       outs.push_back({cs[i]->half.data(), cs[i]->N, ctx.outputs[i].data<float>(), cs[i]->N});
     }
-    GemvF16ManyRows(a.data<float>(), M, K, outs.data(), static_cast<int>(outs.size()));
+    if (M <= kGemvF16MaxRows) {
+      GemvF16ManyRows(a.data<float>(), M, K, outs.data(), static_cast<int>(outs.size()));
+      return;
+    }
+    // More rows on float16 weights (HalfWeights::kAll, the precision gate): each product as the
+    // lone kernel runs it (widened slabs through the matrix library), not a GEMV over every row.
+    for (const GemvHalfOutput& o : outs) MatMulF16Weight(a.data<float>(), o.w, o.y, M, K, o.N);
   };
   return info;
 }

@@ -75,8 +75,8 @@ Workload DecoderTraceWorkload(const Model& model, int prompt_len = 8, int decode
 // decoder in the Optimum layout: the greedy tokens of a generation from a random prompt (seed 0)
 // with float16 weights (HalfWeights::kDecode, as `generate` runs them) must be those with float32
 // weights, both on `fused`'s reference kernels. Models that are not such decoders pass (the
-// precision gate alone decides for them). *what says what was compared, or the first token that
-// differs.
+// precision gate alone decides for them). *what says what was compared, the first token that
+// differs, or why the generation failed (then it does not pass).
 bool HalfWeightsKeepGreedyTokens(const Model& fused, int threads, std::string* what, int prompt_len = 16,
                                  int new_tokens = 32);
 

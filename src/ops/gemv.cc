@@ -25,9 +25,9 @@ namespace {
 // The rows are cut into at most four chunks, a number that depends on K only, and the columns
 // into pieces of up to kGemvPiece; the (chunk, piece) tasks are handed out to the threads
 // dynamically, so a thread that is descheduled just takes fewer of them instead of holding up
-// the others at a barrier. A task streams its rows (8 streams, GemvPiece) as long contiguous segments (what the
-// hardware prefetchers handle best; column blocks of 64-512 were measured 10-20% slower at two
-// threads) into a partial sum per chunk; the partial sums are then added into y in chunk order.
+// the others at a barrier. A task streams its rows (8 streams, GemvPiece) as long contiguous
+// segments (what the hardware prefetchers handle best; column blocks of 64-512 were measured
+// 10-20% slower at two threads) into a partial sum per chunk; the partial sums are then added into y in chunk order.
 // Every column is thus summed in the same order whatever the number of threads, so the result
 // does not depend on it.
 
@@ -54,11 +54,12 @@ inline __m512 Load16(const uint16_t* p, __mmask16 m) {
 //
 // Streams over runs rather than 8 consecutive rows: rows of float16 weights (and of narrow
 // float32 ones) are shorter than a 4 KiB page, and 8 consecutive rows then share pages, which
-// the hardware prefetchers track one stream per page; over a decode step's weights (the bench
-// preset: 672 MB, 2 threads) float16 products took 14.0-14.5 ms with consecutive rows and
-// 10.0-10.5 with the runs and the prefetch below, a plain read of the same bytes 9.3-9.5 (float32:
-// 22.8 -> 21.5-21.7 ms, the read 20.4-21.2). Float16 rows also prefetch the next row of their
-// stream into L1 (which did not pay for float32: 22.0 against 21.5).
+// the hardware prefetchers track one stream per page. Over a decode step's weights (the bench
+// preset: 85 products, 2 threads, one process, interleaved) float16 products took 14.0-15.2 ms
+// with consecutive rows and 11.1-11.7 with the runs and the prefetch below, a plain read of the
+// same bytes 9.3-10.1; float32 22.8-22.9 -> 21.5-22.2 ms, the read 20.4-21.2. Float16 rows also
+// prefetch the next row of their stream into L1 (for float32 it did not pay: 22.0 against 21.5
+// ms in the same measurement).
 struct GemvSteps {
   int64_t s;        // rows per stream
   int64_t tail0;    // first of the rows left, k0 + 8 * s
@@ -409,7 +410,7 @@ void ConvertToHalf(const float* src, uint16_t* dst, int64_t n) {
 void MatMulF16Weight(const float* A, const uint16_t* B_half, float* C, int64_t M, int64_t K,
                      int64_t N) {
   if (M <= 0 || N <= 0) return;
-  if (M <= 4) {  // decode-sized: stream the weight once for all rows
+  if (M <= kGemvF16MaxRows) {  // decode-sized: stream the weight once for all rows
     const GemvHalfOutput out{B_half, N, C, N};
     GemvF16ManyRows(A, M, K, &out, 1);
     return;

@@ -510,24 +510,33 @@ TEST(HalfWeights, MatMulMatchesFloat32Reference) {
 TEST(HalfWeights, SiblingsStreamTheirCopiesTogether) {
   const int64_t K = 96;
   Model m = testing::SiblingProjections(K, {600, 130, 130}, 50);
-  SessionOptions half{.profile = true};
-  UseHalfWeights(half);
-  Session grouped(m, half);
-  EXPECT_EQ(grouped.product_rewrites().siblings, 3);
-  for (int64_t rows : {1, 3, 4, 9}) {
-    std::map<std::string, Tensor> feeds = {{"x", testing::RandomFloat({rows, K}, 60 + rows)}};
-    const std::vector<Tensor> got = grouped.Run(feeds);
+  // Each output of `s` on x against the lone float16 kernel of its weight, bit for bit.
+  auto expect_lone = [&](Session& s, HalfWeights mode, int64_t rows, uint32_t seed) {
+    std::map<std::string, Tensor> feeds = {{"x", testing::RandomFloat({rows, K}, seed)}};
+    const std::vector<Tensor> got = s.Run(feeds);
     for (int i = 0; i < 3; ++i) {
       const Tensor& w = *m.graph.FindInitializer("w" + std::to_string(i));
       Node n = MakeNode("MatMul", {"x", "w"}, {"y"}, "mm");
       KernelContext ctx{n, 17, {&feeds["x"], &w}, {}, nullptr, 2};
       ctx.outputs.resize(1);
-      HalfWeightMatMulKernel(w).fn(ctx);
+      HalfWeightMatMulKernel(w, mode).fn(ctx);
       EXPECT_EQ(got[i].ToDoubles(), ctx.outputs[0].ToDoubles()) << rows << " rows, output " << i;
     }
-  }
+  };
+  SessionOptions half{.profile = true};
+  UseHalfWeights(half);
+  Session grouped(m, half);
+  EXPECT_EQ(grouped.product_rewrites().siblings, 3);
+  for (int64_t rows : {1, 3, 4, 9}) expect_lone(grouped, HalfWeights::kDecode, rows, 60 + rows);
   EXPECT_EQ(testing::ProfiledCalls(grouped, "SiblingMatMul"), 4);
   EXPECT_EQ(testing::ProfiledCalls(grouped, "MatMul"), 0);
+
+  // Every product on float16 (the precision gate's kAll): more rows than the GEMV takes run each
+  // weight as the lone kernel does.
+  SessionOptions all;
+  UseHalfWeights(all, HalfWeights::kAll);
+  Session gate(m, all);
+  expect_lone(gate, HalfWeights::kAll, 9, 70);
 }
 
 // fuse --safe --half-weights: float16 weight storage is gated end to end with every product on
