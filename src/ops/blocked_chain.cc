@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -245,10 +246,11 @@ struct BlockedChain::Impl {
   std::shared_ptr<Plan> last;
   std::vector<std::shared_ptr<Plan>> plans;  // by input shapes and thread count, oldest first
   BlockedChain::Layout layout = BlockedChain::Layout::kMeasured;
+  BlockedChain::ConvKernels conv_kernels = BlockedChain::ConvKernels::kMeasured;
   BlockedChain::LayoutStore store;
   // What the layout choice depends on, for the store (see LayoutStore).
   std::string ChoiceKey(const std::vector<Shape>& in_shapes, int threads) const {
-    std::string k = fmt::format("blocked-chain v1 dnnl {}.{}.{} threads {} inputs", DNNL_VERSION_MAJOR,
+    std::string k = fmt::format("blocked-chain v2 dnnl {}.{}.{} threads {} inputs", DNNL_VERSION_MAJOR,
                                 DNNL_VERSION_MINOR, DNNL_VERSION_PATCH, threads);
     for (const Shape& sh : in_shapes) k += " " + ShapeToString(sh);
     for (const Node& n : nodes) {
@@ -278,12 +280,20 @@ struct BlockedChain::Impl {
   std::shared_ptr<Plan> PlanFor(const std::vector<Shape>& input_shapes);
 
   // `layout`: the format of every value inside the chain (a channel-blocked tag, or nhwc).
-  std::shared_ptr<Plan> Build(const std::vector<Shape>& in_shapes, bool binary_post_ops, dnnl::memory::format_tag layout);
+  // `stored`: the convolution kernels remembered for this layout (none: measured, as
+  // conv_kernels says).
+  std::shared_ptr<Plan> Build(const std::vector<Shape>& in_shapes, bool binary_post_ops, dnnl::memory::format_tag layout,
+                              std::vector<std::string> stored);
 };
 
 std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::vector<Shape>& in_shapes,
-                                                                     bool binary_post_ops, dnnl::memory::format_tag layout) {
-  return ChainPlanner(nodes, inputs, outputs, constants, binary_post_ops, layout).Build(in_shapes);
+                                                                     bool binary_post_ops, dnnl::memory::format_tag layout,
+                                                                     std::vector<std::string> stored) {
+  blocked_chain_internal::ConvImplChoice choice;
+  choice.measure = conv_kernels != ConvKernels::kLibrary;
+  choice.winograd = conv_kernels == ConvKernels::kMeasured;
+  choice.stored = std::move(stored);
+  return ChainPlanner(nodes, inputs, outputs, constants, binary_post_ops, layout, std::move(choice)).Build(in_shapes);
 }
 
 std::shared_ptr<BlockedChain> BlockedChain::Create(std::vector<Node> nodes, std::vector<std::string> inputs,
@@ -319,6 +329,15 @@ BlockedChain::~BlockedChain() = default;
 void BlockedChain::SetLayoutStore(LayoutStore store) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   impl_->store = std::move(store);
+}
+
+void BlockedChain::SetConvKernels(ConvKernels kernels) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  if (impl_->conv_kernels != kernels) {
+    impl_->last.reset();
+    impl_->plans.clear();
+  }
+  impl_->conv_kernels = kernels;
 }
 
 void BlockedChain::SetLayout(Layout layout) {
@@ -385,10 +404,19 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::PlanFor(const std:
   std::vector<tag> layouts;
   if (layout != Layout::kNhwc) layouts.push_back(BlockTag());
   if (layout != Layout::kBlocked) layouts.push_back(tag::nhwc);
+  // What the store holds: the layout's name, then the kernel of each convolution, a line each.
   std::string key, stored;
-  if (layout == Layout::kMeasured && store.get) {
+  std::vector<std::string> stored_kernels;
+  if (layout == Layout::kMeasured && conv_kernels == ConvKernels::kMeasured && store.get) {
     key = ChoiceKey(input_shapes, threads);
-    stored = store.get(key);
+    const std::string entry = store.get(key);
+    size_t at = entry.find('\n');
+    stored = entry.substr(0, at);
+    while (at != std::string::npos) {
+      const size_t next = entry.find('\n', at + 1);
+      stored_kernels.push_back(entry.substr(at + 1, next == std::string::npos ? std::string::npos : next - at - 1));
+      at = next;
+    }
     for (tag t : layouts)
       if (stored == LayoutName(t)) layouts = {t};  // anything else stored is ignored
   }
@@ -397,7 +425,8 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::PlanFor(const std:
     // Adds run as binary steps of their own.
     for (bool binary : {true, false}) {
       try {
-        candidates.push_back(Build(input_shapes, binary, t));
+        candidates.push_back(
+            Build(input_shapes, binary, t, stored == LayoutName(t) ? stored_kernels : std::vector<std::string>{}));
         break;
       } catch (const dnnl::error& e) {
         if (first.empty()) first = fmt::format("oneDNN: {} (status {})", e.what(), static_cast<int>(e.status));
@@ -431,11 +460,15 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::PlanFor(const std:
                             p->layout, p->measured_ms);
     last = candidates[best];
     last->choice = choice;
-    if (!key.empty() && store.put) store.put(key, candidates[best]->layout);
   } else {
     last = candidates[0];
     if (layouts.size() == 1 && !key.empty() && stored == candidates[0]->layout)
       last->choice = fmt::format("layout from an earlier measurement on this machine at {} thread(s)", threads);
+  }
+  if (!key.empty() && store.put && (candidates.size() > 1 || last->stats.convs_measured > 0)) {
+    std::string entry = last->layout;
+    for (const std::string& k : last->conv_impls) entry += "\n" + k;
+    store.put(key, entry);
   }
   // A few signatures are kept (a detector fed images of several sizes does not re-plan on every
   // change), the oldest dropped first.
@@ -475,16 +508,26 @@ BlockedChain::Stats BlockedChain::stats() const {
 
 std::string BlockedChain::Describe() const {
   const Stats s = stats();
-  std::string layout, measured;
+  std::string layout, measured, kernels;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    if (impl_->last) layout = impl_->last->layout, measured = impl_->last->choice;
+    if (impl_->last) {
+      layout = impl_->last->layout, measured = impl_->last->choice;
+      // The convolutions' kernels by name, most used first.
+      std::map<std::string, int> count;
+      for (const std::string& k : impl_->last->conv_impls) count[k]++;
+      std::vector<std::pair<int, std::string>> by_use;
+      for (const auto& [k, c] : count) by_use.emplace_back(-c, k);
+      std::sort(by_use.begin(), by_use.end());
+      for (const auto& [c, k] : by_use) kernels += fmt::format("{}{} x{}", kernels.empty() ? "" : ", ", k, -c);
+    }
   }
   return fmt::format("oneDNN {} chain: {} operators, {} convolutions, {} folded/post-op, {} steps, reorders {} in / {} out / "
                      "{} inside, Concat inputs {} in place / {} copied, {} residuals in place, {:.1f} MB of buffers{}",
                      layout, impl_->nodes.size(), s.convs, s.post_ops, s.steps, s.reorders_in, s.reorders_out,
                      s.reorders_inside, s.concat_in_place, s.concat_copies, s.residuals_in_place,
-                     static_cast<double>(s.buffer_bytes) / 1e6, measured.empty() ? "" : " (" + measured + ")");
+                     static_cast<double>(s.buffer_bytes) / 1e6, measured.empty() ? "" : " (" + measured + ")") +
+         (kernels.empty() ? "" : fmt::format("; convolution kernels ({} timed when planned): {}", s.convs_measured, kernels));
 }
 
 }  // namespace gaf

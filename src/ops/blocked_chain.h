@@ -49,6 +49,8 @@ class BlockedChain {
     int concat_copies = 0;    // Concat inputs copied into their slices
     int residuals_in_place = 0;  // residual Adds written into the residual's buffer (sum post-op)
     int reorders_inside = 0;  // sources of convolutions no optimized kernel reads blocked
+    int convs_winograd = 0;   // convolutions run by a Winograd kernel
+    int convs_measured = 0;   // convolutions whose kernel was chosen by timing its candidates now
     int64_t buffer_bytes = 0;  // the memory plan's intermediate buffers
   };
   // `nodes` in topological order; `inputs` the values a call feeds (constants among them are taken
@@ -62,10 +64,17 @@ class BlockedChain {
   // runs after a warm-up, medians), and the faster is kept; tests and comparisons can fix one.
   enum class Layout { kMeasured, kBlocked, kNhwc };
   void SetLayout(Layout layout);
+  // How each convolution's oneDNN kernel is chosen (ops/conv_choice.h): by default its candidates,
+  // Winograd kernels included, are timed when a plan is built (and remembered in the layout store
+  // with the layout); kDirect times only the direct algorithm's kernels (the direct algorithm's
+  // rounding); kLibrary takes oneDNN's first choice without timing.
+  enum class ConvKernels { kMeasured, kDirect, kLibrary };
+  void SetConvKernels(ConvKernels kernels);
   // Where a measured choice is remembered across processes: `get` returns the layout stored under
   // a key ("" when none), `put` stores one. The key names the chain's operators and attributes,
   // the input and weight shapes, the thread count and oneDNN's version; the store keys it by the
-  // machine (codegen: the gate cache, per CPU target). A stored layout is used without measuring.
+  // machine (codegen: the gate cache, per CPU target). A stored layout is used without measuring;
+  // the stored string is the layout's name, then one line per convolution naming its kernel.
   struct LayoutStore {
     std::function<std::string(const std::string& key)> get;
     std::function<void(const std::string& key, const std::string& layout)> put;

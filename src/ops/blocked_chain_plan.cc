@@ -48,7 +48,7 @@ dnnl::post_ops EltwisePostOps(const std::vector<Act>& acts) {
 
 ChainPlanner::ChainPlanner(const std::vector<Node>& nodes, const std::vector<std::string>& inputs,
                            const std::vector<std::string>& outputs, const std::map<std::string, Tensor>& constants,
-                           bool binary_post_ops, tag layout)
+                           bool binary_post_ops, tag layout, ConvImplChoice conv_choice)
     : nodes_(nodes),
       inputs_(inputs),
       outputs_(outputs),
@@ -57,7 +57,8 @@ ChainPlanner::ChainPlanner(const std::vector<Node>& nodes, const std::vector<std
       constant_([this](const std::string& v) { return Constant(v); }),
       eng_(DnnlEngine()),
       bt_(layout),
-      channel_blocked_(layout == tag::nChw16c || layout == tag::nChw8c) {}
+      channel_blocked_(layout == tag::nChw16c || layout == tag::nChw8c),
+      conv_choice_(std::move(conv_choice)) {}
 
 const Tensor* ChainPlanner::Constant(const std::string& v) const {
   auto it = constants_.find(v);
@@ -605,12 +606,15 @@ void ChainPlanner::EmitConv(const Op& op, int k) {
   }
   attr.set_post_ops(po);
   const bool plain_src = input_index_.count(op.in[0]) && !value_md_.count(op.in[0]);
-  auto make_pd = [&](const dnnl::memory::desc& src_md) {
-    auto desc = dnnl::convolution_forward::desc(
-        dnnl::prop_kind::forward_inference, alg::convolution_direct, src_md,
+  auto make_desc = [&](const dnnl::memory::desc& src_md, alg a) {
+    return dnnl::convolution_forward::desc(
+        dnnl::prop_kind::forward_inference, a, src_md,
         dnnl::memory::desc(wd, dt::f32, tag::any), dnnl::memory::desc({M}, dt::f32, tag::x), MdOf(op.out),
         strides, dil, pad_l, pad_r);
-    return dnnl::convolution_forward::primitive_desc(desc, attr, eng_);
+  };
+  auto make_pd = [&](const dnnl::memory::desc& src_md) {
+    const ConvDesc d = make_desc(src_md, alg::convolution_direct);
+    return dnnl::convolution_forward::primitive_desc(d, attr, eng_);
   };
   dnnl::convolution_forward::primitive_desc pd;
   bool src_plain = false;
@@ -647,6 +651,10 @@ void ChainPlanner::EmitConv(const Op& op, int k) {
       plan_->stats.reorders_inside++;
     }
   }
+  {
+    const dnnl::memory::desc src_md = pd.src_desc();
+    pd = ChooseConvImpl(op, pd, [&](alg a) { return make_desc(src_md, a); }, attr, sum_in_place);
+  }
   const auto [wm, bm] = ConvWeights(op, w, wd, G, pd);
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_BIAS, bm}};
   if (src_plain) args[DNNL_ARG_SRC] = plan_->input_mem[input_index_.at(op.in[0])];
@@ -658,6 +666,33 @@ void ChainPlanner::EmitConv(const Op& op, int k) {
   if (sum_in_place) plan_->stats.residuals_in_place++;
   plan_->stats.convs++;
   plan_->stats.post_ops += op.absorbed;
+}
+
+// The implementation convolution `op` runs (`pd`: oneDNN's first choice; `desc` describes it with
+// another algorithm for the same source, weights and destination, `attr` its post-ops): the
+// one remembered from an earlier measurement, or the fastest of the candidates timed now
+// (ops/conv_choice.h), or `pd` where there is nothing to choose from.
+ConvPd ChainPlanner::ChooseConvImpl(const Op& op, const ConvPd& pd, const std::function<ConvDesc(alg)>& desc,
+                                    const dnnl::primitive_attr& attr, bool sum_in_place) {
+  const size_t index = plan_->conv_impls.size();
+  auto take = [&](const ConvPd& chosen, bool winograd) {
+    plan_->conv_impls.push_back(chosen.impl_info_str());
+    plan_->stats.convs_winograd += winograd ? 1 : 0;
+    return chosen;
+  };
+  if (!conv_choice_.measure && conv_choice_.stored.empty()) return take(pd, false);
+  std::vector<ConvCandidate> candidates = ConvCandidates(desc, attr, conv_choice_.winograd);
+  if (candidates.empty()) return take(pd, false);
+  if (index < conv_choice_.stored.size())
+    for (const ConvCandidate& c : candidates)
+      if (c.name == conv_choice_.stored[index]) return take(c.pd, c.winograd);
+  if (!conv_choice_.measure) return take(pd, false);
+  std::unordered_map<int, dnnl::memory::desc> extra;
+  if (!op.residual.empty() && !sum_in_place)
+    extra[DNNL_ARG_ATTR_MULTIPLE_POST_OP(op.residual_pos) | DNNL_ARG_SRC_1] = MdOf(op.residual);
+  const ConvChoice choice = MeasureConvCandidates(candidates, extra);
+  plan_->stats.convs_measured++;
+  return take(candidates[choice.index].pd, candidates[choice.index].winograd);
 }
 
 // The weights and bias of convolution `op` (weight `w`, dims `wd` with G groups) in what `pd`

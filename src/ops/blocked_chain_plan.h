@@ -20,6 +20,7 @@
 #include "ir/graph.h"
 #include "ir/tensor.h"
 #include "ops/blocked_chain.h"
+#include "ops/conv_choice.h"
 
 namespace gaf::blocked_chain_internal {
 
@@ -65,6 +66,8 @@ struct Plan {
   std::vector<Shape> out_shapes;
   BlockedChain::Stats stats;
   std::string layout;
+  // The oneDNN implementation of each convolution, in plan order (ConvCandidate::name).
+  std::vector<std::string> conv_impls;
   double measured_ms = 0;  // the median of its timed runs when the layout was chosen by measurement
   std::string choice;      // how its layout was chosen, for Describe ("" when it was fixed)
 };
@@ -87,6 +90,15 @@ struct Op {
   int absorbed = 0;
 };
 
+// How the planner picks each convolution's oneDNN implementation (ops/conv_choice.h).
+struct ConvImplChoice {
+  bool measure = true;    // time the candidates (else oneDNN's first choice)
+  bool winograd = true;   // Winograd kernels among the candidates
+  // Implementations remembered from an earlier measurement of this chain (Plan::conv_impls); a
+  // convolution whose remembered one is among its candidates takes it without measuring.
+  std::vector<std::string> stored;
+};
+
 // Builds the plan of one input-shape signature of a chain (BlockedChain::Impl::Build), in the four
 // passes blocked_chain_plan.cc describes; what the passes share is its state. One Build per planner.
 class ChainPlanner {
@@ -97,7 +109,7 @@ class ChainPlanner {
   // chain (a channel-blocked tag, or nhwc).
   ChainPlanner(const std::vector<Node>& nodes, const std::vector<std::string>& inputs,
                const std::vector<std::string>& outputs, const std::map<std::string, Tensor>& constants,
-               bool binary_post_ops, tag layout);
+               bool binary_post_ops, tag layout, ConvImplChoice conv_choice = {});
   // The plan for these input shapes (by input; constants' entries ignored). Throws (Error,
   // dnnl::error) where oneDNN cannot run the chain so.
   std::shared_ptr<Plan> Build(const std::vector<Shape>& in_shapes);
@@ -140,6 +152,8 @@ class ChainPlanner {
   // 4. Primitives.
   void EmitSteps();
   void EmitConv(const Op& op, int k);
+  ConvPd ChooseConvImpl(const Op& op, const ConvPd& pd, const std::function<ConvDesc(alg)>& desc,
+                        const dnnl::primitive_attr& attr, bool sum_in_place);
   std::pair<dnnl::memory, dnnl::memory> ConvWeights(const Op& op, const Tensor& w, const dnnl::memory::dims& wd,
                                                     int64_t G, const dnnl::convolution_forward::primitive_desc& pd);
   void EmitBatchNorm(const Op& op, int k);
@@ -162,6 +176,7 @@ class ChainPlanner {
   dnnl::engine& eng_;
   const tag bt_;
   const bool channel_blocked_;
+  const ConvImplChoice conv_choice_;
   std::shared_ptr<Plan> plan_;
 
   // 1. Shapes.

@@ -1,0 +1,60 @@
+// Which oneDNN implementation runs a convolution, chosen by measurement on this machine.
+//
+// For one convolution (its source, weights, destination descriptors and post-ops fixed), oneDNN
+// offers several implementations: for the direct algorithm jit kernels per ISA level (jit_1x1,
+// jit, brgconv, brgconv_1x1, jit_dw, brdgmm_dw, gemm), and for 3x3 stride-1 convolutions on the
+// channel-blocked layout Winograd kernels (F(4x4,3x3) jit_wino_4x3 and F(2x2,3x3) wino_2x3),
+// which do 2.25-4x fewer multiplications at a transform cost. Which is fastest depends on the
+// shape, the thread count and the CPU (Winograd F(4,3) ran a 64-channel 56x56 3x3 layer 2.8x
+// faster than the direct kernel on one AMD Zen 4 core, and the 512-channel 7x7 one no faster;
+// on an Intel Xeon its F(2,3) was 1.4x faster on the first and slower on most others), so it is
+// measured, not guessed: every candidate is timed on scratch buffers of its own layouts,
+// interleaved, and the fastest kept when it beats oneDNN's first choice by a margin.
+//
+// Winograd changes the rounding (transforms in float32: errors ~1e-6 relative per layer, larger
+// than the direct kernels' reordering of sums); callers that must keep the direct algorithm's
+// numerics pass winograd=false.
+#pragma once
+
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <functional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace gaf {
+
+using ConvPd = dnnl::convolution_forward::primitive_desc;
+
+struct ConvCandidate {
+  ConvPd pd;
+  std::string name;  // oneDNN's implementation name (impl_info_str), e.g. "jit_wino_4x3:avx512_core"
+  bool winograd = false;
+};
+
+// The optimized implementations for a convolution: `desc(algorithm)` describes it with that
+// algorithm and `attr` gives its post-ops (oneDNN's implementation list keeps a pointer to the
+// description while it is walked, so the description lives here, not in the caller); the direct
+// algorithm's first `max_direct` optimized implementations in oneDNN's order (index 0: oneDNN's
+// own choice), then, with `winograd`, every optimized Winograd one. Reference implementations are
+// never candidates. Empty when oneDNN has no optimized implementation at all.
+using ConvDesc = dnnl::convolution_forward::desc;
+std::vector<ConvCandidate> ConvCandidates(const std::function<ConvDesc(dnnl::algorithm)>& desc,
+                                          const dnnl::primitive_attr& attr, bool winograd, int max_direct = 3);
+
+struct ConvChoice {
+  size_t index = 0;          // into the candidates
+  std::vector<double> ms;    // median ms per candidate (0 for one dropped after its first run)
+};
+
+// Times every candidate on zeroed scratch memory of its own descriptors, `extra` giving the
+// descriptors of further arguments (binary post-op sources) by argument id: a warm-up run each,
+// one run each that drops candidates over twice the fastest, then up to 7 interleaved rounds of
+// the rest (fewer for slow convolutions: about 40 ms of runs per candidate at most). Index 0 is
+// kept unless another's median is at least `margin` (0.03: 3%) faster. With a single candidate
+// nothing runs.
+ConvChoice MeasureConvCandidates(const std::vector<ConvCandidate>& candidates,
+                                 const std::unordered_map<int, dnnl::memory::desc>& extra, double margin = 0.03);
+
+}  // namespace gaf
