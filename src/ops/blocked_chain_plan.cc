@@ -691,7 +691,7 @@ ConvPd ChainPlanner::ChooseConvImpl(const Op& op, const ConvPd& pd, const std::f
   if (!op.residual.empty() && !sum_in_place)
     extra[DNNL_ARG_ATTR_MULTIPLE_POST_OP(op.residual_pos) | DNNL_ARG_SRC_1] = MdOf(op.residual);
   const ConvChoice choice = MeasureConvCandidates(candidates, extra);
-  plan_->stats.convs_measured++;
+  if (candidates.size() > 1) plan_->stats.convs_measured++;
   return take(candidates[choice.index].pd, candidates[choice.index].winograd);
 }
 

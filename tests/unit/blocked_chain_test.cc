@@ -5,6 +5,7 @@
 // upsampling, odd channel counts, batch 2; then the fuser's grouping and the fused model end to end.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <thread>
@@ -16,6 +17,7 @@
 #include "fusion/auto_fusion.h"
 #include "fusion/layout_chains.h"
 #include "ops/blocked_chain.h"
+#include "ops/conv_choice.h"
 #include "runtime/session.h"
 #include "test_util.h"
 
@@ -277,6 +279,153 @@ TEST(BlockedChain, InputsOfSeveralSizes) {
   ta.join();
   tb.join();
   EXPECT_EQ(bad.load(), 0);
+}
+
+// oneDNN's Winograd kernels (ops/conv_choice.h) run where its avx512_core kernels do.
+bool HasWinogradIsa() {
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+}
+
+// The names of the Winograd candidates of a 3x3 stride-1 convolution of `c` channels on nChw16c.
+std::vector<std::string> WinogradNames(int64_t c, int64_t hw) {
+  using tag = dnnl::memory::format_tag;
+  const dnnl::memory::desc src({1, c, hw, hw}, dnnl::memory::data_type::f32, tag::nChw16c);
+  auto desc = [&](dnnl::algorithm a) {
+    return ConvDesc(dnnl::prop_kind::forward_inference, a, src,
+                    dnnl::memory::desc({c, c, 3, 3}, dnnl::memory::data_type::f32, tag::any),
+                    dnnl::memory::desc({c}, dnnl::memory::data_type::f32, tag::x), src, {1, 1}, {0, 0}, {1, 1}, {1, 1});
+  };
+  std::vector<std::string> names;
+  for (const ConvCandidate& k : ConvCandidates(desc, dnnl::primitive_attr(), true))
+    if (k.winograd) names.push_back(k.name);
+  return names;
+}
+
+// Residual blocks of 3x3 stride-1 convolutions (the layers Winograd is for).
+Model WinogradNet(Net& n) {
+  std::string x = n.Op("Relu", {n.BN(n.Conv("x", 32, 32, 3, 1, 1, false), 32)});
+  for (int b = 0; b < 2; ++b)
+    x = n.Op("Relu", {n.Op("Add", {n.Conv(n.Op("Relu", {n.Conv(x, 32, 32, 3)}), 32, 32, 3), x})});
+  return n.Finish({1, 32, 28, 28}, {x});
+}
+
+TEST(BlockedChain, WinogradKernelsMatchTheReference) {
+  const std::vector<std::string> wino = WinogradNames(32, 28);
+  if (!HasWinogradIsa()) GTEST_SKIP() << "no AVX-512: oneDNN has no Winograd convolution here";
+  ASSERT_FALSE(wino.empty()) << "oneDNN offered no Winograd kernel for a 3x3 convolution on an AVX-512 machine";
+  for (const std::string& name : wino) {
+    // A store that remembers this Winograd kernel for every convolution: the planner takes it
+    // wherever it is a candidate, without timing anything.
+    Net n;
+    Model m = WinogradNet(n);
+    std::map<std::string, Tensor> constants;
+    for (const auto& [c, t] : m.graph.initializers) constants[c] = t;
+    auto chain = BlockedChain::Create(m.graph.nodes, {"x"}, {m.graph.outputs[0].name}, constants, nullptr);
+    ASSERT_TRUE(chain);
+    int puts = 0;
+    BlockedChain::LayoutStore store;
+    store.get = [&](const std::string&) {
+      std::string entry = "nChw16c";
+      for (int i = 0; i < 5; ++i) entry += "\n" + name;
+      return entry;
+    };
+    store.put = [&](const std::string&, const std::string&) { ++puts; };
+    chain->SetLayoutStore(store);
+    Tensor x = testing::RandomFloat({1, 32, 28, 28}, 5, -1.f, 1.f);
+    ASSERT_EQ(chain->Prepare({x.shape()}), "");
+    const BlockedChain::Stats st = chain->stats();
+    EXPECT_EQ(st.convs, 5);
+    EXPECT_EQ(st.convs_winograd, 5) << chain->Describe();
+    EXPECT_EQ(st.convs_measured, 0);
+    EXPECT_EQ(puts, 0);
+    EXPECT_NE(chain->Describe().find(name + " x5"), std::string::npos) << chain->Describe();
+    const Tensor got = chain->Run({&x})[0];
+    const Tensor want = Session(m).Run({{"x", x}})[0];
+    ASSERT_EQ(got.shape(), want.shape());
+    double worst = 0, scale = 0;
+    for (int64_t k = 0; k < want.numel(); ++k) {
+      worst = std::max(worst, std::abs(double(got.data<float>()[k]) - want.data<float>()[k]));
+      scale = std::max(scale, std::abs(double(want.data<float>()[k])));
+    }
+    EXPECT_GT(scale, 0.5);
+    EXPECT_LT(worst, 1e-4 * scale) << name;
+  }
+}
+
+TEST(BlockedChain, ConvolutionKernelsAreTimedOnceAndRemembered) {
+  Net n;
+  Model m = WinogradNet(n);
+  std::map<std::string, Tensor> constants;
+  for (const auto& [c, t] : m.graph.initializers) constants[c] = t;
+  std::map<std::string, std::string> kept;
+  int puts = 0;
+  BlockedChain::LayoutStore store;
+  store.get = [&](const std::string& k) { return kept.count(k) ? kept[k] : std::string(); };
+  store.put = [&](const std::string& k, const std::string& v) { kept[k] = v, ++puts; };
+  auto make = [&]() {
+    auto c = BlockedChain::Create(m.graph.nodes, {"x"}, {m.graph.outputs[0].name}, constants, nullptr);
+    EXPECT_TRUE(c);
+    c->SetLayoutStore(store);
+    return c;
+  };
+  const Shape xs{1, 32, 28, 28};
+  auto first = make();
+  ASSERT_EQ(first->Prepare({xs}), "");
+  const BlockedChain::Stats s1 = first->stats();
+  EXPECT_GT(s1.convs_measured, 0) << first->Describe();
+  ASSERT_EQ(puts, 1);
+  // The entry: the layout, then a kernel per convolution.
+  const std::string entry = kept.begin()->second;
+  EXPECT_TRUE(entry.rfind("nChw", 0) == 0 || entry.rfind("nhwc", 0) == 0) << entry;
+  EXPECT_EQ(std::count(entry.begin(), entry.end(), '\n'), 5) << entry;
+  // Another process (another chain on the same store) plans with what was kept: nothing timed,
+  // nothing stored, the same kernels.
+  auto second = make();
+  ASSERT_EQ(second->Prepare({xs}), "");
+  EXPECT_EQ(second->stats().convs_measured, 0);
+  EXPECT_EQ(second->stats().convs_winograd, s1.convs_winograd);
+  EXPECT_EQ(puts, 1);
+  auto kernels = [](const std::string& d) { return d.substr(d.find("; convolution kernels")); };
+  EXPECT_EQ(kernels(first->Describe()).substr(kernels(first->Describe()).find(':')),
+            kernels(second->Describe()).substr(kernels(second->Describe()).find(':')));
+  EXPECT_NE(second->Describe().find("layout from an earlier measurement"), std::string::npos) << second->Describe();
+  // oneDNN's own choice: nothing timed, no Winograd, nothing stored.
+  auto library = make();
+  library->SetConvKernels(BlockedChain::ConvKernels::kLibrary);
+  library->SetLayout(BlockedChain::Layout::kBlocked);
+  ASSERT_EQ(library->Prepare({xs}), "");
+  EXPECT_EQ(library->stats().convs_measured, 0);
+  EXPECT_EQ(library->stats().convs_winograd, 0);
+  // The direct algorithm only: timed, never Winograd.
+  auto direct = make();
+  direct->SetConvKernels(BlockedChain::ConvKernels::kDirect);
+  direct->SetLayout(BlockedChain::Layout::kBlocked);
+  ASSERT_EQ(direct->Prepare({xs}), "");
+  EXPECT_EQ(direct->stats().convs_winograd, 0);
+  EXPECT_EQ(puts, 1);
+}
+
+TEST(ConvChoice, MeasurementKeepsOneDnnsChoiceUnlessAnotherIsFaster) {
+  using tag = dnnl::memory::format_tag;
+  const dnnl::memory::desc src({1, 32, 28, 28}, dnnl::memory::data_type::f32, tag::nChw16c);
+  auto desc = [&](dnnl::algorithm a) {
+    return ConvDesc(dnnl::prop_kind::forward_inference, a, src,
+                    dnnl::memory::desc({32, 32, 3, 3}, dnnl::memory::data_type::f32, tag::any),
+                    dnnl::memory::desc({32}, dnnl::memory::data_type::f32, tag::x), src, {1, 1}, {0, 0}, {1, 1}, {1, 1});
+  };
+  const std::vector<ConvCandidate> c = ConvCandidates(desc, dnnl::primitive_attr(), true);
+  ASSERT_FALSE(c.empty());
+  EXPECT_FALSE(c[0].winograd);
+  for (const ConvCandidate& k : c) EXPECT_EQ(k.name.find("ref"), std::string::npos) << k.name;
+  if (c.size() < 2) GTEST_SKIP() << "one candidate: nothing to choose";
+  // A margin no kernel can beat keeps index 0; a margin any can beat takes the fastest timed.
+  EXPECT_EQ(MeasureConvCandidates(c, {}, 1.0).index, 0u);
+  const ConvChoice any = MeasureConvCandidates(c, {}, -1e9);
+  ASSERT_EQ(any.ms.size(), c.size());
+  EXPECT_GT(any.ms[0], 0);
+  for (size_t i = 0; i < c.size(); ++i)
+    if (any.ms[i] > 0) EXPECT_LE(any.ms[any.index], any.ms[i]);
 }
 
 TEST(BlockedChain, RejectsWhatItDoesNotRun) {
