@@ -19,6 +19,9 @@
 #include <cstring>
 #include <tuple>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include "ops/conv.h"
 #include "ops/dnnl_util.h"
 #include "ops/kernel_util.h"
@@ -686,12 +689,33 @@ ConvPd ChainPlanner::ChooseConvImpl(const Op& op, const ConvPd& pd, const std::f
   if (index < conv_choice_.stored.size())
     for (const ConvCandidate& c : candidates)
       if (c.name == conv_choice_.stored[index]) return take(c.pd, c.winograd);
-  if (!conv_choice_.measure) return take(pd, false);
+  if (!conv_choice_.measure || candidates.size() == 1) return take(candidates[0].pd, candidates[0].winograd);
+  // A convolution like one this process timed already (networks repeat their layers) takes its
+  // kernel: the key names everything the candidates and their speed depend on.
+  const Node& n = nodes_[op.node];
+  auto md_key = [](const dnnl::memory::desc& md) {
+    const dnnl_memory_desc_t& d = md.data;
+    const auto& b = d.format_desc.blocking;
+    return fmt::format("dims {} strides {} blocks {} at {}", fmt::join(d.dims, d.dims + d.ndims, ","),
+                       fmt::join(b.strides, b.strides + d.ndims, ","), fmt::join(b.inner_blks, b.inner_blks + b.inner_nblks, ","),
+                       fmt::join(b.inner_idxs, b.inner_idxs + b.inner_nblks, ","));
+  };
+  std::string key = fmt::format("threads {} winograd {} src {} dst {} weights {}", plan_->threads, conv_choice_.winograd,
+                                md_key(pd.src_desc()), md_key(pd.dst_desc()),
+                                ShapeToString(Constant(n.inputs[1])->shape()));
+  for (const char* a : {"strides", "pads", "dilations"}) key += fmt::format(" {} {}", a, fmt::join(n.GetInts(a), ","));
+  key += fmt::format(" group {} post-ops", n.GetInt("group", 1));
+  for (const Act& a : op.acts) key += fmt::format(" {}:{}:{}", static_cast<int>(a.a), a.alpha, a.beta);
+  if (!op.residual.empty()) key += fmt::format(" residual@{} {}", op.residual_pos, sum_in_place ? "sum" : "binary");
+  const std::string known = MeasuredConvKernel(key);
+  for (const ConvCandidate& c : candidates)
+    if (!known.empty() && c.name == known) return take(c.pd, c.winograd);
   std::unordered_map<int, dnnl::memory::desc> extra;
   if (!op.residual.empty() && !sum_in_place)
     extra[DNNL_ARG_ATTR_MULTIPLE_POST_OP(op.residual_pos) | DNNL_ARG_SRC_1] = MdOf(op.residual);
   const ConvChoice choice = MeasureConvCandidates(candidates, extra);
-  if (candidates.size() > 1) plan_->stats.convs_measured++;
+  plan_->stats.convs_measured++;
+  RememberConvKernel(key, candidates[choice.index].name);
   return take(candidates[choice.index].pd, candidates[choice.index].winograd);
 }
 

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "ops/dnnl_util.h"
 
@@ -12,7 +14,7 @@ namespace {
 
 constexpr int kMaxRounds = 7;
 constexpr int kMinRounds = 3;
-constexpr double kBudgetMs = 40;  // of timed rounds per candidate
+constexpr double kBudgetMs = 15;  // of timed rounds per candidate
 constexpr int kMaxImplsVisited = 32;  // a bound on oneDNN's implementation list
 
 bool Reference(const std::string& impl) { return impl.find("ref") != std::string::npos; }
@@ -93,7 +95,7 @@ ConvChoice MeasureConvCandidates(const std::vector<ConvCandidate>& candidates,
   const double fastest = *std::min_element(first.begin(), first.end());
   std::vector<size_t> alive;
   for (size_t i = 0; i < candidates.size(); ++i)
-    if (i == 0 || first[i] <= 2 * fastest) alive.push_back(i);
+    if (i == 0 || first[i] <= 1.5 * fastest) alive.push_back(i);
   const int rounds = std::clamp(static_cast<int>(kBudgetMs / std::max(fastest, 1e-3)), kMinRounds, kMaxRounds);
   std::vector<std::vector<double>> times(candidates.size());
   for (int r = 0; r < rounds; ++r)
@@ -107,6 +109,25 @@ ConvChoice MeasureConvCandidates(const std::vector<ConvCandidate>& candidates,
     if (choice.ms[i] < choice.ms[best]) best = i;
   choice.index = choice.ms[best] < (1.0 - margin) * choice.ms[0] ? best : 0;
   return choice;
+}
+
+namespace {
+std::mutex memo_mu;
+std::map<std::string, std::string>& Memo() {
+  static std::map<std::string, std::string> m;
+  return m;
+}
+}  // namespace
+
+std::string MeasuredConvKernel(const std::string& key) {
+  std::lock_guard<std::mutex> lock(memo_mu);
+  auto it = Memo().find(key);
+  return it == Memo().end() ? std::string() : it->second;
+}
+
+void RememberConvKernel(const std::string& key, const std::string& name) {
+  std::lock_guard<std::mutex> lock(memo_mu);
+  Memo()[key] = name;
 }
 
 }  // namespace gaf

@@ -50,11 +50,18 @@ struct ConvChoice {
 
 // Times every candidate on zeroed scratch memory of its own descriptors, `extra` giving the
 // descriptors of further arguments (binary post-op sources) by argument id: a warm-up run each,
-// one run each that drops candidates over twice the fastest, then up to 7 interleaved rounds of
-// the rest (fewer for slow convolutions: about 40 ms of runs per candidate at most). Index 0 is
+// one run each that drops candidates over 1.5x the fastest, then 3 to 7 interleaved rounds of the
+// rest (fewer for slow convolutions: about 15 ms of runs per candidate). Index 0 is
 // kept unless another's median is at least `margin` (0.03: 3%) faster. With a single candidate
 // nothing runs.
 ConvChoice MeasureConvCandidates(const std::vector<ConvCandidate>& candidates,
                                  const std::unordered_map<int, dnnl::memory::desc>& extra, double margin = 0.03);
+
+// What this process measured, by a description of the convolution (its shapes, layouts,
+// geometry, post-ops and the thread count: ConvChoiceKey's caller builds it): the kernel's name,
+// "" when none was measured. Networks repeat their layers, so each distinct convolution is timed
+// once. Thread-safe.
+std::string MeasuredConvKernel(const std::string& key);
+void RememberConvKernel(const std::string& key, const std::string& name);
 
 }  // namespace gaf
