@@ -250,7 +250,7 @@ struct BlockedChain::Impl {
   BlockedChain::LayoutStore store;
   // What the layout choice depends on, for the store (see LayoutStore).
   std::string ChoiceKey(const std::vector<Shape>& in_shapes, int threads) const {
-    std::string k = fmt::format("blocked-chain v2 dnnl {}.{}.{} threads {} inputs", DNNL_VERSION_MAJOR,
+    std::string k = fmt::format("blocked-chain v3 dnnl {}.{}.{} threads {} inputs", DNNL_VERSION_MAJOR,
                                 DNNL_VERSION_MINOR, DNNL_VERSION_PATCH, threads);
     for (const Shape& sh : in_shapes) k += " " + ShapeToString(sh);
     for (const Node& n : nodes) {
@@ -375,7 +375,7 @@ struct TimedRun {
   static double Once(BlockedChain::Impl::Plan& p) {
     dnnl::stream s(DnnlEngine());
     const auto t0 = std::chrono::steady_clock::now();
-    for (auto& st : p.steps) st.prim.execute(s, st.args);
+    for (auto& st : p.steps) st.Execute(s);
     s.wait();
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
@@ -496,7 +496,7 @@ std::vector<Tensor> BlockedChain::Run(const std::vector<const Tensor*>& inputs) 
     if (p.input_mem[i]) p.input_mem[i].set_data_handle(const_cast<float*>(inputs[i]->data<float>()));
   for (size_t i = 0; i < outs.size(); ++i) p.output_mem[i].set_data_handle(outs[i].data<float>());
   dnnl::stream s(DnnlEngine());
-  for (Impl::Step& st : p.steps) st.prim.execute(s, st.args);
+  for (Impl::Step& st : p.steps) st.Execute(s);
   s.wait();
   return outs;
 }

@@ -51,6 +51,7 @@ class BlockedChain {
     int reorders_inside = 0;  // sources of convolutions no optimized kernel reads blocked
     int convs_winograd = 0;   // convolutions run by a Winograd kernel
     int convs_measured = 0;   // convolutions whose kernel was chosen by timing its candidates now
+    int swish_passes = 0;     // Swish run as a pass after its convolution, not as its post-op
     int64_t buffer_bytes = 0;  // the memory plan's intermediate buffers
   };
   // `nodes` in topological order; `inputs` the values a call feeds (constants among them are taken

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -608,6 +609,30 @@ void ChainPlanner::EmitConv(const Op& op, int k) {
     }
   }
   attr.set_post_ops(po);
+  // Where Swish is the last post-op and the destination is dense, the same post-ops less it: the
+  // convolution then Swish as a pass of its own is a candidate too (ops/conv_choice.h).
+  std::optional<dnnl::primitive_attr> attr_without_swish;
+  const dnnl::memory::desc& dst_md = MdOf(op.out);
+  int64_t dst_elements = 1;
+  for (int d = 0; d < dst_md.data.ndims; ++d) dst_elements *= dst_md.data.padded_dims[d];
+  if (!op.acts.empty() && op.acts.back().a == alg::eltwise_swish && op.acts.back().alpha == 1.f &&
+      op.residual_pos != static_cast<int>(op.acts.size()) && dst_md.get_size() == sizeof(float) * dst_elements) {
+    dnnl::post_ops less;
+    for (int i = 0; i < po.len() - 1; ++i) {
+      if (po.kind(i) == dnnl::primitive::kind::sum) {
+        less.append_sum(1.f);
+      } else if (po.kind(i) == dnnl::primitive::kind::binary) {
+        less.append_binary(alg::binary_add, MdOf(op.residual));
+      } else {
+        float scale, alpha, beta;
+        alg a;
+        po.get_params_eltwise(i, scale, a, alpha, beta);
+        less.append_eltwise(scale, a, alpha, beta);
+      }
+    }
+    attr_without_swish.emplace();
+    attr_without_swish->set_post_ops(less);
+  }
   const bool plain_src = input_index_.count(op.in[0]) && !value_md_.count(op.in[0]);
   auto make_desc = [&](const dnnl::memory::desc& src_md, alg a) {
     return dnnl::convolution_forward::desc(
@@ -654,9 +679,13 @@ void ChainPlanner::EmitConv(const Op& op, int k) {
       plan_->stats.reorders_inside++;
     }
   }
+  bool swish_after = false;
   {
     const dnnl::memory::desc src_md = pd.src_desc();
-    pd = ChooseConvImpl(op, pd, [&](alg a) { return make_desc(src_md, a); }, attr, sum_in_place);
+    const ConvCandidate chosen = ChooseConvImpl(op, pd, [&](alg a) { return make_desc(src_md, a); }, attr,
+                                                attr_without_swish ? &*attr_without_swish : nullptr, sum_in_place);
+    pd = chosen.pd;
+    swish_after = chosen.swish_after;
   }
   const auto [wm, bm] = ConvWeights(op, w, wd, G, pd);
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_BIAS, bm}};
@@ -666,6 +695,17 @@ void ChainPlanner::EmitConv(const Op& op, int k) {
   ReadBlocked(op.out, st, DNNL_ARG_DST);
   if (!op.residual.empty() && !sum_in_place)
     ReadBlocked(op.residual, st, DNNL_ARG_ATTR_MULTIPLE_POST_OP(op.residual_pos) | DNNL_ARG_SRC_1);
+  if (swish_after) {
+    // Swish over the convolution's destination, in place, once it is written.
+    Plan* plan = plan_.get();
+    Step pass;
+    pass.pass = [plan, st, dst_elements]() {
+      SwishInPlace(static_cast<float*>(plan->steps[static_cast<size_t>(st)].args.at(DNNL_ARG_DST).get_data_handle()),
+                   dst_elements);
+    };
+    plan_->steps.push_back(std::move(pass));
+    plan_->stats.swish_passes++;
+  }
   if (sum_in_place) plan_->stats.residuals_in_place++;
   plan_->stats.convs++;
   plan_->stats.post_ops += op.absorbed;
@@ -675,21 +715,27 @@ void ChainPlanner::EmitConv(const Op& op, int k) {
 // another algorithm for the same source, weights and destination, `attr` its post-ops): the
 // one remembered from an earlier measurement, or the fastest of the candidates timed now
 // (ops/conv_choice.h), or `pd` where there is nothing to choose from.
-ConvPd ChainPlanner::ChooseConvImpl(const Op& op, const ConvPd& pd, const std::function<ConvDesc(alg)>& desc,
-                                    const dnnl::primitive_attr& attr, bool sum_in_place) {
+ConvCandidate ChainPlanner::ChooseConvImpl(const Op& op, const ConvPd& pd, const std::function<ConvDesc(alg)>& desc,
+                                           const dnnl::primitive_attr& attr,
+                                           const dnnl::primitive_attr* attr_without_swish, bool sum_in_place) {
   const size_t index = plan_->conv_impls.size();
-  auto take = [&](const ConvPd& chosen, bool winograd) {
-    plan_->conv_impls.push_back(chosen.impl_info_str());
-    plan_->stats.convs_winograd += winograd ? 1 : 0;
+  auto take = [&](const ConvCandidate& chosen) {
+    plan_->conv_impls.push_back(chosen.name);
+    plan_->stats.convs_winograd += chosen.winograd ? 1 : 0;
     return chosen;
   };
-  if (!conv_choice_.measure && conv_choice_.stored.empty()) return take(pd, false);
-  std::vector<ConvCandidate> candidates = ConvCandidates(desc, attr, conv_choice_.winograd);
-  if (candidates.empty()) return take(pd, false);
-  if (index < conv_choice_.stored.size())
+  const ConvCandidate library{pd, pd.impl_info_str(), false, false};
+  if (!conv_choice_.measure && conv_choice_.stored.empty()) return take(library);
+  std::vector<ConvCandidate> candidates = ConvCandidates(desc, attr, conv_choice_.winograd, 3, attr_without_swish);
+  if (candidates.empty()) return take(library);
+  if (index < conv_choice_.stored.size()) {
     for (const ConvCandidate& c : candidates)
-      if (c.name == conv_choice_.stored[index]) return take(c.pd, c.winograd);
-  if (!conv_choice_.measure || candidates.size() == 1) return take(candidates[0].pd, candidates[0].winograd);
+      if (c.name == conv_choice_.stored[index]) return take(c);
+    // Beyond the first few of oneDNN's list (another machine's order, another layout's).
+    for (const ConvCandidate& c : ConvCandidates(desc, attr, conv_choice_.winograd, 32, attr_without_swish))
+      if (c.name == conv_choice_.stored[index]) return take(c);
+  }
+  if (!conv_choice_.measure || candidates.size() == 1) return take(candidates[0]);
   // A convolution like one this process timed already (networks repeat their layers) takes its
   // kernel: the key names everything the candidates and their speed depend on.
   const Node& n = nodes_[op.node];
@@ -700,7 +746,8 @@ ConvPd ChainPlanner::ChooseConvImpl(const Op& op, const ConvPd& pd, const std::f
                        fmt::join(b.strides, b.strides + d.ndims, ","), fmt::join(b.inner_blks, b.inner_blks + b.inner_nblks, ","),
                        fmt::join(b.inner_idxs, b.inner_idxs + b.inner_nblks, ","));
   };
-  std::string key = fmt::format("threads {} winograd {} src {} dst {} weights {}", plan_->threads, conv_choice_.winograd,
+  std::string key = fmt::format("threads {} winograd {} swish pass {} src {} dst {} weights {}", plan_->threads, conv_choice_.winograd,
+                                attr_without_swish != nullptr,
                                 md_key(pd.src_desc()), md_key(pd.dst_desc()),
                                 ShapeToString(Constant(n.inputs[1])->shape()));
   for (const char* a : {"strides", "pads", "dilations"}) key += fmt::format(" {} {}", a, fmt::join(n.GetInts(a), ","));
@@ -709,14 +756,14 @@ ConvPd ChainPlanner::ChooseConvImpl(const Op& op, const ConvPd& pd, const std::f
   if (!op.residual.empty()) key += fmt::format(" residual@{} {}", op.residual_pos, sum_in_place ? "sum" : "binary");
   const std::string known = MeasuredConvKernel(key);
   for (const ConvCandidate& c : candidates)
-    if (!known.empty() && c.name == known) return take(c.pd, c.winograd);
+    if (!known.empty() && c.name == known) return take(c);
   std::unordered_map<int, dnnl::memory::desc> extra;
   if (!op.residual.empty() && !sum_in_place)
     extra[DNNL_ARG_ATTR_MULTIPLE_POST_OP(op.residual_pos) | DNNL_ARG_SRC_1] = MdOf(op.residual);
   const ConvChoice choice = MeasureConvCandidates(candidates, extra);
   plan_->stats.convs_measured++;
   RememberConvKernel(key, candidates[choice.index].name);
-  return take(candidates[choice.index].pd, candidates[choice.index].winograd);
+  return take(candidates[choice.index]);
 }
 
 // The weights and bias of convolution `op` (weight `w`, dims `wd` with G groups) in what `pd`

@@ -54,6 +54,11 @@ struct Buffer {
 struct Step {
   dnnl::primitive prim;
   std::unordered_map<int, dnnl::memory> args;
+  std::function<void()> pass;  // a pass of our own instead of a primitive (SwishInPlace)
+  void Execute(dnnl::stream& s) {
+    if (pass) pass();
+    else prim.execute(s, args);
+  }
 };
 struct Plan {
   std::vector<Shape> in_shapes;
@@ -152,8 +157,9 @@ class ChainPlanner {
   // 4. Primitives.
   void EmitSteps();
   void EmitConv(const Op& op, int k);
-  ConvPd ChooseConvImpl(const Op& op, const ConvPd& pd, const std::function<ConvDesc(alg)>& desc,
-                        const dnnl::primitive_attr& attr, bool sum_in_place);
+  ConvCandidate ChooseConvImpl(const Op& op, const ConvPd& pd, const std::function<ConvDesc(alg)>& desc,
+                               const dnnl::primitive_attr& attr, const dnnl::primitive_attr* attr_without_swish,
+                               bool sum_in_place);
   std::pair<dnnl::memory, dnnl::memory> ConvWeights(const Op& op, const Tensor& w, const dnnl::memory::dims& wd,
                                                     int64_t G, const dnnl::convolution_forward::primitive_desc& pd);
   void EmitBatchNorm(const Op& op, int k);

@@ -1,6 +1,8 @@
 // ConvCandidates and MeasureConvCandidates (ops/conv_choice.h).
 #include "ops/conv_choice.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -8,6 +10,7 @@
 #include <mutex>
 
 #include "ops/dnnl_util.h"
+#include "ops/fast_math.h"
 
 namespace gaf {
 namespace {
@@ -20,12 +23,12 @@ constexpr int kMaxImplsVisited = 32;  // a bound on oneDNN's implementation list
 bool Reference(const std::string& impl) { return impl.find("ref") != std::string::npos; }
 
 // Appends the optimized implementations of `pd`'s list (from its current one on), at most `max`.
-void Collect(ConvPd pd, bool winograd, int max, std::vector<ConvCandidate>* out) {
+void Collect(ConvPd pd, bool winograd, int max, std::vector<ConvCandidate>* out, bool swish_after = false) {
   int taken = 0;
   for (int visited = 0; visited < kMaxImplsVisited && taken < max; ++visited) {
     const std::string impl = pd.impl_info_str();
     if (!Reference(impl)) {
-      out->push_back({pd, impl, winograd});
+      out->push_back({pd, swish_after ? impl + kSwishPass : impl, winograd, swish_after});
       ++taken;
     }
     // A copy keeps the implementation it holds when the shared iterator moves on.
@@ -39,10 +42,15 @@ void Collect(ConvPd pd, bool winograd, int max, std::vector<ConvCandidate>* out)
 struct Timed {
   dnnl::primitive prim;
   std::unordered_map<int, dnnl::memory> args;
+  bool swish_after = false;
   double Once(dnnl::stream& s) {
     const auto t0 = std::chrono::steady_clock::now();
     prim.execute(s, args);
     s.wait();
+    if (swish_after) {
+      const dnnl::memory& d = args.at(DNNL_ARG_DST);
+      SwishInPlace(static_cast<float*>(d.get_data_handle()), static_cast<int64_t>(d.get_desc().get_size() / sizeof(float)));
+    }
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
 };
@@ -56,12 +64,20 @@ dnnl::memory Zeroed(const dnnl::memory::desc& md) {
 }  // namespace
 
 std::vector<ConvCandidate> ConvCandidates(const std::function<ConvDesc(dnnl::algorithm)>& desc,
-                                          const dnnl::primitive_attr& attr, bool winograd, int max_direct) {
+                                          const dnnl::primitive_attr& attr, bool winograd, int max_direct,
+                                          const dnnl::primitive_attr* attr_without_swish) {
   std::vector<ConvCandidate> out;
   try {
     const ConvDesc d = desc(dnnl::algorithm::convolution_direct);
     Collect(ConvPd(d, attr, DnnlEngine()), false, max_direct, &out);
   } catch (const dnnl::error&) {
+  }
+  if (attr_without_swish != nullptr && !out.empty()) {
+    try {
+      const ConvDesc d = desc(dnnl::algorithm::convolution_direct);
+      Collect(ConvPd(d, *attr_without_swish, DnnlEngine()), false, max_direct, &out, true);
+    } catch (const dnnl::error&) {
+    }
   }
   if (winograd && !out.empty()) {
     try {
@@ -83,6 +99,7 @@ ConvChoice MeasureConvCandidates(const std::vector<ConvCandidate>& candidates,
   for (size_t i = 0; i < candidates.size(); ++i) {
     const ConvPd& pd = candidates[i].pd;
     runs[i].prim = dnnl::convolution_forward(pd);
+    runs[i].swish_after = candidates[i].swish_after;
     runs[i].args = {{DNNL_ARG_SRC, Zeroed(pd.src_desc())},
                     {DNNL_ARG_WEIGHTS, Zeroed(pd.weights_desc())},
                     {DNNL_ARG_BIAS, Zeroed(pd.bias_desc())},
@@ -109,6 +126,44 @@ ConvChoice MeasureConvCandidates(const std::vector<ConvCandidate>& candidates,
     if (choice.ms[i] < choice.ms[best]) best = i;
   choice.index = choice.ms[best] < (1.0 - margin) * choice.ms[0] ? best : 0;
   return choice;
+}
+
+void SwishInPlace(float* x, int64_t n) {
+  // Blocks of 4096 floats (16 KiB) shared among the threads.
+  constexpr int64_t kBlock = 4096;
+  const int64_t blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (blocks > 4)
+  for (int64_t b = 0; b < blocks; ++b) {
+    float* p = x + b * kBlock;
+    const int64_t m = std::min(kBlock, n - b * kBlock);
+    int64_t i = 0;
+#ifdef __AVX512F__
+    // sigmoid(v) = 1 / (1 + e) for v >= 0 and e / (1 + e) below, e = exp(-|v|) (never overflows):
+    // Cephes' exp polynomial, the reciprocal by rcp14 and one Newton step.
+    const __m512 one = _mm512_set1_ps(1.f), two = _mm512_set1_ps(2.f), zero = _mm512_setzero_ps();
+    for (; i + 16 <= m; i += 16) {
+      const __m512 v = _mm512_loadu_ps(p + i);
+      const __m512 t = _mm512_max_ps(_mm512_sub_ps(zero, _mm512_abs_ps(v)), _mm512_set1_ps(-88.f));
+      const __m512 fn = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(1.44269504088896341f)),
+                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      __m512 r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693359375f), t);
+      r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(-2.12194440e-4f), r);
+      __m512 q = _mm512_set1_ps(1.9875691500e-4f);
+      q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.3981999507e-3f));
+      q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(8.3334519073e-3f));
+      q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(4.1665795894e-2f));
+      q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.6666665459e-1f));
+      q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(5.0000001201e-1f));
+      const __m512 e = _mm512_scalef_ps(_mm512_fmadd_ps(_mm512_mul_ps(q, r), r, _mm512_add_ps(r, one)), fn);
+      const __m512 d = _mm512_add_ps(e, one);
+      __m512 inv = _mm512_rcp14_ps(d);
+      inv = _mm512_mul_ps(inv, _mm512_fnmadd_ps(d, inv, two));
+      const __m512 sig = _mm512_mask_mul_ps(inv, _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), inv, e);
+      _mm512_storeu_ps(p + i, _mm512_mul_ps(v, sig));
+    }
+#endif
+    for (; i < m; ++i) p[i] = p[i] * gaf_fast::FastSigmoid(p[i]);
+  }
 }
 
 namespace {
