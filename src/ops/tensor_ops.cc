@@ -527,7 +527,7 @@ void SliceKernel(KernelContext& ctx) {
     st[a] = s;
     sp[a] = step;
   }
-  Tensor y(x.dtype(), out);
+  Tensor y = Tensor::Uninitialized(x.dtype(), out);  // StridedCopy writes every element
   if (y.numel() > 0) {
     std::vector<int64_t> is = Strides(x.shape()), vs(r);
     int64_t off = 0;
