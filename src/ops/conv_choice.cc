@@ -138,15 +138,15 @@ void SwishInPlace(float* x, int64_t n) {
     const int64_t m = std::min(kBlock, n - b * kBlock);
     int64_t i = 0;
 #ifdef __AVX512F__
-    // sigmoid(v) = 1 / (1 + e) for v >= 0 and e / (1 + e) below, e = exp(-|v|) (never overflows):
+    // sigmoid(v) = 1 / (1 + e), e = exp(-v) with v clamped to [-88, 88] (e stays finite):
     // Cephes' exp polynomial, the reciprocal by rcp14 and one Newton step.
-    const __m512 one = _mm512_set1_ps(1.f), two = _mm512_set1_ps(2.f), zero = _mm512_setzero_ps();
+    const __m512 one = _mm512_set1_ps(1.f), two = _mm512_set1_ps(2.f);
     for (; i + 16 <= m; i += 16) {
       const __m512 v = _mm512_loadu_ps(p + i);
-      const __m512 t = _mm512_max_ps(_mm512_sub_ps(zero, _mm512_abs_ps(v)), _mm512_set1_ps(-88.f));
-      const __m512 fn = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(1.44269504088896341f)),
+      const __m512 t = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-88.f)), _mm512_set1_ps(88.f));
+      const __m512 fn = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(-1.44269504088896341f)),
                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      __m512 r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(0.693359375f), t);
+      __m512 r = _mm512_fnmsub_ps(fn, _mm512_set1_ps(0.693359375f), t);  // -t - fn * ln2 (high part)
       r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(-2.12194440e-4f), r);
       __m512 q = _mm512_set1_ps(1.9875691500e-4f);
       q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.3981999507e-3f));
@@ -158,8 +158,7 @@ void SwishInPlace(float* x, int64_t n) {
       const __m512 d = _mm512_add_ps(e, one);
       __m512 inv = _mm512_rcp14_ps(d);
       inv = _mm512_mul_ps(inv, _mm512_fnmadd_ps(d, inv, two));
-      const __m512 sig = _mm512_mask_mul_ps(inv, _mm512_cmp_ps_mask(v, zero, _CMP_LT_OQ), inv, e);
-      _mm512_storeu_ps(p + i, _mm512_mul_ps(v, sig));
+      _mm512_storeu_ps(p + i, _mm512_mul_ps(v, inv));
     }
 #endif
     for (; i < m; ++i) p[i] = p[i] * gaf_fast::FastSigmoid(p[i]);
