@@ -19,6 +19,7 @@ constexpr int kMaxRounds = 7;
 constexpr int kMinRounds = 3;
 constexpr double kBudgetMs = 15;  // of timed rounds per candidate
 constexpr int kMaxImplsVisited = 32;  // a bound on oneDNN's implementation list
+constexpr double kMaxTimedMs = 250;   // a first run slower than this: nothing is timed
 
 bool Reference(const std::string& impl) { return impl.find("ref") != std::string::npos; }
 
@@ -105,7 +106,10 @@ ConvChoice MeasureConvCandidates(const std::vector<ConvCandidate>& candidates,
                     {DNNL_ARG_BIAS, Zeroed(pd.bias_desc())},
                     {DNNL_ARG_DST, Zeroed(pd.dst_desc())}};
     for (const auto& [arg, md] : extra) runs[i].args[arg] = Zeroed(md);
-    runs[i].Once(s);  // warm-up: first touches of the scratch, caches
+    const double warm = runs[i].Once(s);  // warm-up: first touches of the scratch, caches
+    // A convolution this slow is not timed over and over (a measurement would take seconds):
+    // oneDNN's choice stands.
+    if (i == 0 && warm > kMaxTimedMs) return choice;
   }
   std::vector<double> first(candidates.size());
   for (size_t i = 0; i < candidates.size(); ++i) first[i] = runs[i].Once(s);

@@ -71,7 +71,7 @@ struct ConvChoice {
 // one run each that drops candidates over 1.5x the fastest, then 3 to 7 interleaved rounds of the
 // rest (fewer for slow convolutions: about 15 ms of runs per candidate). Index 0 is
 // kept unless another's median is at least `margin` (0.03: 3%) faster. With a single candidate
-// nothing runs.
+// nothing runs; when index 0's warm-up takes over 250 ms nothing more runs and it is kept.
 ConvChoice MeasureConvCandidates(const std::vector<ConvCandidate>& candidates,
                                  const std::unordered_map<int, dnnl::memory::desc>& extra, double margin = 0.03);
 
