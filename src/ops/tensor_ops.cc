@@ -1,6 +1,8 @@
 // Shape and data-movement kernels: Reshape, Transpose, Concat, Split, Slice, Gather, Scatter,
 // Pad, Resize, ... Data movement dispatches by element size only, so every fixed-size type
 // (including float16/bfloat16 and bool) is handled without conversion.
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -86,6 +88,24 @@ void ForRows(const Shape& dims, int64_t begin, int64_t end, F&& fn) {
 // Copies the strided view (in + offset, shape, strides in elements) into contiguous `out`.
 // Dimensions are coalesced where the view is contiguous; the innermost copy is a memcpy for unit
 // stride, a fill for stride 0 and a strided loop otherwise.
+//
+// dst[j] = src[2 * j] for j < n, 4-byte elements (Slice with step 2 on the last axis, as the
+// Focus / space-to-depth blocks of YOLO detectors write it): 16 at a time from two vectors.
+template <class T>
+void EveryOther4(const T* src, T* dst, int64_t n) {
+  int64_t j = 0;
+#ifdef __AVX512F__
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  // A vector pair reads src[2j .. 2j+31]; the last element used is src[2n-2], and the one after
+  // it may lie past the tensor's end, so 2j+31 <= 2n-2: j + 16 < n.
+  for (; j + 16 < n; j += 16) {
+    const __m512i a = _mm512_loadu_si512(src + 2 * j), b = _mm512_loadu_si512(src + 2 * j + 16);
+    _mm512_storeu_si512(dst + j, _mm512_permutex2var_epi32(a, even, b));
+  }
+#endif
+  for (; j < n; ++j) dst[j] = src[2 * j];
+}
+
 template <class T>
 void StridedCopy(const T* in, int64_t offset, const Shape& shape, const std::vector<int64_t>& strides, T* out) {
   Shape s;
@@ -118,6 +138,8 @@ void StridedCopy(const T* in, int64_t offset, const Shape& shape, const std::vec
         std::memcpy(dst, src, inner * sizeof(T));
       } else if (istride == 0) {
         std::fill(dst, dst + inner, *src);
+      } else if (istride == 2 && sizeof(T) == 4) {
+        EveryOther4(src, dst, inner);
       } else {
         for (int64_t j = 0; j < inner; ++j) dst[j] = src[j * istride];
       }

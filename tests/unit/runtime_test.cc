@@ -29,6 +29,35 @@ TEST(Runtime, Opset18ReduceMeanAxesInputAndSplitNumOutputs) {
   EXPECT_FLOAT_EQ(out[1].data<float>()[3], 11.f);
 }
 
+// Slice with step 2 on the last axis (a detector's Focus block: x[..., 0::2, 1::2]) takes a
+// vector path 16 elements at a time; rows of every length around it, both phases, and the last
+// row of the tensor (whose vectors must not read past its end).
+TEST(Runtime, SliceStepTwoOnTheLastAxis) {
+  for (int64_t w : {2, 3, 31, 32, 33, 34, 35, 63, 64, 65, 416}) {
+    for (int64_t start : {0, 1}) {
+      Graph g;
+      g.inputs.push_back(FloatValue("x", {2, 3, w}));
+      g.initializers.emplace_back("starts", Tensor::FromInt64s({start, start}));
+      g.initializers.emplace_back("ends", Tensor::FromInt64s({3, w}));
+      g.initializers.emplace_back("axes", Tensor::FromInt64s({1, 2}));
+      g.initializers.emplace_back("steps", Tensor::FromInt64s({2, 2}));
+      g.nodes.push_back(MakeNode("Slice", {"x", "starts", "ends", "axes", "steps"}, {"y"}));
+      const int64_t rows = start == 0 ? 2 : 1, cols = (w - start + 1) / 2;
+      g.outputs.push_back(FloatValue("y", {2, rows, cols}));
+      Session s(MakeModel(g, 13));
+      std::vector<float> v(static_cast<size_t>(2 * 3 * w));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+      const Tensor y = s.Run({{"x", Tensor::FromVector<float>(v, {2, 3, w})}})[0];
+      ASSERT_EQ(y.shape(), (Shape{2, rows, cols})) << "w " << w << " start " << start;
+      for (int64_t b = 0; b < 2; ++b)
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c)
+            ASSERT_EQ(y.data<float>()[(b * rows + r) * cols + c], v[static_cast<size_t>((b * 3 + start + 2 * r) * w + start + 2 * c)])
+                << "w " << w << " start " << start << " at " << b << "," << r << "," << c;
+    }
+  }
+}
+
 TEST(Runtime, Float16ComputedInFloat32) {
   Graph g;
   ValueInfo x{"x", DataType::kFloat16, true, {Dim::Known(3)}};
