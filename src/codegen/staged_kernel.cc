@@ -357,7 +357,7 @@ bool BlockedChainKernel(const RowKernelRequest& req, const Function& f,
     st.outputs.push_back(v);
     k->function_outputs.push_back(v);
   }
-  k->notes.push_back(chain->Describe());
+  k->live_notes.push_back([chain] { return chain->Describe(); });
   k->stages.push_back(std::move(st));
   k->ok = true;
   return true;
@@ -609,7 +609,9 @@ std::string StagedKernel::Describe() const {
       s += "]";
     }
   }
-  for (size_t i = 0; i < notes.size(); ++i) s += (i == 0 ? " (" : "; ") + notes[i] + (i + 1 == notes.size() ? ")" : "");
+  std::vector<std::string> all = notes;
+  for (const auto& live : live_notes) all.push_back(live());
+  for (size_t i = 0; i < all.size(); ++i) s += (i == 0 ? " (" : "; ") + all[i] + (i + 1 == all.size() ? ")" : "");
   return s;
 }
 

@@ -16,6 +16,7 @@
 // says which node), so a "fused" kernel never just calls the old kernels one after another.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -55,6 +56,9 @@ struct StagedKernel {
   std::vector<std::pair<std::string, std::shared_ptr<Tensor>>> owned_constants;
   std::vector<std::pair<int, const Tensor*>> constant_values;  // value id -> owned constant
   std::vector<std::string> notes;                                // rewrites made, for Describe()
+  // Notes read when Describe() is called: a blocked chain's plan (its layout and kernels) is made
+  // again at the session's thread count on its first run, after the kernel was generated.
+  std::vector<std::function<std::string()>> live_notes;
   std::map<std::string, int> value_ids;                          // value name -> id
 
   // The id of a value, allocated on first use.
