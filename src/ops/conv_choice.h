@@ -76,7 +76,7 @@ ConvChoice MeasureConvCandidates(const std::vector<ConvCandidate>& candidates,
                                  const std::unordered_map<int, dnnl::memory::desc>& extra, double margin = 0.03);
 
 // What this process measured, by a description of the convolution (its shapes, layouts,
-// geometry, post-ops and the thread count: ConvChoiceKey's caller builds it): the kernel's name,
+// geometry, post-ops and the thread count, as ChainPlanner::ChooseConvImpl writes it): the kernel's name,
 // "" when none was measured. Networks repeat their layers, so each distinct convolution is timed
 // once. Thread-safe.
 std::string MeasuredConvKernel(const std::string& key);
