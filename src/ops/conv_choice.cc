@@ -142,28 +142,38 @@ void SwishInPlace(float* x, int64_t n) {
     const int64_t m = std::min(kBlock, n - b * kBlock);
     int64_t i = 0;
 #ifdef __AVX512F__
-    // sigmoid(v) = 1 / (1 + e), e = exp(-v) with v clamped to [-88, 88] (e stays finite):
-    // Cephes' exp polynomial, the reciprocal by rcp14 and one Newton step.
+    // sigmoid(v) = 1 / (1 + e), e = exp(-v) = 2^x with x = -v log2(e), v clamped to [-87, 88]
+    // (e stays finite; NaN passes through the final product). x = n + f with n = round(x) and
+    // f in [-1/2, 1/2], computed exactly with log2(e) split in two; 2^f by a degree-5 polynomial
+    // (relative error 2.3e-7, fitted to 2^f on [-1/2, 1/2]), scaled by 2^n with scalef; the
+    // reciprocal by rcp14 and one Newton step. 17 vector operations per 16 elements (Cephes'
+    // exp with its two-constant ln 2 took 21).
     const __m512 one = _mm512_set1_ps(1.f), two = _mm512_set1_ps(2.f);
-    for (; i + 16 <= m; i += 16) {
-      const __m512 v = _mm512_loadu_ps(p + i);
-      const __m512 t = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-88.f)), _mm512_set1_ps(88.f));
-      const __m512 fn = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(-1.44269504088896341f)),
-                                             _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      __m512 r = _mm512_fnmsub_ps(fn, _mm512_set1_ps(0.693359375f), t);  // -t - fn * ln2 (high part)
-      r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(-2.12194440e-4f), r);
-      __m512 q = _mm512_set1_ps(1.9875691500e-4f);
-      q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.3981999507e-3f));
-      q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(8.3334519073e-3f));
-      q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(4.1665795894e-2f));
-      q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(1.6666665459e-1f));
-      q = _mm512_fmadd_ps(q, r, _mm512_set1_ps(5.0000001201e-1f));
-      const __m512 e = _mm512_scalef_ps(_mm512_fmadd_ps(_mm512_mul_ps(q, r), r, _mm512_add_ps(r, one)), fn);
-      const __m512 d = _mm512_add_ps(e, one);
-      __m512 inv = _mm512_rcp14_ps(d);
-      inv = _mm512_mul_ps(inv, _mm512_fnmadd_ps(d, inv, two));
-      _mm512_storeu_ps(p + i, _mm512_mul_ps(v, inv));
+    const __m512 lo = _mm512_set1_ps(-87.f), hi = _mm512_set1_ps(88.f);
+    const __m512 nlog2e_hi = _mm512_set1_ps(-1.4426950216293335f), nlog2e_lo = _mm512_set1_ps(-1.925963033500011e-08f);
+    const __m512 c5 = _mm512_set1_ps(0.0013276470126584172f), c4 = _mm512_set1_ps(0.009675541892647743f),
+                 c3 = _mm512_set1_ps(0.05550713464617729f), c2 = _mm512_set1_ps(0.24022120237350464f),
+                 c1 = _mm512_set1_ps(0.6931469440460205f), c0 = _mm512_set1_ps(1.0000001192092896f);
+    auto swish16 = [&](__m512 v) {
+      const __m512 t = _mm512_min_ps(_mm512_max_ps(v, lo), hi);
+      const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(t, nlog2e_hi), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      __m512 f = _mm512_fmsub_ps(t, nlog2e_hi, n);
+      f = _mm512_fmadd_ps(t, nlog2e_lo, f);
+      __m512 q = _mm512_fmadd_ps(c5, f, c4);
+      q = _mm512_fmadd_ps(q, f, c3);
+      q = _mm512_fmadd_ps(q, f, c2);
+      q = _mm512_fmadd_ps(q, f, c1);
+      q = _mm512_fmadd_ps(q, f, c0);
+      const __m512 d = _mm512_add_ps(_mm512_scalef_ps(q, n), one);
+      const __m512 inv = _mm512_rcp14_ps(d);
+      return _mm512_mul_ps(_mm512_mul_ps(v, inv), _mm512_fnmadd_ps(d, inv, two));
+    };
+    for (; i + 32 <= m; i += 32) {  // two vectors per step: independent chains to overlap
+      const __m512 a = swish16(_mm512_loadu_ps(p + i)), b = swish16(_mm512_loadu_ps(p + i + 16));
+      _mm512_storeu_ps(p + i, a);
+      _mm512_storeu_ps(p + i + 16, b);
     }
+    for (; i + 16 <= m; i += 16) _mm512_storeu_ps(p + i, swish16(_mm512_loadu_ps(p + i)));
 #endif
     for (; i < m; ++i) p[i] = p[i] * gaf_fast::FastSigmoid(p[i]);
   }

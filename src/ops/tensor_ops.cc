@@ -147,6 +147,28 @@ void StridedCopy(const T* in, int64_t offset, const Shape& shape, const std::vec
   });
 }
 
+#ifdef __AVX__
+// dst[k * dst_stride + c] = src[c * src_stride + k] for an 8x8 block of 4-byte elements.
+inline void Transpose8x8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+  __m256 r[8], t[8];
+  for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(src + k * src_stride);
+  for (int k = 0; k < 8; k += 2) {
+    t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
+    t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
+  }
+  for (int k = 0; k < 8; k += 4) {
+    r[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
+    r[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
+    r[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
+    r[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
+  }
+  for (int k = 0; k < 4; ++k) {
+    _mm256_storeu_ps(dst + k * dst_stride, _mm256_permute2f128_ps(r[k], r[k + 4], 0x20));
+    _mm256_storeu_ps(dst + (k + 4) * dst_stride, _mm256_permute2f128_ps(r[k], r[k + 4], 0x31));
+  }
+}
+#endif
+
 // out = transpose(in, perm) for an input of shape in_shape.
 template <class T>
 void TransposeImpl(const T* in, T* out, const Shape& in_shape, const std::vector<int64_t>& perm) {
@@ -232,7 +254,20 @@ void TransposeImpl(const T* in, T* out, const Shape& in_shape, const std::vector
       const int64_t i0 = ib * B, i1 = std::min(P, i0 + B);
       for (int64_t j0 = 0; j0 < L; j0 += B) {
         const int64_t j1 = std::min(L, j0 + B);
-        for (int64_t i = i0; i < i1; ++i) {
+        int64_t i = i0;
+#ifdef __AVX__
+        if constexpr (sizeof(T) == 4) {  // 8x8 blocks through registers (the bits, whatever T is)
+          for (; i + 8 <= i1; i += 8) {
+            int64_t j = j0;
+            for (; j + 8 <= j1; j += 8)
+              Transpose8x8(reinterpret_cast<const float*>(in + ibase + i + j * sa), sa,
+                           reinterpret_cast<float*>(out + obase + i * osq + j), osq);
+            for (; j < j1; ++j)
+              for (int64_t k = i; k < i + 8; ++k) out[obase + k * osq + j] = in[ibase + k + j * sa];
+          }
+        }
+#endif
+        for (; i < i1; ++i) {
           T* dst = out + obase + i * osq;
           const T* src = in + ibase + i;
           for (int64_t j = j0; j < j1; ++j) dst[j] = src[j * sa];

@@ -58,6 +58,52 @@ TEST(Runtime, SliceStepTwoOnTheLastAxis) {
   }
 }
 
+TEST(Runtime, TransposeOfEveryBlockAndRemainder) {
+  // Shapes around the 8x8 register blocks and the 32x32 tiles (remainders on both axes), a
+  // batched case and the detector head's [1, 85, 3549] -> [1, 3549, 85]; int32 as well (the
+  // blocks move bits, whatever the 4-byte type).
+  const std::vector<std::pair<Shape, std::vector<int64_t>>> cases = {
+      {{8, 8}, {1, 0}},           {{7, 9}, {1, 0}},          {{33, 17}, {1, 0}},
+      {{1, 85, 3549}, {0, 2, 1}}, {{3, 40, 41}, {0, 2, 1}},  {{2, 5, 19, 23}, {0, 3, 1, 2}},
+      {{2, 3, 16, 24}, {3, 2, 0, 1}}};
+  for (const auto& [shape, perm] : cases) {
+    for (DataType dt : {DataType::kFloat, DataType::kInt32}) {
+      Graph g;
+      ValueInfo xv{"x", dt, true, {}};
+      for (int64_t d : shape) xv.dims.push_back(Dim::Known(d));
+      g.inputs.push_back(xv);
+      g.nodes.push_back(MakeNode("Transpose", {"x"}, {"y"}, "t", {testing::IntsAttr("perm", perm)}));
+      g.outputs.push_back(ValueInfo{"y", dt, false, {}});
+      Session s(MakeModel(g, 13));
+      const int64_t n = NumElements(shape);
+      Tensor x = Tensor::Uninitialized(dt, shape);
+      for (int64_t i = 0; i < n; ++i) {
+        if (dt == DataType::kFloat)
+          x.data<float>()[i] = static_cast<float>(i);
+        else
+          x.data<int32_t>()[i] = static_cast<int32_t>(i);
+      }
+      const Tensor y = s.Run({{"x", x}})[0];
+      Shape out_shape;
+      for (int64_t a : perm) out_shape.push_back(shape[a]);
+      ASSERT_EQ(y.shape(), out_shape) << ShapeToString(shape);
+      std::vector<int64_t> in_strides(shape.size(), 1);
+      for (size_t d = shape.size() - 1; d-- > 0;) in_strides[d] = in_strides[d + 1] * shape[d + 1];
+      std::vector<int64_t> idx(shape.size(), 0);
+      for (int64_t o = 0; o < n; ++o) {  // idx: the output's index, last axis fastest
+        int64_t src = 0;
+        for (size_t d = 0; d < perm.size(); ++d) src += idx[d] * in_strides[perm[d]];
+        const int64_t got = dt == DataType::kFloat ? static_cast<int64_t>(y.data<float>()[o]) : y.data<int32_t>()[o];
+        ASSERT_EQ(got, src) << ShapeToString(shape) << " at output element " << o;
+        for (size_t d = idx.size(); d-- > 0;) {
+          if (++idx[d] < out_shape[d]) break;
+          idx[d] = 0;
+        }
+      }
+    }
+  }
+}
+
 TEST(Runtime, Float16ComputedInFloat32) {
   Graph g;
   ValueInfo x{"x", DataType::kFloat16, true, {Dim::Known(3)}};
