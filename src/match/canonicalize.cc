@@ -11,7 +11,10 @@
 //      (also through a chain: Reshape(Reshape(x, s1), shape of x)), and Squeeze/Unsqueeze pairs
 //      with the same axes are removed; readers of the output read the input instead.
 //   4. Common subexpressions: two nodes with the same op, inputs and attributes become one.
-//   5. Nodes none of whose outputs is read (nor a graph output) are removed.
+//   5. Slice of a Slice on other axes (all parameters constant; the inner one read only by such
+//      Slices, and not a graph output) becomes one Slice of the inner one's input over the axes of
+//      both: torch.onnx.export writes x[..., ::2, ::2] as two Slices, each a full copy.
+//   6. Nodes none of whose outputs is read (nor a graph output) are removed.
 // Each pass is one sweep in node order (renames are applied as nodes are reached, and to the
 // nodes before at the end of the sweep), so a long chain of removable nodes costs linear time.
 // Graph outputs keep their names: a node whose output is a graph output is only removed when the
@@ -20,6 +23,8 @@
 
 #include <algorithm>
 #include <functional>
+#include <numeric>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
@@ -68,6 +73,7 @@ class Canonicalizer {
       changed |= FoldConstants();
       while (Forward()) changed = true;
       while (Cse()) changed = true;
+      changed |= MergeSlices();
       changed |= RemoveDeadNodes();
       if (!changed) break;
     }
@@ -496,7 +502,7 @@ class Canonicalizer {
     return changed;
   }
 
-  // ---- 5. dead nodes (left behind by the passes above or by the exporter) ----
+  // ---- 6. dead nodes (left behind by the passes above or by the exporter) ----
   bool RemoveDeadNodes() {
     Reindex();
     std::vector<bool> dead(g_.nodes.size(), false);
@@ -518,7 +524,6 @@ class Canonicalizer {
     return changed;
   }
 
-  // ---- 4. common subexpressions ----
   static std::string AttrKey(const Attribute& a) {
     std::string k = a.name + ":" + std::to_string(static_cast<int>(a.type)) + ":";
     switch (a.type) {
@@ -533,6 +538,97 @@ class Canonicalizer {
     return k;
   }
 
+  // ---- 5. Slice of a Slice ----
+  struct SliceParams {
+    std::vector<int64_t> starts, ends, axes, steps;
+  };
+  // The constant parameters of an opset-10+ Slice, axes made non-negative; nullopt otherwise.
+  std::optional<SliceParams> ConstSlice(const Node& n) const {
+    if (n.op_type != "Slice" || !DefaultDomain(n) || m_.OpsetVersion("") < 10 || !n.HasInput(0) || !n.HasInput(1) ||
+        !n.HasInput(2) || !n.HasOutput(0) || n.inputs.size() > 5)
+      return std::nullopt;
+    for (size_t k = 1; k < n.inputs.size(); ++k)
+      if (n.HasInput(k) && !IsConstant(n.inputs[k])) return std::nullopt;
+    SliceParams sp;
+    for (size_t k = 1; k < n.inputs.size(); ++k) {
+      if (!n.HasInput(k)) continue;
+      std::optional<std::vector<int64_t>> v = ConstInts(n.inputs[k]);
+      if (!v) return std::nullopt;
+      (k == 1 ? sp.starts : k == 2 ? sp.ends : k == 3 ? sp.axes : sp.steps) = std::move(*v);
+    }
+    const size_t k = sp.starts.size();
+    if (sp.ends.size() != k) return std::nullopt;
+    if (!n.HasInput(3)) {
+      sp.axes.resize(k);
+      std::iota(sp.axes.begin(), sp.axes.end(), int64_t{0});
+    }
+    if (!n.HasInput(4)) sp.steps.assign(k, 1);
+    if (sp.axes.size() != k || sp.steps.size() != k) return std::nullopt;
+    const ValueInfo* vi = FindInfo(n.inputs[0]);
+    const int64_t rank = vi != nullptr && vi->has_shape ? static_cast<int64_t>(vi->dims.size()) : -1;
+    std::set<int64_t> seen;
+    for (int64_t& a : sp.axes) {
+      if (a < 0 && rank >= 0) a += rank;
+      if (a < 0 || (rank >= 0 && a >= rank) || !seen.insert(a).second) return std::nullopt;
+    }
+    for (int64_t st : sp.steps)
+      if (st == 0) return std::nullopt;
+    return sp;
+  }
+  static bool Disjoint(const SliceParams& a, const SliceParams& b) {
+    for (int64_t x : a.axes)
+      if (std::find(b.axes.begin(), b.axes.end(), x) != b.axes.end()) return false;
+    return true;
+  }
+
+  // Slicing on disjoint axes commutes and each axis is clamped against its own extent, which
+  // the other Slice leaves unchanged: the two make one Slice over the union of their axes.
+  bool MergeSlices() {
+    Reindex();
+    bool changed = false;
+    std::set<int> merged;  // nodes rewritten in this sweep (they no longer read the inner Slice)
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      const std::optional<SliceParams> outer = ConstSlice(g_.nodes[i]);
+      if (!outer) continue;
+      const std::string mid = g_.nodes[i].inputs[0];
+      auto pit = producer_.find(mid);
+      if (pit == producer_.end() || IsGraphOutput(mid) || subgraph_reads_.count(mid)) continue;
+      const Node& inner_node = g_.nodes[pit->second];
+      const std::optional<SliceParams> inner = ConstSlice(inner_node);
+      if (!inner || !Disjoint(*inner, *outer)) continue;
+      bool all_merge = true;  // the inner Slice must go away, or merging would copy more
+      for (int r : readers_[mid]) {
+        if (merged.count(r)) continue;
+        const std::optional<SliceParams> o = ConstSlice(g_.nodes[r]);
+        all_merge &= r != static_cast<int>(pit->second) && g_.nodes[r].inputs[0] == mid && o && Disjoint(*inner, *o);
+      }
+      if (!all_merge) continue;
+      SliceParams m = *inner;
+      m.starts.insert(m.starts.end(), outer->starts.begin(), outer->starts.end());
+      m.ends.insert(m.ends.end(), outer->ends.begin(), outer->ends.end());
+      m.axes.insert(m.axes.end(), outer->axes.begin(), outer->axes.end());
+      m.steps.insert(m.steps.end(), outer->steps.begin(), outer->steps.end());
+      Node& n = g_.nodes[i];
+      const std::string base = n.outputs[0] + "/merged_slice_";
+      const char* names[] = {"starts", "ends", "axes", "steps"};
+      const std::vector<int64_t>* lists[] = {&m.starts, &m.ends, &m.axes, &m.steps};
+      std::vector<std::string> ins{inner_node.inputs[0]};
+      for (int k = 0; k < 4; ++k) {
+        std::string name = base + names[k];
+        while (FindInit(name) != nullptr || producer_.count(name) || graph_inputs_.count(name)) name += "_";
+        SetInit(name, Tensor::FromInt64s(*lists[k]));
+        ins.push_back(name);
+      }
+      log_.push_back(fmt::format("{} of {} (other axes) -> one Slice of '{}'", n.Describe(), inner_node.Describe(),
+                                 inner_node.inputs[0]));
+      n.inputs = std::move(ins);
+      merged.insert(static_cast<int>(i));
+      changed = true;
+    }
+    return changed;
+  }
+
+  // ---- 4. common subexpressions ----
   bool Cse() {
     Reindex();
     std::unordered_map<std::string, int> seen;

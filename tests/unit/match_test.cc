@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "fusion/rules.h"
 #include "match/pattern.h"
@@ -352,6 +353,67 @@ TEST(Canonicalize, PadByZeroGoesOtherPadsStay) {
   Tensor x = Tensor::FromVector<float>(std::vector<float>(18, -0.5f), {1, 2, 3, 3});
   for (int i = 0; i < 18; i += 2) x.data<float>()[i] = static_cast<float>(i);
   EXPECT_EQ(RunOne(m, {{"x", x}}), RunOne(before, {{"x", x}}));
+}
+
+TEST(Canonicalize, SliceOfASliceOnOtherAxesBecomesOneSlice) {
+  // The Focus stem as torch.onnx.export writes it: rows then columns, each by a Slice of its own;
+  // negative axes, an end past the extent, and an inner Slice read by two outer ones.
+  Graph g;
+  g.inputs = {FloatValue("x", {1, 3, 8, 6})};
+  g.outputs = {FloatValue("y", {1, 12, 4, 3})};
+  const int64_t big = std::numeric_limits<int64_t>::max();
+  g.initializers.emplace_back("s0", Tensor::FromInt64s({0}));
+  g.initializers.emplace_back("s1", Tensor::FromInt64s({1}));
+  g.initializers.emplace_back("end", Tensor::FromInt64s({big}));
+  g.initializers.emplace_back("rows", Tensor::FromInt64s({-2}));
+  g.initializers.emplace_back("cols", Tensor::FromInt64s({3}));
+  g.initializers.emplace_back("two", Tensor::FromInt64s({2}));
+  std::vector<std::string> parts;
+  for (const char* r : {"s0", "s1"}) {
+    const std::string rs = std::string("r_") + r;
+    g.nodes.push_back(MakeNode("Slice", {"x", r, "end", "rows", "two"}, {rs}, rs));
+    for (const char* c : {"s0", "s1"}) {
+      const std::string cs = rs + "_c_" + c;
+      g.nodes.push_back(MakeNode("Slice", {rs, c, "end", "cols", "two"}, {cs}, cs));
+      parts.push_back(cs);
+    }
+  }
+  g.nodes.push_back(MakeNode("Concat", parts, {"y"}, "cat", {IntAttr("axis", 1)}));
+  Model m = MakeModel(g, 13);
+  Model before = m;
+  std::vector<std::string> log = Canonicalize(m);
+  const std::string all = fmt::format("{}", fmt::join(log, "\n"));
+  EXPECT_TRUE(LogMentions(log, "node 'r_s1_c_s0' (Slice) of node 'r_s1' (Slice) (other axes) -> one Slice of 'x'")) << all;
+  std::vector<std::string> ops;
+  for (const Node& n : m.graph.nodes) ops.push_back(n.op_type);
+  EXPECT_EQ(ops, (std::vector<std::string>{"Slice", "Slice", "Slice", "Slice", "Concat"})) << all;
+  for (const Node& n : m.graph.nodes)
+    if (n.op_type == "Slice") EXPECT_EQ(n.inputs[0], "x");
+  EXPECT_TRUE(VerifyModel(m).empty());
+  Tensor x(DataType::kFloat, {1, 3, 8, 6});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(i);
+  EXPECT_EQ(RunOne(m, {{"x", x}}), RunOne(before, {{"x", x}}));
+}
+
+TEST(Canonicalize, SlicesOnTheSameAxisOrOfAValueReadElsewhereStay) {
+  Graph g;
+  g.inputs = {FloatValue("x", {4, 6})};
+  g.outputs = {FloatValue("y", {2, 3}), FloatValue("z", {2, 6})};
+  g.initializers.emplace_back("s1", Tensor::FromInt64s({1}));
+  g.initializers.emplace_back("e", Tensor::FromInt64s({3}));
+  g.initializers.emplace_back("e5", Tensor::FromInt64s({5}));
+  g.initializers.emplace_back("a0", Tensor::FromInt64s({0}));
+  g.initializers.emplace_back("a1", Tensor::FromInt64s({1}));
+  g.nodes.push_back(MakeNode("Slice", {"x", "s1", "e5", "a0"}, {"rows"}, "rows"));     // rows 1..4
+  g.nodes.push_back(MakeNode("Slice", {"rows", "s1", "e", "a0"}, {"rows2"}, "again"));  // the same axis
+  g.nodes.push_back(MakeNode("Slice", {"rows2", "s1", "e5", "a1"}, {"y0"}, "cols"));    // rows2 is read by Relu too
+  g.nodes.push_back(MakeNode("Relu", {"rows2"}, {"z"}, "relu"));
+  g.nodes.push_back(MakeNode("Neg", {"y0"}, {"y1"}, "neg"));
+  g.nodes.push_back(MakeNode("Slice", {"y1", "a0", "e", "a1"}, {"y"}, "after_neg"));
+  Model m = MakeModel(g, 13);
+  std::vector<std::string> log = Canonicalize(m);
+  EXPECT_FALSE(LogMentions(log, "one Slice of")) << fmt::format("{}", fmt::join(log, "\n"));
+  EXPECT_EQ(m.graph.nodes.size(), 6u);
 }
 
 TEST(Canonicalize, TrainingDropoutAndUsedMaskStay) {
