@@ -1,5 +1,6 @@
 // float32 GEMM (ops/gemm.h): Sgemm() runs oneDNN's dnnl_sgemm, except batch-1 products with a
-// row-major [K,N] weight (the decode step of an LLM) and products of a few rows by a large weight,
+// row-major [K,N] weight (the decode step of an LLM) or a transposed [N,K] one (a classifier's
+// Gemm with transB) and products of a few rows by a large weight,
 // which use the streaming GEMV (gemv.cc): it reads the weight once, in tasks taken dynamically by
 // the threads. The GEMM templates for other types are in ops/nn_internal.h.
 #include <oneapi/dnnl/dnnl.h>
@@ -34,6 +35,10 @@ void Sgemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const
       x = tmp.data();
     }
     GemvF32(x, B, ldb, C, K, N, beta == 1.f);
+    return;
+  }
+  if (M == 1 && !ta && tb) {  // one row by a [N, K] weight: dot products of its rows
+    GemvRowsF32(A, B, ldb, C, K, N, alpha, beta);
     return;
   }
   // A few rows by a large row-major weight (a short prompt's prefill, a small batch's decode):

@@ -15,6 +15,12 @@ namespace gaf {
 void GemvF32(const float* x, const float* w, int64_t ldw, float* y, int64_t K, int64_t N,
              bool accumulate);
 
+// y[n] = alpha * sum_k x[k] * W[n][k] + beta * y[n] for n in [0, N): the product by a weight
+// stored transposed, [N, K] with W[n][k] at w[n * ldw + k] (Gemm with transB=1 on one row: a
+// classifier head), as dot products of W's rows.
+void GemvRowsF32(const float* x, const float* w, int64_t ldw, float* y, int64_t K, int64_t N, float alpha,
+                 float beta);
+
 // Several products of the same x (the query/key/value or gate/up projections of a decode step):
 // y_i = x * W_i, run as one set of tasks over all the weights, so the threads stream them without
 // a barrier between products. Each y_i is what GemvF32 gives (same summation order).

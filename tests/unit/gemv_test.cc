@@ -69,6 +69,32 @@ TEST(Gemv, ResultsDoNotDependOnTheThreadCount) {
   }
 }
 
+TEST(Gemv, TransposedWeightRowsEqualDoublePrecisionWithAlphaAndBeta) {
+  // W stored [N, K] (Gemm transB on one row): K around the 16-lane step, N around the 4-row step,
+  // rows further apart than K; alpha and beta as Gemm applies them, and every thread count the same.
+  for (auto [K, N] : kShapes) {
+    const int64_t ldw = K + 3;
+    const Tensor w = RandomFloat({N, ldw}, 5 + K, -0.5f, 0.5f), x = RandomFloat({1, K}, 11 + N);
+    for (float beta : {0.f, 2.f}) {
+      std::vector<float> y0(N), one(N), two(N);
+      for (int64_t n = 0; n < N; ++n) y0[n] = beta == 0.f ? std::nanf("") : 0.25f * float(n % 7);  // beta 0 ignores y
+      one = y0, two = y0;
+      WithThreads(1, [&] { GemvRowsF32(x.data<float>(), w.data<float>(), ldw, one.data(), K, N, 0.5f, beta); });
+      WithThreads(2, [&] { GemvRowsF32(x.data<float>(), w.data<float>(), ldw, two.data(), K, N, 0.5f, beta); });
+      double worst = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        double ref = 0;
+        for (int64_t k = 0; k < K; ++k) ref += double(x.data<float>()[k]) * w.data<float>()[n * ldw + k];
+        ref = 0.5 * ref + (beta == 0.f ? 0.0 : beta * y0[n]);
+        worst = std::max(worst, std::abs(ref - one[n]));
+        ASSERT_FALSE(std::isnan(one[n])) << "K " << K << " N " << N << " n " << n;
+      }
+      EXPECT_LE(worst, 1e-5 * std::sqrt(double(K))) << "K " << K << " N " << N << " beta " << beta;
+      EXPECT_EQ(0, std::memcmp(one.data(), two.data(), sizeof(float) * N)) << "K " << K << " N " << N;
+    }
+  }
+}
+
 TEST(Gemv, EachRowOfManyRowsIsWhatOneRowGives) {
   // A small batch's decode step (GemvF32ManyRows) gives every row what it would get alone, and
   // sibling products of one x are each what their own GemvF32 gives.
