@@ -384,38 +384,34 @@ void GemvF32(const float* x, const float* w, int64_t ldw, float* y, int64_t K, i
 
 void GemvRowsF32(const float* x, const float* w, int64_t ldw, float* y, int64_t K, int64_t N, float alpha,
                  float beta) {
-  // Four rows of W per step share each load of x; each output's sum has a fixed order (16 lanes,
-  // then the lanes' tree), so the result does not depend on the thread count.
-  const int64_t groups = CeilDiv(N, 4);
+  // Eight rows of W per step (eight streams for the prefetchers) share each load of x; each
+  // output's sum has a fixed order (16 lanes, then the lanes' tree), so the result does not depend
+  // on the thread count.
+  constexpr int64_t kRows = 8;
+  const int64_t groups = CeilDiv(N, kRows);
   const int nt = omp_in_parallel() || K * N < kGemvMinParallel ? 1 : omp_get_max_threads();
   auto finish = [&](int64_t n, float dot) { y[n] = alpha * dot + (beta == 0.f ? 0.f : beta * y[n]); };
 #pragma omp parallel for num_threads(nt) schedule(static)
   for (int64_t g = 0; g < groups; ++g) {
-    const int64_t n0 = g * 4, rows = std::min<int64_t>(4, N - n0);
+    const int64_t n0 = g * kRows, rows = std::min<int64_t>(kRows, N - n0);
 #if GAF_AVX512
-    if (rows == 4) {
-      const float* r0 = w + n0 * ldw;
-      const float *r1 = r0 + ldw, *r2 = r1 + ldw, *r3 = r2 + ldw;
-      __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    if (rows == kRows) {
+      const float* r = w + n0 * ldw;
+      __m512 acc[kRows];
+      for (int64_t j = 0; j < kRows; ++j) acc[j] = _mm512_setzero_ps();
       for (int64_t k = 0; k < K; k += 16) {
         const __mmask16 m = Mask16(K - k);
         const __m512 v = _mm512_maskz_loadu_ps(m, x + k);
-        a0 = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(m, r0 + k), a0);
-        a1 = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(m, r1 + k), a1);
-        a2 = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(m, r2 + k), a2);
-        a3 = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(m, r3 + k), a3);
+        for (int64_t j = 0; j < kRows; ++j) acc[j] = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(m, r + j * ldw + k), acc[j]);
       }
-      finish(n0, _mm512_reduce_add_ps(a0));
-      finish(n0 + 1, _mm512_reduce_add_ps(a1));
-      finish(n0 + 2, _mm512_reduce_add_ps(a2));
-      finish(n0 + 3, _mm512_reduce_add_ps(a3));
+      for (int64_t j = 0; j < kRows; ++j) finish(n0 + j, _mm512_reduce_add_ps(acc[j]));
       continue;
     }
 #endif
     for (int64_t n = n0; n < n0 + rows; ++n) {
-      const float* r = w + n * ldw;
+      const float* row = w + n * ldw;
       float dot = 0.f;
-      for (int64_t k = 0; k < K; ++k) dot += x[k] * r[k];
+      for (int64_t k = 0; k < K; ++k) dot += x[k] * row[k];
       finish(n, dot);
     }
   }
