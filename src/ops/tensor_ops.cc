@@ -239,9 +239,12 @@ void TransposeImpl(const T* in, T* out, const Shape& in_shape, const std::vector
     outer_os.push_back(os[i]);
   }
   const int64_t n_outer = NumElements(outer_dims);
-  constexpr int64_t B = 32;
-  const int64_t nib = (P + B - 1) / B;
-  ParallelFor(n_outer * nib, std::max<int64_t>(1, kGrain / (B * L)), [&](int64_t b, int64_t e) {
+  // Tiles of BI input-contiguous elements by BJ output-contiguous ones: each of a tile's BJ
+  // input rows is read as a run of BI elements (long enough for the prefetchers when the input
+  // comes from memory), its BI output rows written in runs of BJ.
+  constexpr int64_t BI = 128, BJ = 32;
+  const int64_t nib = (P + BI - 1) / BI;
+  ParallelFor(n_outer * nib, std::max<int64_t>(1, kGrain / (BI * L)), [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
       int64_t o = t / nib, ib = t % nib;
       int64_t ibase = 0, obase = 0, rem = o;
@@ -251,9 +254,9 @@ void TransposeImpl(const T* in, T* out, const Shape& in_shape, const std::vector
         ibase += c * outer_is[d];
         obase += c * outer_os[d];
       }
-      const int64_t i0 = ib * B, i1 = std::min(P, i0 + B);
-      for (int64_t j0 = 0; j0 < L; j0 += B) {
-        const int64_t j1 = std::min(L, j0 + B);
+      const int64_t i0 = ib * BI, i1 = std::min(P, i0 + BI);
+      for (int64_t j0 = 0; j0 < L; j0 += BJ) {
+        const int64_t j1 = std::min(L, j0 + BJ);
         int64_t i = i0;
 #ifdef __AVX__
         if constexpr (sizeof(T) == 4) {  // 8x8 blocks through registers (the bits, whatever T is)
