@@ -404,7 +404,13 @@ void GemvRowsF32(const float* x, const float* w, int64_t ldw, float* y, int64_t 
         const __m512 v = _mm512_maskz_loadu_ps(m, x + k);
         for (int64_t j = 0; j < kRows; ++j) acc[j] = _mm512_fmadd_ps(v, _mm512_maskz_loadu_ps(m, r + j * ldw + k), acc[j]);
       }
-      for (int64_t j = 0; j < kRows; ++j) finish(n0 + j, _mm512_reduce_add_ps(acc[j]));
+      for (int64_t j = 0; j < kRows; ++j) {
+        alignas(64) float lane[16];
+        _mm512_store_ps(lane, acc[j]);
+        for (int w = 8; w > 0; w /= 2)  // pairwise: lane i += lane i + w
+          for (int l = 0; l < w; ++l) lane[l] += lane[l + w];
+        finish(n0 + j, lane[0]);
+      }
       continue;
     }
 #endif

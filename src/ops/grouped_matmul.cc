@@ -33,30 +33,6 @@
 namespace gaf {
 namespace {
 
-// The shape Reshape would give `in` for target `shape` (allowzero = 0), or empty when invalid.
-Shape ResolveReshape(const Shape& in, const std::vector<int64_t>& shape) {
-  Shape out(shape.begin(), shape.end());
-  int64_t known = 1, infer = -1;
-  for (size_t i = 0; i < out.size(); ++i) {
-    if (out[i] == 0) {
-      if (i >= in.size()) return {};
-      out[i] = in[i];
-    }
-    if (out[i] == -1) {
-      if (infer >= 0) return {};
-      infer = static_cast<int64_t>(i);
-      continue;
-    }
-    if (out[i] < 0) return {};
-    known *= out[i];
-  }
-  const int64_t n = NumElements(in);
-  if (infer >= 0) {
-    if (known == 0 || n % known != 0) return {};
-    out[infer] = n / known;
-  }
-  return NumElements(out) == n ? out : Shape{};
-}
 
 // Repeat factor r when Reshape(Expand(Unsqueeze(x, 2), e), s) of x = [b, g, t, d] is [b, g*r, t, d]
 // with each cache head repeated r times; 0 otherwise.
@@ -76,15 +52,6 @@ int64_t KvRepeat(const Shape& x, const std::vector<int64_t>& e, const std::vecto
   return ex[2];
 }
 
-void RunFallback(KernelContext& ctx) {
-  const Graph* g = ctx.node.GetGraph("fallback");
-  GAF_CHECK(g != nullptr && ctx.subgraphs != nullptr, "{}: no fallback graph", ctx.node.Describe());
-  std::vector<Tensor> ins;
-  for (size_t i = 0; i < ctx.num_inputs(); ++i) ins.push_back(ctx.has_input(i) ? *ctx.inputs[i] : Tensor());
-  std::vector<Tensor> out = ctx.subgraphs->RunSubgraph(*g, ins);
-  GAF_CHECK(out.size() == ctx.num_outputs(), "{}: fallback graph gave {} outputs", ctx.node.Describe(), out.size());
-  for (size_t i = 0; i < out.size(); ++i) ctx.outputs[i] = std::move(out[i]);
-}
 
 // C[M,N] = A[M,K] * op(B), row-major, directly: for small products, where a library call costs
 // more than the arithmetic (a decode step's attention over a short cache).
@@ -260,13 +227,13 @@ void AppendProducts(KernelContext& ctx, bool trans_b) {
       A.dtype() != DataType::kFloat || past.dtype() != DataType::kFloat || cur.dtype() != DataType::kFloat ||
       A.rank() != 4 || past.rank() != 4 || cur.rank() != 4 || past.dim(0) != cur.dim(0) || past.dim(1) != cur.dim(1) ||
       past.dim(3) != cur.dim(3))
-    return RunFallback(ctx);
+    return RunPlanFallback(ctx);
   const int64_t b = past.dim(0), g = past.dim(1), tp = past.dim(2), tn = cur.dim(2), d = past.dim(3);
   const int64_t t = CheckedAdd(tp, tn, "present cache length");
   const int64_t r = KvRepeat({b, g, t, d}, ctx.input(3).ToInt64s(), ctx.input(4).ToInt64s());
   const Shape& as = A.shape();
   const int64_t K = trans_b ? d : t, N = trans_b ? t : d;
-  if (r <= 0 || as[0] != b || as[1] != g * r || as[3] != K) return RunFallback(ctx);
+  if (r <= 0 || as[0] != b || as[1] != g * r || as[3] != K) return RunPlanFallback(ctx);
   const int64_t M = r * as[2];
   Tensor Y = Tensor::Uninitialized(DataType::kFloat, {b, g * r, as[2], N});
   Tensor present = Tensor::Uninitialized(DataType::kFloat, {b, g, t, d});
@@ -307,14 +274,14 @@ void GroupedMatMulKernel(KernelContext& ctx) {
   const Tensor& B = ctx.input(1);
   const bool trans_b = node.GetInt("trans_b", 0) != 0, kv = node.GetInt("kv_group", 0) != 0;
   if (A.dtype() != DataType::kFloat || B.dtype() != DataType::kFloat || A.rank() < 2 || B.rank() < 2)
-    return RunFallback(ctx);
+    return RunPlanFallback(ctx);
   const Shape& as = A.shape();
   if (kv) {
-    if (!ctx.has_input(2) || !ctx.has_input(3) || A.rank() != 4) return RunFallback(ctx);
+    if (!ctx.has_input(2) || !ctx.has_input(3) || A.rank() != 4) return RunPlanFallback(ctx);
     const int64_t r = KvRepeat(B.shape(), ctx.input(2).ToInt64s(), ctx.input(3).ToInt64s());
     const int64_t b = B.dim(0), g = B.dim(1), t = B.dim(2), d = B.dim(3);
     const int64_t K = trans_b ? d : t, N = trans_b ? t : d;
-    if (r <= 0 || as[0] != b || as[1] != g * r || as[3] != K) return RunFallback(ctx);
+    if (r <= 0 || as[0] != b || as[1] != g * r || as[3] != K) return RunPlanFallback(ctx);
     const int64_t S = as[2];
     Tensor Y = Tensor::Uninitialized(DataType::kFloat, {b, g * r, S, N});
     Products(b * g, r * S, N, K, trans_b, A.data<float>(), r * S * K, B.data<float>(), t * d, Y.data<float>());
@@ -325,7 +292,7 @@ void GroupedMatMulKernel(KernelContext& ctx) {
   const Shape& bs = B.shape();
   const int64_t M = as[as.size() - 2], K = as.back();
   const int64_t N = trans_b ? bs[bs.size() - 2] : bs.back(), KB = trans_b ? bs.back() : bs[bs.size() - 2];
-  if (K != KB) return RunFallback(ctx);  // the fallback names the mismatch
+  if (K != KB) return RunPlanFallback(ctx);  // the fallback names the mismatch
   const Shape ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2);
   const Shape ob = BroadcastShapes(ab, bb, node);
   Shape os = ob;
@@ -357,7 +324,7 @@ void SiblingMatMulKernel(KernelContext& ctx) {
     const Tensor* w = ctx.inputs[1 + i];
     fast = w != nullptr && w->dtype() == DataType::kFloat && w->rank() == 2 && w->dim(0) == K;
   }
-  if (!fast || K == 0) return RunFallback(ctx);
+  if (!fast || K == 0) return RunPlanFallback(ctx);
   const int64_t M = A.numel() / K;
   std::vector<GemvOutput> outs;
   for (int i = 0; i < n; ++i) {
@@ -385,22 +352,28 @@ void SiblingMatMulKernel(KernelContext& ctx) {
 
 }  // namespace
 
-// ConcatShape (inputs past, new; attrs axis, start, end): Shape(Concat(past, new, axis)) with
-// Shape's start/end, from the inputs' shapes alone, for the Shape nodes that read a cache an
-// appending GroupedMatMul makes (they would otherwise need the cache before the product that
-// makes it). Shapes Concat would reject run the original nodes (the `fallback` graph), so the
-// error is Concat's.
+// ConcatShape (inputs: Concat's; attrs axis, start, end): Shape(Concat(inputs, axis)) with
+// Shape's start/end, from the inputs' shapes alone, for the Shape nodes that read a value a plan
+// rewrite no longer makes on its own: a cache an appending GroupedMatMul makes (they would
+// otherwise need the cache before the product that makes it), a Concat a FusedCopy absorbed.
+// Shapes Concat would reject run the original nodes (the `fallback` graph), so the error is
+// Concat's.
 void ConcatShapeKernel(KernelContext& ctx) {
   const Tensor& a = ctx.input(0);
-  const Tensor& b = ctx.input(1);
   const int64_t r = a.rank();
   int64_t axis = ctx.node.GetInt("axis", 0);
-  bool ok = r > 0 && b.rank() == r && a.dtype() == b.dtype() && axis >= -r && axis < r;
+  bool ok = r > 0 && axis >= -r && axis < r;
   if (ok && axis < 0) axis += r;
-  for (int64_t d = 0; ok && d < r; ++d) ok = d == axis || a.shape()[d] == b.shape()[d];
-  if (!ok) return RunFallback(ctx);
   Shape shape = a.shape();
-  shape[axis] = CheckedAdd(a.shape()[axis], b.shape()[axis], "concatenated size");
+  for (size_t i = 1; ok && i < ctx.num_inputs(); ++i) {
+    ok = ctx.has_input(i);
+    if (!ok) break;
+    const Tensor& b = *ctx.inputs[i];
+    ok = b.rank() == r && a.dtype() == b.dtype();
+    for (int64_t d = 0; ok && d < r; ++d) ok = d == axis || a.shape()[d] == b.shape()[d];
+    if (ok) shape[axis] = CheckedAdd(shape[axis], b.shape()[axis], "concatenated size");
+  }
+  if (!ok) return RunPlanFallback(ctx);
   ctx.outputs[0] = ShapeSlice(shape, ctx.node);
 }
 

@@ -84,5 +84,6 @@ void RegisterRnnKernels(OpRegistry& r);          // LSTM, GRU, RNN
 void RegisterControlFlowKernels(OpRegistry& r);  // If, Loop, Scan
 void RegisterLossAndQuantKernels(OpRegistry& r); // losses, (de)quantization, NMS, GridSample, RoiAlign, Det, windows, random
 void RegisterPlanKernels(OpRegistry& r);         // operators of the session's plan rewrites (runtime/plan_rewrite.h)
+void RegisterCopyKernels(OpRegistry& r);         // FusedCopy: a tree of data-movement operators in one pass (plan rewrite)
 
 }  // namespace gaf

@@ -131,4 +131,38 @@ bool ConstantClipBounds(const Node& n, const std::function<const Tensor*(const s
   return true;
 }
 
+Shape ResolveReshape(const Shape& in, const std::vector<int64_t>& shape) {
+  Shape out(shape.begin(), shape.end());
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == 0) {
+      if (i >= in.size()) return {};
+      out[i] = in[i];
+    }
+    if (out[i] == -1) {
+      if (infer >= 0) return {};
+      infer = static_cast<int64_t>(i);
+      continue;
+    }
+    if (out[i] < 0) return {};
+    known *= out[i];
+  }
+  const int64_t n = NumElements(in);
+  if (infer >= 0) {
+    if (known == 0 || n % known != 0) return {};
+    out[infer] = n / known;
+  }
+  return NumElements(out) == n ? out : Shape{};
+}
+
+void RunPlanFallback(KernelContext& ctx) {
+  const Graph* g = ctx.node.GetGraph("fallback");
+  GAF_CHECK(g != nullptr && ctx.subgraphs != nullptr, "{}: no fallback graph", ctx.node.Describe());
+  std::vector<Tensor> ins;
+  for (size_t i = 0; i < ctx.num_inputs(); ++i) ins.push_back(ctx.has_input(i) ? *ctx.inputs[i] : Tensor());
+  std::vector<Tensor> out = ctx.subgraphs->RunSubgraph(*g, ins);
+  GAF_CHECK(out.size() == ctx.num_outputs(), "{}: fallback graph gave {} outputs", ctx.node.Describe(), out.size());
+  for (size_t i = 0; i < out.size(); ++i) ctx.outputs[i] = std::move(out[i]);
+}
+
 }  // namespace gaf

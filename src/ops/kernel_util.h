@@ -85,6 +85,14 @@ decltype(auto) DispatchBySize(DataType dt, const Node& node, F&& fn) {
 bool ConstantClipBounds(const Node& n, const std::function<const Tensor*(const std::string&)>& constant, float* lo,
                         float* hi);
 
+// The shape Reshape would give `in` for target `shape` (allowzero = 0), or empty when invalid
+// (a valid result has as many axes as `shape`).
+Shape ResolveReshape(const Shape& in, const std::vector<int64_t>& shape);
+
+// Runs a plan node's `fallback` graph (the original operators, on the node's inputs) and takes
+// its outputs (runtime/plan_rewrite.h).
+void RunPlanFallback(KernelContext& ctx);
+
 // Parallel loop over [0, n) in chunks; runs serially when n < grain. fn(begin, end).
 template <class F>
 void ParallelFor(int64_t n, int64_t grain, F&& fn) {

@@ -13,6 +13,7 @@ static void RegisterAllKernels(OpRegistry& r) {
   RegisterControlFlowKernels(r);
   RegisterLossAndQuantKernels(r);
   RegisterPlanKernels(r);
+  RegisterCopyKernels(r);
 }
 
 OpRegistry& OpRegistry::Global() {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "ops/copy_kernels.h"
 #include "ops/kernel.h"
 #include "ops/kernel_util.h"
 
@@ -87,24 +88,8 @@ void ForRows(const Shape& dims, int64_t begin, int64_t end, F&& fn) {
 
 // Copies the strided view (in + offset, shape, strides in elements) into contiguous `out`.
 // Dimensions are coalesced where the view is contiguous; the innermost copy is a memcpy for unit
-// stride, a fill for stride 0 and a strided loop otherwise.
-//
-// dst[j] = src[2 * j] for j < n, 4-byte elements (Slice with step 2 on the last axis, as the
-// Focus / space-to-depth blocks of YOLO detectors write it): 16 at a time from two vectors.
-template <class T>
-void EveryOther4(const T* src, T* dst, int64_t n) {
-  int64_t j = 0;
-#ifdef __AVX512F__
-  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-  // A vector pair reads src[2j .. 2j+31]; the last element used is src[2n-2], and the one after
-  // it may lie past the tensor's end, so 2j+31 <= 2n-2: j + 16 < n.
-  for (; j + 16 < n; j += 16) {
-    const __m512i a = _mm512_loadu_si512(src + 2 * j), b = _mm512_loadu_si512(src + 2 * j + 16);
-    _mm512_storeu_si512(dst + j, _mm512_permutex2var_epi32(a, even, b));
-  }
-#endif
-  for (; j < n; ++j) dst[j] = src[2 * j];
-}
+// stride, a fill for stride 0, every other element by EveryOther4 (ops/copy_kernels.h) for
+// 4-byte elements at stride 2, and a strided loop otherwise.
 
 template <class T>
 void StridedCopy(const T* in, int64_t offset, const Shape& shape, const std::vector<int64_t>& strides, T* out) {
@@ -146,28 +131,6 @@ void StridedCopy(const T* in, int64_t offset, const Shape& shape, const std::vec
     });
   });
 }
-
-#ifdef __AVX__
-// dst[k * dst_stride + c] = src[c * src_stride + k] for an 8x8 block of 4-byte elements.
-inline void Transpose8x8(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
-  __m256 r[8], t[8];
-  for (int k = 0; k < 8; ++k) r[k] = _mm256_loadu_ps(src + k * src_stride);
-  for (int k = 0; k < 8; k += 2) {
-    t[k] = _mm256_unpacklo_ps(r[k], r[k + 1]);
-    t[k + 1] = _mm256_unpackhi_ps(r[k], r[k + 1]);
-  }
-  for (int k = 0; k < 8; k += 4) {
-    r[k] = _mm256_shuffle_ps(t[k], t[k + 2], 0x44);
-    r[k + 1] = _mm256_shuffle_ps(t[k], t[k + 2], 0xEE);
-    r[k + 2] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0x44);
-    r[k + 3] = _mm256_shuffle_ps(t[k + 1], t[k + 3], 0xEE);
-  }
-  for (int k = 0; k < 4; ++k) {
-    _mm256_storeu_ps(dst + k * dst_stride, _mm256_permute2f128_ps(r[k], r[k + 4], 0x20));
-    _mm256_storeu_ps(dst + (k + 4) * dst_stride, _mm256_permute2f128_ps(r[k], r[k + 4], 0x31));
-  }
-}
-#endif
 
 // out = transpose(in, perm) for an input of shape in_shape.
 template <class T>
@@ -239,10 +202,8 @@ void TransposeImpl(const T* in, T* out, const Shape& in_shape, const std::vector
     outer_os.push_back(os[i]);
   }
   const int64_t n_outer = NumElements(outer_dims);
-  // Tiles of BI input-contiguous elements by BJ output-contiguous ones: each of a tile's BJ
-  // input rows is read as a run of BI elements (long enough for the prefetchers when the input
-  // comes from memory), its BI output rows written in runs of BJ.
-  constexpr int64_t BI = 128, BJ = 32;
+  // Tiles of 128 input-contiguous elements (Transpose2D's own tile) shared among the threads.
+  constexpr int64_t BI = 128;
   const int64_t nib = (P + BI - 1) / BI;
   ParallelFor(n_outer * nib, std::max<int64_t>(1, kGrain / (BI * L)), [&](int64_t b, int64_t e) {
     for (int64_t t = b; t < e; ++t) {
@@ -255,25 +216,13 @@ void TransposeImpl(const T* in, T* out, const Shape& in_shape, const std::vector
         obase += c * outer_os[d];
       }
       const int64_t i0 = ib * BI, i1 = std::min(P, i0 + BI);
-      for (int64_t j0 = 0; j0 < L; j0 += BJ) {
-        const int64_t j1 = std::min(L, j0 + BJ);
-        int64_t i = i0;
-#ifdef __AVX__
-        if constexpr (sizeof(T) == 4) {  // 8x8 blocks through registers (the bits, whatever T is)
-          for (; i + 8 <= i1; i += 8) {
-            int64_t j = j0;
-            for (; j + 8 <= j1; j += 8)
-              Transpose8x8(reinterpret_cast<const float*>(in + ibase + i + j * sa), sa,
-                           reinterpret_cast<float*>(out + obase + i * osq + j), osq);
-            for (; j < j1; ++j)
-              for (int64_t k = i; k < i + 8; ++k) out[obase + k * osq + j] = in[ibase + k + j * sa];
-          }
-        }
-#endif
-        for (; i < i1; ++i) {
+      if constexpr (sizeof(T) == 4) {
+        Transpose2D(in + ibase + i0, sa, out + obase + i0 * osq, osq, i1 - i0, L);
+      } else {
+        for (int64_t i = i0; i < i1; ++i) {
           T* dst = out + obase + i * osq;
           const T* src = in + ibase + i;
-          for (int64_t j = j0; j < j1; ++j) dst[j] = src[j * sa];
+          for (int64_t j = 0; j < L; ++j) dst[j] = src[j * sa];
         }
       }
     }

@@ -2,7 +2,9 @@
 #include "runtime/plan_rewrite.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <memory>
 #include <unordered_map>
 #include <unordered_set>
@@ -64,12 +66,13 @@ bool ConstInts(const Graph& g, const ProductIndex& ix, const std::string& v, std
   return false;
 }
 
-// Shape(X) with X = Concat(a, b) -> ConcatShape(a, b): the shape without X, whose maker (an
-// appending GroupedMatMul) may come after it. Its fallback graph is the original Concat + Shape.
+// Shape(X) with X = Concat(a, b, ...) -> ConcatShape(a, b, ...): the shape without X, whose
+// maker (an appending GroupedMatMul, a FusedCopy) may come after it or not make it at all. Its
+// fallback graph is the original Concat + Shape.
 void MakeConcatShape(Node& shape, const Node& cat) {
   auto fallback = std::make_shared<Graph>();
   fallback->name = shape.name + "/fallback";
-  fallback->inputs = {ValueInfo{cat.inputs[0]}, ValueInfo{cat.inputs[1]}};
+  for (const std::string& in : cat.inputs) fallback->inputs.push_back(ValueInfo{in});
   fallback->nodes = {cat, shape};
   fallback->outputs = {ValueInfo{shape.outputs[0]}};
   std::vector<Attribute> attrs;
@@ -87,7 +90,7 @@ void MakeConcatShape(Node& shape, const Node& cat) {
   attrs.push_back(fb);
   shape.op_type = "ConcatShape";
   shape.domain = kPlanDomain;
-  shape.inputs = {cat.inputs[0], cat.inputs[1]};
+  shape.inputs = cat.inputs;
   shape.attributes = std::move(attrs);
 }
 
@@ -159,7 +162,126 @@ void GroupSiblings(Graph& g, ProductRewrites& stats) {
   g.nodes = std::move(kept);
 }
 
+// ---- trees of data-movement operators -> FusedCopy ----
+
+bool IsCopy(const Node& n, int64_t opset) {
+  if (!n.domain.empty() || n.outputs.size() != 1 || n.inputs.empty() || n.inputs[0].empty()) return false;
+  const std::string& op = n.op_type;
+  return op == "Concat" || op == "Transpose" || op == "Flatten" || op == "Identity" ||
+         (op == "Slice" && opset >= 10 && n.inputs.size() >= 3) ||
+         (op == "Reshape" && opset >= 5 && n.inputs.size() == 2 && n.GetInt("allowzero", 0) == 0);
+}
+bool MovesData(const Node& n) { return n.op_type == "Concat" || n.op_type == "Transpose" || n.op_type == "Slice"; }
+size_t DataInputs(const Node& n) { return n.op_type == "Concat" ? n.inputs.size() : 1; }
+
+void GroupCopies(Graph& g, int64_t opset, ProductRewrites& stats) {
+  const ProductIndex ix(g);
+  const int count = static_cast<int>(g.nodes.size());
+  // absorbed_by[i]: the copy node that alone reads node i's output, as data; -1 otherwise.
+  std::vector<int> absorbed_by(count, -1);
+  std::unordered_map<int, std::vector<int>> shape_readers;  // Shape nodes of an absorbed Concat
+  for (int i = 0; i < count; ++i) {
+    const Node& n = g.nodes[i];
+    if (!IsCopy(n, opset)) continue;
+    const std::string& v = n.outputs[0];
+    if (ix.index.IsGraphOutput(v) || ix.read_by_subgraphs.count(v)) continue;
+    // One copy node reads v as data; Shape nodes may read it too when v is a Concat of values
+    // no copy node makes (they become ConcatShape of those values if the tree is fused).
+    int reader = -1, data_readers = 0;
+    std::vector<int> shapes;
+    for (const auto& [c, slot] : ix.index.Consumers(v)) {
+      const Node& r = g.nodes[c];
+      if (r.op_type == "Shape" && r.domain.empty() && r.inputs.size() == 1 && r.outputs.size() == 1) {
+        shapes.push_back(c);
+      } else {
+        ++data_readers;
+        if (IsCopy(r, opset) && static_cast<size_t>(slot) < DataInputs(r)) reader = c;
+      }
+    }
+    if (data_readers != 1 || reader < 0) continue;
+    if (!shapes.empty()) {
+      bool plain = n.op_type == "Concat";
+      for (const std::string& in : n.inputs) {
+        const int p = in.empty() ? -1 : ix.index.Producer(in);
+        plain &= !in.empty() && (p < 0 || !IsCopy(g.nodes[p], opset));
+      }
+      if (!plain) continue;
+      shape_readers[i] = shapes;
+    }
+    absorbed_by[i] = reader;
+  }
+  std::vector<bool> removed(count, false);
+  for (int root = 0; root < count; ++root) {
+    if (!IsCopy(g.nodes[root], opset) || absorbed_by[root] >= 0) continue;
+    std::vector<int> members{root}, stack{root};
+    std::vector<std::string> leaves;
+    while (!stack.empty()) {
+      const Node& n = g.nodes[stack.back()];
+      stack.pop_back();
+      for (size_t k = 0; k < DataInputs(n); ++k) {
+        const int p = n.inputs[k].empty() ? -1 : ix.index.Producer(n.inputs[k]);
+        if (p >= 0 && absorbed_by[p] >= 0) {
+          members.push_back(p);
+          stack.push_back(p);
+        } else if (!n.inputs[k].empty()) {
+          leaves.push_back(n.inputs[k]);
+        }
+      }
+    }
+    int movers = 0;
+    for (int m : members) movers += MovesData(g.nodes[m]);
+    bool data_leaves = true;  // not shape arithmetic (Shape, Size, ConcatShape) nor constants
+    for (const std::string& v : leaves) {
+      const int p = ix.index.Producer(v);
+      data_leaves &= !ix.constants.count(v) && (p < 0 || (g.nodes[p].op_type != "Shape" && g.nodes[p].op_type != "Size" &&
+                                                         g.nodes[p].op_type != "ConcatShape"));
+    }
+    if (movers < 2 || !data_leaves) continue;
+    std::sort(members.begin(), members.end());
+    auto fallback = std::make_shared<Graph>();
+    fallback->name = g.nodes[root].name + "/fallback";
+    std::vector<std::string> formal;
+    std::unordered_set<std::string> defined;
+    for (int m : members) defined.insert(g.nodes[m].outputs[0]);
+    for (int m : members)
+      for (const std::string& in : g.nodes[m].inputs)
+        if (!in.empty() && !defined.count(in) && std::find(formal.begin(), formal.end(), in) == formal.end())
+          formal.push_back(in);
+    for (const std::string& f : formal) fallback->inputs.push_back(ValueInfo{f});
+    for (int m : members) fallback->nodes.push_back(g.nodes[m]);
+    fallback->outputs.push_back(ValueInfo{g.nodes[root].outputs[0]});
+    std::vector<std::string> ops;
+    for (int m : members) ops.push_back(g.nodes[m].op_type);
+    stats.notes.push_back(fmt::format("{}: {} operators ({}) copy each element once, from {}", g.nodes[root].Describe(),
+                                      members.size(), fmt::join(ops, ", "), fmt::join(leaves, ", ")));
+    ++stats.copy_groups;
+    stats.copies += static_cast<int>(members.size());
+    for (int m : members) {
+      if (m != root) removed[m] = true;
+      if (auto it = shape_readers.find(m); it != shape_readers.end())
+        for (int c : it->second) MakeConcatShape(g.nodes[c], g.nodes[m]);
+    }
+    Node& n = g.nodes[root];
+    n.op_type = "FusedCopy";
+    n.domain = kPlanDomain;
+    n.inputs = formal;
+    Attribute fb, os;
+    fb.name = "fallback";
+    fb.type = Attribute::Type::kGraph;
+    fb.g = std::move(fallback);
+    os.name = "opset";
+    os.type = Attribute::Type::kInt;
+    os.i = opset;
+    n.attributes = {fb, os};
+  }
+  std::vector<Node> kept;
+  for (int i = 0; i < count; ++i)
+    if (!removed[i]) kept.push_back(std::move(g.nodes[i]));
+  g.nodes = std::move(kept);
+}
+
 }  // namespace
+
 
 ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
   ProductRewrites stats;
@@ -292,6 +414,7 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
     g.nodes = std::move(kept);
   }
   if (group_siblings) GroupSiblings(g, stats);
+  GroupCopies(g, opset, stats);
   return stats;
 }
 

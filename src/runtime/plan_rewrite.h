@@ -12,6 +12,10 @@
 //   ConcatShape(past, new), the same shape without X
 //   MatMul(A, W1), MatMul(A, W2), ... with constant [K, N] weights  -> SiblingMatMul(A, W1, W2, ...)
 //   (query/key/value, gate/up: a decode step streams all their weights in one set of tasks)
+//   a tree of Concat/Transpose/Slice/Reshape/Flatten/Identity (each value read by the next
+//   alone, at least two of them moving data)  -> FusedCopy(inputs): every element copied once,
+//   from the tree's inputs to its output (a detector head's Concat, Reshape, Concat, Transpose;
+//   the Focus stem's Slices and Concat); ops/fused_copy.cc
 //
 // Only copies consumed by that MatMul alone are absorbed, never a graph output or a constant
 // (constants are folded once anyway). GroupedMatMul checks each run's shapes and runs the
@@ -35,6 +39,7 @@ struct ProductRewrites {
   int appended = 0;    // of those, products that also make the cache from Concat(past, new)
   int shape_readers = 0;  // Shape nodes of such caches, made ConcatShape(past, new)
   int sibling_groups = 0, siblings = 0;  // SiblingMatMul nodes, and the MatMuls they replace
+  int copy_groups = 0, copies = 0;        // FusedCopy nodes, and the operators they replace
   std::vector<std::string> notes;  // one line per rewritten node
 };
 

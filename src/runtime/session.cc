@@ -567,6 +567,8 @@ bool HasSubgraph(const Node& n) {
 bool IsPureOperator(const Node& n) {
   static const std::unordered_set<std::string> kImpure = {"RandomUniform", "RandomNormal", "RandomUniformLike",
                                                           "RandomNormalLike", "Bernoulli", "Multinomial", "Dropout"};
+  // FusedCopy's subgraph is its fallback: the data-movement operators it replaces, all pure.
+  if (n.domain == kPlanDomain && n.op_type == "FusedCopy") return true;
   return n.domain.empty() && !kImpure.count(n.op_type) && !HasSubgraph(n);
 }
 
