@@ -13,7 +13,7 @@
 //   MatMul(A, W1), MatMul(A, W2), ... with constant [K, N] weights  -> SiblingMatMul(A, W1, W2, ...)
 //   (query/key/value, gate/up: a decode step streams all their weights in one set of tasks)
 //   a tree of Concat/Transpose/Slice/Reshape/Flatten/Identity (each value read by the next
-//   alone, at least two of them moving data)  -> FusedCopy(inputs): every element copied once,
+//   alone, at least three of them moving data)  -> FusedCopy(inputs): every element copied once,
 //   from the tree's inputs to its output (a detector head's Concat, Reshape, Concat, Transpose;
 //   the Focus stem's Slices and Concat); ops/fused_copy.cc
 //

@@ -135,9 +135,12 @@ TEST(FusedCopy, WhatViewsCannotExpressRunsTheOperators) {
   Graph g;
   g.inputs = {testing::FloatValue("a", {1, 2, -1}), testing::FloatValue("b", {1, 2, -1})};
   g.SetInitializer("to", Tensor::FromInt64s({3, 4}));
+  g.SetInitializer("s", Tensor::FromInt64s({1}));
+  g.SetInitializer("e", Tensor::FromInt64s({4}));
   g.nodes.push_back(MakeNode("Concat", {"a", "b"}, {"c"}, "c", {testing::IntAttr("axis", 1)}));
   g.nodes.push_back(MakeNode("Reshape", {"c", "to"}, {"r"}, "r"));
-  g.nodes.push_back(MakeNode("Transpose", {"r"}, {"y"}, "t", {IntsAttr("perm", {1, 0})}));
+  g.nodes.push_back(MakeNode("Transpose", {"r"}, {"t"}, "t", {IntsAttr("perm", {1, 0})}));
+  g.nodes.push_back(MakeNode("Slice", {"t", "s", "e"}, {"y"}, "rows"));
   g.outputs = {ValueInfo{"y", DataType::kFloat}};
   Model m = MakeModel(std::move(g), 13);
   SessionOptions on{.profile = true}, off;
@@ -156,6 +159,23 @@ TEST(FusedCopy, WhatViewsCannotExpressRunsTheOperators) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'c' (Concat)"), std::string::npos) << e.what();
   }
+}
+
+TEST(FusedCopy, TwoOperatorsStayAsTheyAre) {
+  // A decoder's rotary half swap, Concat(Neg(Slice(x)), Slice(x)): one copy to save at most.
+  Graph g;
+  g.inputs = {testing::FloatValue("x", {1, 2, 1, 8})};
+  g.SetInitializer("h", Tensor::FromInt64s({4}));
+  g.SetInitializer("z", Tensor::FromInt64s({0}));
+  g.SetInitializer("e", Tensor::FromInt64s({8}));
+  g.SetInitializer("ax", Tensor::FromInt64s({3}));
+  g.nodes.push_back(MakeNode("Slice", {"x", "h", "e", "ax"}, {"hi"}, "hi"));
+  g.nodes.push_back(MakeNode("Neg", {"hi"}, {"nhi"}, "neg"));
+  g.nodes.push_back(MakeNode("Slice", {"x", "z", "h", "ax"}, {"lo"}, "lo"));
+  g.nodes.push_back(MakeNode("Concat", {"nhi", "lo"}, {"y"}, "cat", {testing::IntAttr("axis", 3)}));
+  g.outputs = {ValueInfo{"y", DataType::kFloat}};
+  Session s(MakeModel(std::move(g), 13));
+  EXPECT_EQ(s.product_rewrites().copy_groups, 0);
 }
 
 }  // namespace
