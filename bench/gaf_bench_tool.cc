@@ -12,6 +12,12 @@
 //   gaf_bench_tool logits MODEL --prompt-ids 1,2,3 [--threads T] -o FILE.npy
 //       The prefill (prompt, empty cache) through our runtime; writes the last position's logits
 //       as float32 [vocab] and prints their greedy token.
+//
+//   gaf_bench_tool rewrites MODEL [-i NAME=FILE.npy ...] [--threads T] [--repeat N]
+//       The session's plan rewrites (runtime/plan_rewrite.h) on and off, side by side in one
+//       process: two sessions of MODEL (fused operators on their generated kernels, as `run`),
+//       their runs interleaved N times (default 41) after a warm-up; JSON with both medians (ms),
+//       off / on, and whether the outputs are the same bits.
 #include <fmt/format.h>
 
 #include <cstdlib>
@@ -21,6 +27,13 @@
 #include <string>
 #include <vector>
 
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+#include "codegen/compiler.h"
+#include "codegen/fused_session.h"
+#include "cost/workload.h"
 #include "ir/error.h"
 #include "models/generate.h"
 #include "onnx_io/npy.h"
@@ -104,6 +117,58 @@ int Logits(const std::string& path, const std::vector<int64_t>& ids, int threads
   return 0;
 }
 
+int Rewrites(const std::string& path, const std::vector<std::string>& inputs, int threads, int repeat) {
+  Model m = LoadModel(path);
+  Feeds given;
+  for (const std::string& in : inputs) {
+    const size_t eq = in.find('=');
+    GAF_CHECK(eq != std::string::npos, "-i expects NAME=FILE.npy, got '{}'", in);
+    given[in.substr(0, eq)] = LoadNpy(in.substr(eq + 1));
+  }
+  const Feeds feeds = CompleteFeeds(m, given);
+  Workload w;
+  w.samples.push_back(feeds);
+  KernelCompiler compiler;
+  std::shared_ptr<FusedKernelSet> kernels = CompileFusedKernels(m, compiler, w);
+  SessionOptions on;
+  on.num_threads = threads;
+  on.function_kernels = kernels->Provider();
+  SessionOptions off = on;
+  off.rewrite_products = false;
+  Session a(m, off), b(m, on);
+  std::vector<Tensor> ya = a.Run(feeds), yb = b.Run(feeds);  // warm-up (plans, first touches)
+  bool same = ya.size() == yb.size();
+  for (size_t i = 0; same && i < ya.size(); ++i)
+    same = ya[i].dtype() == yb[i].dtype() && ya[i].shape() == yb[i].shape() &&
+           std::memcmp(ya[i].raw(), yb[i].raw(), ya[i].nbytes()) == 0;
+  std::vector<double> ta, tb;
+  auto time = [&](Session& s, std::vector<double>& t) {
+    const auto t0 = std::chrono::steady_clock::now();
+    s.Run(feeds);
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  };
+  for (int r = 0; r < repeat; ++r) {
+    if (r % 2 == 0) {
+      time(a, ta);
+      time(b, tb);
+    } else {
+      time(b, tb);
+      time(a, ta);
+    }
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const ProductRewrites& r = b.product_rewrites();
+  fmt::print("{{\"model\": \"{}\", \"threads\": {}, \"runs\": {}, \"off_ms\": {:.3f}, \"on_ms\": {:.3f}, "
+             "\"off_over_on\": {:.3f}, \"same_outputs\": {}, \"copy_groups\": {}, \"sibling_groups\": {}, "
+             "\"transposed\": {}, \"kv_grouped\": {}}}\n",
+             path, threads, repeat, median(ta), median(tb), median(ta) / median(tb), same ? "true" : "false",
+             r.copy_groups, r.sibling_groups, r.transposed, r.kv_grouped);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -122,7 +187,20 @@ int main(int argc, char** argv) {
       GAF_CHECK(!out.empty(), "logits: -o FILE.npy is required");
       return Logits(a[1], ParseIds(ids), threads, out);
     }
-    fmt::print(stderr, "usage: gaf_bench_tool weights MODEL | logits MODEL --prompt-ids IDS [--threads T] -o FILE.npy\n");
+    if (a.size() >= 2 && a[0] == "rewrites") {
+      std::vector<std::string> inputs;
+      int threads = 1, repeat = 41;
+      for (size_t i = 2; i + 1 < a.size(); i += 2) {
+        if (a[i] == "-i") inputs.push_back(a[i + 1]);
+        else if (a[i] == "--threads") threads = std::atoi(a[i + 1].c_str());
+        else if (a[i] == "--repeat") repeat = std::max(1, std::atoi(a[i + 1].c_str()));
+        else throw Error(fmt::format("unknown option {}", a[i]));
+      }
+      return Rewrites(a[1], inputs, threads, repeat);
+    }
+    fmt::print(stderr,
+               "usage: gaf_bench_tool weights MODEL | logits MODEL --prompt-ids IDS [--threads T] -o FILE.npy | "
+               "rewrites MODEL [-i NAME=FILE.npy ...] [--threads T] [--repeat N]\n");
     return 2;
   } catch (const std::exception& e) {
     fmt::print(stderr, "gaf_bench_tool: {}\n", e.what());
