@@ -38,6 +38,19 @@ ValueInfo Input(const std::string& name, DataType dt, const Shape& shape) {
   return v;
 }
 
+// Profiled session options with the plan rewrites on or off.
+SessionOptions WithRewrites(bool on) {
+  SessionOptions o{.profile = true};
+  o.rewrite_products = on;
+  return o;
+}
+
+// g with the one float output "y", at opset 13.
+Model OutputY(Graph g) {
+  g.outputs = {ValueInfo{"y", DataType::kFloat}};
+  return MakeModel(std::move(g), 13);
+}
+
 // A detector head as torch.onnx.export writes it: per level, Concat of the box, objectness and
 // class maps (its Shape read too), Reshape to [1, C, H*W] by a shape computed from that Shape,
 // then Concat of the levels and Transpose to [1, anchors, C] (the first level past one 128-row tile
@@ -73,9 +86,7 @@ Model HeadModel(DataType dt) {
 TEST(FusedCopy, DetectorHeadIsOneCopyEqualToTheOperators) {
   for (DataType dt : {DataType::kFloat, DataType::kInt64, DataType::kUint8}) {
     Model m = HeadModel(dt);
-    SessionOptions on{.profile = true}, off;
-    off.rewrite_products = false;
-    Session fused(m, on), plain(m, off);
+    Session fused(m, WithRewrites(true)), plain(m, WithRewrites(false));
     EXPECT_EQ(fused.product_rewrites().copy_groups, 1);
     EXPECT_EQ(fused.product_rewrites().copies, 8);  // 3 + 1 Concats, 3 Reshapes, the Transpose
     std::map<std::string, Tensor> feeds;
@@ -118,11 +129,8 @@ TEST(FusedCopy, StridedSlicesIntoAConcat) {
   g.nodes.push_back(MakeNode("Concat", parts, {"cat"}, "cat", {testing::IntAttr("axis", 1)}));
   g.nodes.push_back(MakeNode("Slice", {"cat", "rs", "re", "a3", "rstep"}, {"rev"}, "rev"));  // columns reversed, every other
   g.nodes.push_back(MakeNode("Transpose", {"rev"}, {"y"}, "t", {IntsAttr("perm", {0, 1, 3, 2})}));
-  g.outputs = {ValueInfo{"y", DataType::kFloat}};
-  Model m = MakeModel(std::move(g), 13);
-  SessionOptions on{.profile = true}, off;
-  off.rewrite_products = false;
-  Session fused(m, on), plain(m, off);
+  const Model m = OutputY(std::move(g));
+  Session fused(m, WithRewrites(true)), plain(m, WithRewrites(false));
   EXPECT_EQ(fused.product_rewrites().copy_groups, 1);
   const std::map<std::string, Tensor> feeds = {{"x", Iota(DataType::kFloat, {1, 3, 10, 8}, 0)}};
   const Tensor a = fused.Run(feeds)[0], b = plain.Run(feeds)[0];
@@ -141,11 +149,8 @@ TEST(FusedCopy, WhatViewsCannotExpressRunsTheOperators) {
   g.nodes.push_back(MakeNode("Reshape", {"c", "to"}, {"r"}, "r"));
   g.nodes.push_back(MakeNode("Transpose", {"r"}, {"t"}, "t", {IntsAttr("perm", {1, 0})}));
   g.nodes.push_back(MakeNode("Slice", {"t", "s", "e"}, {"y"}, "rows"));
-  g.outputs = {ValueInfo{"y", DataType::kFloat}};
-  Model m = MakeModel(std::move(g), 13);
-  SessionOptions on{.profile = true}, off;
-  off.rewrite_products = false;
-  Session fused(m, on), plain(m, off);
+  const Model m = OutputY(std::move(g));
+  Session fused(m, WithRewrites(true)), plain(m, WithRewrites(false));
   EXPECT_EQ(fused.product_rewrites().copy_groups, 1);
   std::map<std::string, Tensor> feeds = {{"a", Iota(DataType::kFloat, {1, 2, 3}, 0)},
                                          {"b", Iota(DataType::kFloat, {1, 2, 3}, 100)}};
@@ -173,8 +178,7 @@ TEST(FusedCopy, TwoOperatorsStayAsTheyAre) {
   g.nodes.push_back(MakeNode("Neg", {"hi"}, {"nhi"}, "neg"));
   g.nodes.push_back(MakeNode("Slice", {"x", "z", "h", "ax"}, {"lo"}, "lo"));
   g.nodes.push_back(MakeNode("Concat", {"nhi", "lo"}, {"y"}, "cat", {testing::IntAttr("axis", 3)}));
-  g.outputs = {ValueInfo{"y", DataType::kFloat}};
-  Session s(MakeModel(std::move(g), 13));
+  Session s(OutputY(std::move(g)));
   EXPECT_EQ(s.product_rewrites().copy_groups, 0);
 }
 
