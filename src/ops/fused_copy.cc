@@ -20,6 +20,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -46,10 +47,9 @@ struct View {
   std::vector<Piece> pieces;
 };
 
-int64_t FloorDiv(int64_t a, int64_t b) {  // b > 0
-  return a >= 0 ? a / b : -((-a + b - 1) / b);
-}
-int64_t CeilDivSigned(int64_t a, int64_t b) { return -FloorDiv(-a, b); }  // b > 0
+// Rounded divisions for b > 0 that cannot overflow (b may be a step near INT64_MAX).
+int64_t FloorDiv(int64_t a, int64_t b) { return a / b - (a % b != 0 && a < 0 ? 1 : 0); }
+int64_t CeilDivSigned(int64_t a, int64_t b) { return a / b + (a % b != 0 && a > 0 ? 1 : 0); }
 
 std::optional<View> DoConcat(const std::vector<const View*>& ins, int64_t axis) {
   if (ins.empty()) return std::nullopt;
@@ -123,7 +123,9 @@ std::optional<View> DoSlice(const View& v, const std::vector<int64_t>& starts, c
   std::vector<bool> seen(r, false);
   for (size_t i = 0; i < k; ++i) {
     int64_t a = axes[i] < 0 ? axes[i] + r : axes[i];
-    if (a < 0 || a >= r || seen[a] || steps[i] == 0) return std::nullopt;
+    // (A step of INT64_MIN has no negation: the operators handle it.)
+    if (a < 0 || a >= r || seen[a] || steps[i] == 0 || steps[i] == std::numeric_limits<int64_t>::min())
+      return std::nullopt;
     seen[a] = true;
     const int64_t step = steps[i];
     int64_t first = 0, count = 0;
@@ -142,7 +144,9 @@ std::optional<View> DoSlice(const View& v, const std::vector<int64_t>& starts, c
       }
       if (lo >= hi) continue;
       p.offset += (first + lo * step - p0) * p.strides[a];
-      p.strides[a] *= step;
+      // One index taken: its stride is never used (and a huge step would overflow it); more:
+      // (hi - lo - 1) * |step| < len, so the product stays within the tensor.
+      if (hi - lo > 1) p.strides[a] *= step;
       p.shape[a] = hi - lo;
       p.start[a] = lo;
       kept.push_back(std::move(p));
@@ -156,7 +160,10 @@ std::optional<View> DoSlice(const View& v, const std::vector<int64_t>& starts, c
 // Reshape by groups of axes with equal products: a group that merges or splits axes must be
 // spanned whole by every piece, with strides that merge (each the next one's times its extent).
 std::optional<View> DoReshape(const View& v, const Shape& to) {
-  if (NumElements(to) != NumElements(v.shape)) return std::nullopt;
+  int64_t n = 1;  // overflow-checked: a target from a file may multiply past 64 bits
+  for (int64_t d : to)
+    if (d < 0 || __builtin_mul_overflow(n, d, &n)) return std::nullopt;
+  if (n != NumElements(v.shape)) return std::nullopt;
   View out;
   out.shape = to;
   const size_t ro = v.shape.size(), rn = to.size();

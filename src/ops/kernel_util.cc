@@ -144,8 +144,7 @@ Shape ResolveReshape(const Shape& in, const std::vector<int64_t>& shape) {
       infer = static_cast<int64_t>(i);
       continue;
     }
-    if (out[i] < 0) return {};
-    known *= out[i];
+    if (out[i] < 0 || __builtin_mul_overflow(known, out[i], &known)) return {};  // a file's shape: checked
   }
   const int64_t n = NumElements(in);
   if (infer >= 0) {

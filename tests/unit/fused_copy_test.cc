@@ -1,6 +1,7 @@
 // FusedCopy (ops/fused_copy.cc, made by the session's plan rewrite): trees of Concat, Transpose,
 // Slice, Reshape and Flatten give exactly what the operators give, element for element, in one
 // pass; what views cannot express, and bad shapes, run the original operators.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -163,6 +164,39 @@ TEST(FusedCopy, WhatViewsCannotExpressRunsTheOperators) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("'c' (Concat)"), std::string::npos) << e.what();
+  }
+}
+
+TEST(FusedCopy, HostileStepsAndShapesGiveTheOperatorsResults) {
+  // Steps of INT64_MAX and INT64_MIN (one index taken), and a Reshape target whose product
+  // passes 64 bits: the same result, or an error, as the operators, never a wild copy.
+  for (int64_t step : {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()}) {
+    for (bool overflow : {false, true}) {
+      Graph g;
+      g.inputs = {Input("a", DataType::kFloat, {2, 3, 4}), Input("b", DataType::kFloat, {2, 3, 4})};
+      const int64_t big = std::numeric_limits<int64_t>::max();
+      g.SetInitializer("st", Tensor::FromInt64s({step > 0 ? 1 : -2}));
+      g.SetInitializer("en", Tensor::FromInt64s({step > 0 ? big : -big}));
+      g.SetInitializer("ax", Tensor::FromInt64s({2}));
+      g.SetInitializer("step", Tensor::FromInt64s({step}));
+      g.SetInitializer("to", Tensor::FromInt64s(overflow ? std::vector<int64_t>{int64_t{1} << 32, int64_t{1} << 32, 3}
+                                                         : std::vector<int64_t>{4, 3}));
+      g.nodes.push_back(MakeNode("Concat", {"a", "b"}, {"c"}, "c", {testing::IntAttr("axis", 0)}));
+      g.nodes.push_back(MakeNode("Slice", {"c", "st", "en", "ax", "step"}, {"s"}, "s"));
+      g.nodes.push_back(MakeNode("Transpose", {"s"}, {"t"}, "t", {IntsAttr("perm", {1, 0, 2})}));
+      g.nodes.push_back(MakeNode("Reshape", {"t", "to"}, {"y"}, "r"));
+      const Model m = OutputY(std::move(g));
+      Session fused(m, WithRewrites(true)), plain(m, WithRewrites(false));
+      EXPECT_EQ(fused.product_rewrites().copy_groups, 1);
+      const std::map<std::string, Tensor> feeds = {{"a", Iota(DataType::kFloat, {2, 3, 4}, 0)},
+                                                   {"b", Iota(DataType::kFloat, {2, 3, 4}, 100)}};
+      if (!overflow) {
+        ExpectSameBits(fused.Run(feeds)[0], plain.Run(feeds)[0], fmt::format("step {}", step));
+      } else {
+        EXPECT_THROW(plain.Run(feeds), Error);
+        EXPECT_THROW(fused.Run(feeds), Error);
+      }
+    }
   }
 }
 
