@@ -33,7 +33,6 @@
 namespace gaf {
 namespace {
 
-
 // Repeat factor r when Reshape(Expand(Unsqueeze(x, 2), e), s) of x = [b, g, t, d] is [b, g*r, t, d]
 // with each cache head repeated r times; 0 otherwise.
 int64_t KvRepeat(const Shape& x, const std::vector<int64_t>& e, const std::vector<int64_t>& s) {
@@ -51,7 +50,6 @@ int64_t KvRepeat(const Shape& x, const std::vector<int64_t>& e, const std::vecto
   if (r != Shape{x[0], x[1] * ex[2], x[2], x[3]}) return 0;
   return ex[2];
 }
-
 
 // C[M,N] = A[M,K] * op(B), row-major, directly: for small products, where a library call costs
 // more than the arithmetic (a decode step's attention over a short cache).

@@ -90,7 +90,6 @@ void ForRows(const Shape& dims, int64_t begin, int64_t end, F&& fn) {
 // Dimensions are coalesced where the view is contiguous; the innermost copy is a memcpy for unit
 // stride, a fill for stride 0, every other element by EveryOther4 (ops/copy_kernels.h) for
 // 4-byte elements at stride 2, and a strided loop otherwise.
-
 template <class T>
 void StridedCopy(const T* in, int64_t offset, const Shape& shape, const std::vector<int64_t>& strides, T* out) {
   Shape s;
@@ -218,11 +217,14 @@ void TransposeImpl(const T* in, T* out, const Shape& in_shape, const std::vector
       const int64_t i0 = ib * BI, i1 = std::min(P, i0 + BI);
       if constexpr (sizeof(T) == 4) {
         Transpose2D(in + ibase + i0, sa, out + obase + i0 * osq, osq, i1 - i0, L);
-      } else {
-        for (int64_t i = i0; i < i1; ++i) {
-          T* dst = out + obase + i * osq;
-          const T* src = in + ibase + i;
-          for (int64_t j = 0; j < L; ++j) dst[j] = src[j * sa];
+      } else {  // other sizes: 128 x 32 tiles element by element
+        for (int64_t j0 = 0; j0 < L; j0 += 32) {
+          const int64_t j1 = std::min(L, j0 + 32);
+          for (int64_t i = i0; i < i1; ++i) {
+            T* dst = out + obase + i * osq;
+            const T* src = in + ibase + i;
+            for (int64_t j = j0; j < j1; ++j) dst[j] = src[j * sa];
+          }
         }
       }
     }

@@ -285,7 +285,6 @@ void GroupCopies(Graph& g, int64_t opset, ProductRewrites& stats) {
 
 }  // namespace
 
-
 ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
   ProductRewrites stats;
   Graph& g = model.graph;

@@ -59,15 +59,15 @@ TEST(Runtime, SliceStepTwoOnTheLastAxis) {
 }
 
 TEST(Runtime, TransposeOfEveryBlockAndRemainder) {
-  // Shapes around the 8x8 register blocks and the 32x32 tiles (remainders on both axes), a
+  // Shapes around the 8x8 register blocks and the 128x32 tiles (remainders on both axes), a
   // batched case and the detector head's [1, 85, 3549] -> [1, 3549, 85]; int32 as well (the
-  // blocks move bits, whatever the 4-byte type).
+  // blocks move bits, whatever the 4-byte type), and int64 (the tiles element by element).
   const std::vector<std::pair<Shape, std::vector<int64_t>>> cases = {
       {{8, 8}, {1, 0}},           {{7, 9}, {1, 0}},          {{33, 17}, {1, 0}},
       {{1, 85, 3549}, {0, 2, 1}}, {{3, 40, 41}, {0, 2, 1}},  {{2, 5, 19, 23}, {0, 3, 1, 2}},
       {{2, 3, 16, 24}, {3, 2, 0, 1}}};
   for (const auto& [shape, perm] : cases) {
-    for (DataType dt : {DataType::kFloat, DataType::kInt32}) {
+    for (DataType dt : {DataType::kFloat, DataType::kInt32, DataType::kInt64}) {
       Graph g;
       ValueInfo xv{"x", dt, true, {}};
       for (int64_t d : shape) xv.dims.push_back(Dim::Known(d));
@@ -78,10 +78,9 @@ TEST(Runtime, TransposeOfEveryBlockAndRemainder) {
       const int64_t n = NumElements(shape);
       Tensor x = Tensor::Uninitialized(dt, shape);
       for (int64_t i = 0; i < n; ++i) {
-        if (dt == DataType::kFloat)
-          x.data<float>()[i] = static_cast<float>(i);
-        else
-          x.data<int32_t>()[i] = static_cast<int32_t>(i);
+        if (dt == DataType::kFloat) x.data<float>()[i] = static_cast<float>(i);
+        else if (dt == DataType::kInt32) x.data<int32_t>()[i] = static_cast<int32_t>(i);
+        else x.data<int64_t>()[i] = i;
       }
       const Tensor y = s.Run({{"x", x}})[0];
       Shape out_shape;
@@ -93,7 +92,9 @@ TEST(Runtime, TransposeOfEveryBlockAndRemainder) {
       for (int64_t o = 0; o < n; ++o) {  // idx: the output's index, last axis fastest
         int64_t src = 0;
         for (size_t d = 0; d < perm.size(); ++d) src += idx[d] * in_strides[perm[d]];
-        const int64_t got = dt == DataType::kFloat ? static_cast<int64_t>(y.data<float>()[o]) : y.data<int32_t>()[o];
+        const int64_t got = dt == DataType::kFloat   ? static_cast<int64_t>(y.data<float>()[o])
+                            : dt == DataType::kInt32 ? y.data<int32_t>()[o]
+                                                     : y.data<int64_t>()[o];
         ASSERT_EQ(got, src) << ShapeToString(shape) << " at output element " << o;
         for (size_t d = idx.size(); d-- > 0;) {
           if (++idx[d] < out_shape[d]) break;
