@@ -6,7 +6,8 @@
 #
 #   bench/decode_step_bench.sh MODEL [BATCH=1] [PAST=16]
 #
-# Environment: BUILD (build), THREADS (2), REPEAT (20), ROUNDS (3).
+# Environment: BUILD (build), THREADS (2), REPEAT (20), ROUNDS (3), SEQ (1: new tokens per step;
+# SEQ=256 with PAST=0 times a prefill of 256 tokens, and prints its GFLOPS in the products).
 # Needs: the build, /usr/bin/python3 with numpy and onnx, and `npm install` in bench/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,10 +23,11 @@ trap 'rm -rf "$dir"' EXIT
 
 # Inputs from the model's declared inputs: batch_size=BATCH, sequence_length=1,
 # past_sequence_length=PAST, total_sequence_length=PAST+1 (a sum of dims is evaluated); token ids 1..; positions after the past.
-/usr/bin/python3 - "$model" "$dir" "$batch" "$past" <<'EOF'
+SEQ=${SEQ:-1}
+/usr/bin/python3 - "$model" "$dir" "$batch" "$past" "$SEQ" <<'EOF'
 import sys, numpy as np, onnx
-model, out, batch, past = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-dims = {"batch_size": batch, "sequence_length": 1, "past_sequence_length": past, "total_sequence_length": past + 1}
+model, out, batch, past, seq = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+dims = {"batch_size": batch, "sequence_length": seq, "past_sequence_length": past, "total_sequence_length": past + seq}
 m = onnx.load(model, load_external_data=False)
 inits = {t.name for t in m.graph.initializer}
 rng = np.random.default_rng(0)
@@ -41,7 +43,7 @@ for i in m.graph.input:
             shape.append(sum(dims[p.strip()] for p in d.dim_param.split("+")))
     et = i.type.tensor_type.elem_type
     if i.name == "position_ids":
-        a = np.full(shape, past, dtype=np.int64)
+        a = np.broadcast_to(np.arange(past, past + seq, dtype=np.int64), shape).copy()
     elif i.name == "input_ids":
         a = (np.arange(np.prod(shape)) % 50 + 1).reshape(shape).astype(np.int64)
     elif et == onnx.TensorProto.INT64:
@@ -51,6 +53,11 @@ for i in m.graph.input:
     np.save(f"{out}/{i.name}.npy", a)
     args.append(f"{i.name}={out}/{i.name}.npy")
 open(f"{out}/args", "w").write("\n".join(args))
+# The multiply-adds of the products by constant weights (MatMul/Gemm whose B is an initializer).
+shapes = {t.name: list(t.dims) for t in m.graph.initializer}
+flops = sum(2 * shapes[n.input[1]][0] * shapes[n.input[1]][1] for n in m.graph.node
+            if n.op_type in ("MatMul", "Gemm") and len(n.input) > 1 and len(shapes.get(n.input[1], [])) == 2)
+open(f"{out}/flops", "w").write(str(flops * batch * seq))
 EOF
 mapfile -t feeds < "$dir/args"
 in_args=()
@@ -76,7 +83,9 @@ done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 mo=$(median "${ours[@]}")
 mr=$(median "${ort[@]}")
-echo "decode step, batch $batch, past $past, $THREADS thread(s), medians of $ROUNDS rounds x $REPEAT steps"
+echo "step of $SEQ token(s), batch $batch, past $past, $THREADS thread(s), medians of $ROUNDS rounds x $REPEAT steps"
 echo "  ours ms:         $mo   (rounds: ${ours[*]})"
 echo "  ort (all) ms:    $mr   (rounds: ${ort[*]})"
 awk -v o="$mo" -v r="$mr" 'BEGIN {printf "  ours vs ort:     %.2fx\n", r / o}'
+awk -v o="$mo" -v r="$mr" -v f="$(cat "$dir/flops")" 'BEGIN {
+  printf "  products by constant weights: %.2f GFLOP per step; ours %.1f GFLOPS, ort %.1f GFLOPS\n", f / 1e9, f / o / 1e6, f / r / 1e6 }'

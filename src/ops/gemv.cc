@@ -58,8 +58,13 @@ inline __m512 Load16(const uint16_t* p, __mmask16 m) {
 // preset: 85 products, 2 threads, one process, interleaved) float16 products took 14.0-15.2 ms
 // with consecutive rows and 11.1-11.7 with the runs and the prefetch below, a plain read of the
 // same bytes 9.3-10.1; float32 22.8-22.9 -> 21.5-22.2 ms, the read 20.4-21.2. Float16 rows also
-// prefetch the next row of their stream into L1 (for float32 it did not pay: 22.0 against 21.5
-// ms in the same measurement).
+// prefetch their stream 2 KiB ahead into L2 (beyond a piece's columns or a stream's end that
+// reads lines the task does not use, harmlessly). On an AMD EPYC (Zen 4, 2 cores, 2026-12-02) the
+// same 85 float16 weights in a standalone harness (the tasks as here, medians of 7 interleaved
+// rounds, four sittings) took 10.9/11.4/12.2/11.0 ms with it, 12.3/13.0/15.2/13.1 with the next
+// row of each stream into L1 (what the Intel VM liked best) and 11.4/11.8/13.1 with none (not run
+// in the fourth). For float32 rows no distance (2-8 KiB, into L2) clearly beat none (22.6-23.4
+// against 22.7 ms, one sitting; on the Intel VM the next row into L1 was 22.0 against 21.5).
 struct GemvSteps {
   int64_t s;        // rows per stream
   int64_t tail0;    // first of the rows left, k0 + 8 * s
@@ -148,10 +153,10 @@ void GemvPiece(const float* x, const T* w, int64_t ldw, int64_t k0, int64_t k1, 
     st.Rows(w, ldw, x, k0, i, r, xs);
     __m512 xv[8];
     for (int u = 0; u < 8; ++u) xv[u] = _mm512_set1_ps(xs[u]);
-    const bool prefetch = kHalf && i + 1 < st.s;  // the next row of each stream, within the task
     const auto group = [&](int64_t j, __mmask16 m) {
-      if (prefetch && (j & 31) == 0)  // one 64-byte line: 32 halves
-        for (int u = 0; u < 8; ++u) _mm_prefetch(reinterpret_cast<const char*>(r[u] + ldw + j), _MM_HINT_T0);
+      if (kHalf && (j & 31) == 0)  // one 64-byte line (32 halves) of each stream, 2 KiB ahead, into L2
+        for (int u = 0; u < 8; ++u)
+          _mm_prefetch(reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(r[u] + j) + 2048), _MM_HINT_T1);
       const auto pair = [&](int u) {
         return _mm512_fmadd_ps(xv[u + 1], Load16(r[u + 1] + j, m), _mm512_mul_ps(xv[u], Load16(r[u] + j, m)));
       };
