@@ -15,6 +15,7 @@ same prompt, medians of interleaved repeats.
 Run (from the repository root, after the README's first command):
 
     /usr/bin/python3 examples/llama_walkthrough.py [--size tiny|small|bench] [--out DIR] [--tokens N] [--repeats R]
+                                                   [--half-weights]
 
 (another interpreter: PYTHONPATH=build/python). Exit status 0 when the tokens agree and the
 precision check passes, 1 otherwise.
@@ -208,6 +209,8 @@ def main():
     ap.add_argument("--out", help="folder for the compiled operators and the saved model (default: a temp folder)")
     ap.add_argument("--tokens", type=int, default=50, help="max_length of generate: prompt + new tokens (default 50)")
     ap.add_argument("--repeats", type=int, default=5, help="interleaved repeats of the throughput measures")
+    ap.add_argument("--half-weights", action="store_true",
+                    help="also fuse with gated float16 weight storage (FuseSafe(half_weights=True)) and time it")
     ap.add_argument("--threads", type=int, default=0,
                     help="threads of graph-autofusion and, in the table, of PyTorch (0: all cores)")
     a = ap.parse_args()
@@ -301,11 +304,29 @@ def main():
     if not same:
         print(f"  PyTorch: {reference}\n  fused:   {output[0, len(prompt):].tolist()}")
 
+    # 10b. Optionally, float16 weight storage: kept only when its gates (precision per output, then
+    #     the greedy tokens of a generation) pass.
+    half_model, half_same = None, True
+    if a.half_weights:
+        t0 = time.perf_counter()
+        candidate = fuser.FuseSafe(half_weights=True)
+        half_report = fuser.GetSafeFusionReport()
+        kept = half_report.half_weights_kept
+        print(f"\n== FuseSafe(half_weights=True) ({time.perf_counter() - t0:.1f} s): float16 storage "
+              f"{'kept' if kept else 'rejected by its gates: ' + half_report['half_weights'].get('reason', '')}")
+        if kept:
+            half_model = candidate
+            half_tokens = half_model.generate(input_ids, max_length=a.tokens)[0, len(prompt):].tolist()
+            half_same = half_tokens == reference
+            print(f"same tokens as PyTorch's greedy decoding: {'yes' if half_same else 'NO'}")
+
     # 11. The throughput table: the same prompt, greedy with the cache, interleaved repeats.
     unfused = FusedModel(fuser.model, description="unfused", use_kernels=False, threads=a.threads)
     unfused_same = unfused.generate(input_ids, max_length=a.tokens)[0, len(prompt):].tolist() == reference
     stages = {"PyTorch eager (torch.no_grad, KV cache)": [], "graph-autofusion, unfused": [],
               "graph-autofusion, fused (safe)": []}
+    if half_model is not None:
+        stages["graph-autofusion, fused (safe, float16 weights)"] = []
     wall = {k: [] for k in stages}
     prefill_s = {k: [] for k in stages}
     # The same number of threads on both sides. (graph-autofusion's runtime sets OpenMP's thread
@@ -321,7 +342,7 @@ def main():
                 torch.set_num_threads(threads)
                 torch_greedy(model, prompt, new, tm)
             else:
-                m = unfused if "unfused" in name else fused_model
+                m = unfused if "unfused" in name else half_model if "float16" in name else fused_model
                 _, tm = m.generate(input_ids, max_length=a.tokens, return_timing=True)
             wall[name].append(time.perf_counter() - t0)
             stages[name].append(statistics.median(tm["step_seconds"]))
@@ -329,17 +350,19 @@ def main():
     base = 1 / statistics.median(stages["PyTorch eager (torch.no_grad, KV cache)"])
     print(f"\n== Throughput: prompt {len(prompt)} tokens, {new} new tokens, batch 1, greedy; medians of "
           f"{a.repeats} interleaved repeats")
-    print(f"{'stage':<42} {'decode tokens/s':>16} {'vs PyTorch':>11} {'prefill ms':>11} {'generate() tokens/s':>20}")
+    print(f"{'stage':<50} {'decode tokens/s':>16} {'vs PyTorch':>11} {'prefill ms':>11} {'generate() tokens/s':>20}")
     for name in stages:
         tps = 1 / statistics.median(stages[name])
         e2e = new / statistics.median(wall[name])
-        print(f"{name:<42} {tps:>16.1f} {tps / base:>10.2f}x {statistics.median(prefill_s[name]) * 1e3:>11.2f} "
+        print(f"{name:<50} {tps:>16.1f} {tps / base:>10.2f}x {statistics.median(prefill_s[name]) * 1e3:>11.2f} "
               f"{e2e:>20.1f}")
     print(f"(figures of this machine: {len(os.sched_getaffinity(0))} CPUs, {threads} threads on both sides, "
           f"PyTorch {torch.__version__}; decode tokens/s from the median decode step, "
           f"generate() tokens/s = new tokens / wall time including the prefill)")
 
-    ok = same and unfused_same and bool(precision_report["passed"])
+    ok = same and unfused_same and half_same and bool(precision_report["passed"])
+    if not half_same:
+        print("the float16-weight model's tokens differ from PyTorch's")
     if not unfused_same:
         print("the unfused model's tokens differ from PyTorch's")
     print(f"\n{'OK' if ok else 'FAILED'} ({time.perf_counter() - t_start:.1f} s; files in {out_dir})")

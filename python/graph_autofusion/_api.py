@@ -186,7 +186,7 @@ class GraphAutoFusion:
         self._safe_report = SafeFusionReport(json.loads(self._fuser.safe_report_json()),
                                              self._fuser.safe_report_text())
         self._fused = self._wrap(m, {"safe_fusion": self._safe_report},  # with its text
-                                 half=bool(self._safe_report.get("half_weights_kept")))
+                                 half=self._safe_report.half_weights_kept)
         return self._fused
 
     def GetSafeFusionReport(self):

@@ -122,6 +122,11 @@ class SafeFusionReport(Report):
         return self.get("end_to_end", {})
 
     @property
+    def half_weights_kept(self):
+        """Whether FuseSafe(half_weights=True) kept float16 weight storage (its gates passed)."""
+        return bool(self.get("half_weights", {}).get("kept", False))
+
+    @property
     def overall_improvement(self):
         """Measured end to end: fused vs the model as given (0.372 = 37.2% faster)."""
         s = self.end_to_end.get("measured_speedup", 0)

@@ -246,6 +246,19 @@ def test_fuse_safe_with_speed_gate(gaf, mlp_onnx):
     assert e["verdict"], e
 
 
+def test_fuse_safe_half_weights_kept_runs_on_float16(gaf, llama):
+    """FuseSafe(half_weights=True): when the gate keeps float16 storage, the fused model runs on it
+    and generates float32's greedy tokens on the tiny decoder."""
+    model, _, fused32, _ = llama
+    fuser = gaf.GraphAutoFusion(model, preset="transformer", safe_mode=True)
+    fused = fuser.FuseSafe(check_speed=False, half_weights=True)
+    rep = fuser.GetSafeFusionReport()
+    assert rep["half_weights"]["kept"] is True and rep.half_weights_kept is True, rep["half_weights"]
+    assert fused.half_weights is True
+    ids = np.array([[3, 1, 4, 1, 5, 9, 2, 6]], dtype=np.int64)
+    assert fused.generate(ids, max_length=16).tolist() == fused32.generate(ids, max_length=16).tolist()
+
+
 def test_verify_precision_against_pytorch(gaf, block, block_fusion):
     m, x = block
     fuser, fused = block_fusion

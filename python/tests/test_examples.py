@@ -28,13 +28,15 @@ def run_example(script, args, tmp_path):
 
 def test_llama_walkthrough_tiny(tmp_path):
     out = run_example("llama_walkthrough.py",
-                      ["--size", "tiny", "--tokens", "16", "--repeats", "2", "--out", str(tmp_path / "out")], tmp_path)
+                      ["--size", "tiny", "--tokens", "16", "--repeats", "2", "--out", str(tmp_path / "out"),
+                       "--half-weights"], tmp_path)
     for line in ("estimated performance improvement:", "estimated HBM access reduction:",
                  "[INFO] Fusion benefit analysis:", "[INFO] Safe fusion report:", "cosine similarity:",
                  "max abs error:", "against PyTorch (LlamaForCausalLM.forward): PASS", "baseline throughput:",
                  "fused throughput:", "improvement:", "same tokens as PyTorch's greedy decoding with the KV cache: yes",
                  "decode tokens/s", "PyTorch eager", "graph-autofusion, unfused", "graph-autofusion, fused (safe)",
-                 "figures of this machine"):
+                 "float16 storage kept", "same tokens as PyTorch's greedy decoding: yes",
+                 "graph-autofusion, fused (safe, float16 weights)", "figures of this machine"):
         assert line in out, f"'{line}' not in the output:\n{out[-6000:]}"
     assert out.rstrip().splitlines()[-1].startswith("OK")
     saved = tmp_path / "out" / "llama-tiny-fused"
