@@ -161,6 +161,11 @@ Model FuseSafe(Fuser& fu, double min_cosine, double max_abs_error, bool check_sp
   so.threads = threads;
   so.kernel_cache = kernel_cache;
   so.half_weights = half_weights;
+  // As `fuse --safe --half-weights`: for a decoder, float16 storage is kept only when it generates
+  // float32's greedy tokens.
+  so.half_weights_check = [threads](const Model& fused, std::string* what) {
+    return HalfWeightsKeepGreedyTokens(fused, threads, what);
+  };
   fu.last = fu.f->FuseSafe(so);
   return fu.last;
 }

@@ -255,6 +255,7 @@ def test_fuse_safe_half_weights_kept_runs_on_float16(gaf, llama):
     rep = fuser.GetSafeFusionReport()
     assert rep["half_weights"]["kept"] is True and rep.half_weights_kept is True, rep["half_weights"]
     assert fused.half_weights is True
+    assert "greedy tokens as float32 weights" in rep["half_weights"]["check"], rep["half_weights"]  # the decoder gate ran
     ids = np.array([[3, 1, 4, 1, 5, 9, 2, 6]], dtype=np.int64)
     assert fused.generate(ids, max_length=16).tolist() == fused32.generate(ids, max_length=16).tolist()
 
