@@ -68,15 +68,15 @@ for i in m.graph.input:
 inferred = onnx.shape_inference.infer_shapes(m)
 known = dict(shapes)
 for v in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
-    dims = v.type.tensor_type.shape.dim
-    if all(d.HasField("dim_value") for d in dims):
-        known[v.name] = [d.dim_value for d in dims]
+    vdims = v.type.tensor_type.shape.dim
+    if all(d.HasField("dim_value") for d in vdims):
+        known[v.name] = [d.dim_value for d in vdims]
 total = 0
 for n in m.graph.node:
     if n.op_type != "MatMul":
         continue
     a, b = known.get(n.input[0]), known.get(n.input[1])
-    if not a or not b or len(a) < 2:
+    if not a or not b or len(a) < 2 or len(b) < 2:  # a shape unknown (or a vector operand): no total printed
         total = -1
         break
     batch_a = int(np.prod(a[:-2])) if len(a) > 2 else 1

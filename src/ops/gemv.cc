@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -56,10 +57,11 @@ inline __m512 Load16(const uint16_t* p, __mmask16 m) {
 // float32 ones) are shorter than a 4 KiB page, and 8 consecutive rows then share pages, which
 // the hardware prefetchers track one stream per page. Over a decode step's weights (the bench
 // preset: 85 products, 2 threads, one process, interleaved) float16 products took 14.0-15.2 ms
-// with consecutive rows and 11.1-11.7 with the runs and the prefetch below, a plain read of the
-// same bytes 9.3-10.1; float32 22.8-22.9 -> 21.5-22.2 ms, the read 20.4-21.2. Float16 rows also
-// prefetch their stream 2 KiB ahead into L2 (beyond a piece's columns or a stream's end that
-// reads lines the task does not use, harmlessly). On an AMD EPYC (Zen 4, 2 cores, 2026-12-02) the
+// with consecutive rows and 11.1-11.7 with the runs and a prefetch of the next row of each
+// stream into L1, a plain read of the same bytes 9.3-10.1; float32 22.8-22.9 -> 21.5-22.2 ms, the
+// read 20.4-21.2. Float16 rows now prefetch each stream 2 KiB ahead into L2 instead (past a
+// piece's columns or a stream's end this touches lines the task does not use, harmlessly: a
+// prefetch does not fault). On an AMD EPYC (Zen 4, 2 cores, 2026-12-02) the
 // same 85 float16 weights in a standalone harness (the tasks as here, medians of 7 interleaved
 // rounds, four sittings) took 10.9/11.4/12.2/11.0 ms with it, 12.3/13.0/15.2/13.1 with the next
 // row of each stream into L1 (what the Intel VM liked best) and 11.4/11.8/13.1 with none (not run
