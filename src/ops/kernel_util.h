@@ -89,6 +89,9 @@ bool ConstantClipBounds(const Node& n, const std::function<const Tensor*(const s
 // (a valid result has as many axes as `shape`).
 Shape ResolveReshape(const Shape& in, const std::vector<int64_t>& shape);
 
+// Softmax of one row of n floats with the Softmax kernel's arithmetic (y may be x).
+void SoftmaxRowF32(const float* x, float* y, int64_t n);
+
 // Runs a plan node's `fallback` graph (the original operators, on the node's inputs) and takes
 // its outputs (runtime/plan_rewrite.h).
 void RunPlanFallback(KernelContext& ctx);

@@ -1342,6 +1342,8 @@ void Reg(OpRegistry& r, const char* op, OpKind kind, KernelFn fn) {
 
 }  // namespace
 
+void SoftmaxRowF32(const float* x, float* y, int64_t n) { SoftRow<float, SoftKind::kSoftmax>(x, y, n); }
+
 void RegisterReduceKernels(OpRegistry& r) {
   const struct {
     const char* name;

@@ -14,6 +14,7 @@ static void RegisterAllKernels(OpRegistry& r) {
   RegisterLossAndQuantKernels(r);
   RegisterPlanKernels(r);
   RegisterCopyKernels(r);
+  RegisterSoftmaxEpilogueKernels(r);
 }
 
 OpRegistry& OpRegistry::Global() {

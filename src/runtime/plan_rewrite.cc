@@ -283,6 +283,100 @@ void GroupCopies(Graph& g, int64_t opset, ProductRewrites& stats) {
   g.nodes = std::move(kept);
 }
 
+// ---- attention's scale and mask folded into its Softmax -> MaskedSoftmax ----
+
+// True when v is a float32 constant of one element (an initializer or a Constant node's value).
+bool ConstScalar(const Graph& g, const ProductIndex& ix, const std::string& v) {
+  const Tensor* t = g.FindInitializer(v);
+  if (t == nullptr) {
+    const int p = ix.index.Producer(v);
+    if (p < 0 || g.nodes[p].op_type != "Constant" || !g.nodes[p].domain.empty()) return false;
+    t = g.nodes[p].GetTensor("value");
+  }
+  return t != nullptr && t->dtype() == DataType::kFloat && t->numel() == 1;
+}
+
+// Softmax(Add(Div(X, c) | Mul(X, c), mask)) and the forms without the scale or the mask: one
+// MaskedSoftmax (ops/masked_softmax.cc) reading X once, at the Softmax's place.
+void FoldSoftmaxEpilogues(Graph& g, int64_t opset, ProductRewrites& stats) {
+  const ProductIndex ix(g);
+  std::unordered_set<const Node*> absorbed;
+  // The scale node making v (Div(X, c) or Mul(X, c) / Mul(c, X), c a constant scalar), read
+  // only by its consumer; sets *x, *c and *kind (1 divide, 2 multiply).
+  auto scale_of = [&](const std::string& v, std::string* x, std::string* c, int* kind) -> const Node* {
+    for (const char* op : {"Div", "Mul"}) {
+      const Node* n = ix.SoleProducer(g, v, op);
+      if (n == nullptr || n->inputs.size() != 2 || n->outputs.size() != 1) continue;
+      for (int k = 0; k < (n->op_type == "Mul" ? 2 : 1); ++k) {
+        const std::string& cst = n->inputs[1 - k];
+        if (n->inputs[k].empty() || ix.constants.count(n->inputs[k]) || !ConstScalar(g, ix, cst)) continue;
+        *x = n->inputs[k];
+        *c = cst;
+        *kind = n->op_type == "Div" ? 1 : 2;
+        return n;
+      }
+    }
+    return nullptr;
+  };
+  for (Node& sm : g.nodes) {
+    if (sm.op_type != "Softmax" || !sm.domain.empty() || sm.inputs.size() != 1 || sm.outputs.size() != 1) continue;
+    std::string x = sm.inputs[0], c, mask;
+    int kind = 0;
+    const Node* add = ix.SoleProducer(g, x, "Add");
+    if (add != nullptr && (add->inputs.size() != 2 || add->inputs[0].empty() || add->inputs[1].empty())) add = nullptr;
+    const Node* sc = nullptr;
+    if (add != nullptr) {
+      // X is the side a scale node makes; without one, the first input (a mask that would
+      // enlarge it makes the kernel run the fallback).
+      int side = 0;
+      for (int k = 0; k < 2 && sc == nullptr; ++k)
+        if ((sc = scale_of(add->inputs[k], &x, &c, &kind)) != nullptr) side = k;
+      if (sc == nullptr) x = add->inputs[0];
+      mask = add->inputs[1 - side];
+    } else {
+      sc = scale_of(x, &x, &c, &kind);
+    }
+    if (add == nullptr && sc == nullptr) continue;
+    auto fallback = std::make_shared<Graph>();
+    fallback->name = sm.name + "/fallback";
+    std::vector<std::string> formal = {x};
+    if (sc != nullptr) formal.push_back(c);
+    if (add != nullptr) formal.push_back(mask);
+    for (const std::string& f : formal) fallback->inputs.push_back(ValueInfo{f});
+    if (sc != nullptr) fallback->nodes.push_back(*sc);
+    if (add != nullptr) fallback->nodes.push_back(*add);
+    fallback->nodes.push_back(sm);
+    fallback->outputs.push_back(ValueInfo{sm.outputs[0]});
+    stats.notes.push_back(fmt::format("{}: {}{}the Softmax in one pass over {}", sm.Describe(),
+                                      sc != nullptr ? fmt::format("{} by {}, ", sc->op_type, c) : "",
+                                      add != nullptr ? fmt::format("Add of {}, ", mask) : "", x));
+    ++stats.softmax_epilogues;
+    if (sc != nullptr) absorbed.insert(sc);
+    if (add != nullptr) absorbed.insert(add);
+    const int64_t axis = sm.GetInt("axis", opset < 13 ? 1 : -1);
+    auto int_attr = [](const char* name, int64_t v) {
+      Attribute a;
+      a.name = name;
+      a.type = Attribute::Type::kInt;
+      a.i = v;
+      return a;
+    };
+    Attribute fb;
+    fb.name = "fallback";
+    fb.type = Attribute::Type::kGraph;
+    fb.g = std::move(fallback);
+    sm.op_type = "MaskedSoftmax";
+    sm.domain = kPlanDomain;
+    sm.inputs = formal;
+    sm.attributes = {int_attr("scale", kind), int_attr("mask", add != nullptr), int_attr("axis", axis), fb};
+  }
+  if (absorbed.empty()) return;
+  std::vector<Node> kept;
+  for (Node& n : g.nodes)
+    if (!absorbed.count(&n)) kept.push_back(std::move(n));
+  g.nodes = std::move(kept);
+}
+
 }  // namespace
 
 ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
@@ -417,6 +511,7 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
   }
   if (group_siblings) GroupSiblings(g, stats);
   GroupCopies(g, opset, stats);
+  FoldSoftmaxEpilogues(g, opset, stats);
   return stats;
 }
 

@@ -16,6 +16,9 @@
 //   alone, at least three of them moving data)  -> FusedCopy(inputs): every element copied once,
 //   from the tree's inputs to its output (a detector head's Concat, Reshape, Concat, Transpose;
 //   the Focus stem's Slices and Concat); ops/fused_copy.cc
+//   Softmax(Add(Div(X, c) or Mul(X, c), mask)) with c a constant scalar, on the last axis (also
+//   without the scale or without the mask)  -> MaskedSoftmax(X, c, mask): attention's scores
+//   scaled, masked and normalized row by row in one pass; ops/masked_softmax.cc
 //
 // Only copies consumed by that MatMul alone are absorbed, never a graph output or a constant
 // (constants are folded once anyway). GroupedMatMul checks each run's shapes and runs the
@@ -40,6 +43,7 @@ struct ProductRewrites {
   int shape_readers = 0;  // Shape nodes of such caches, made ConcatShape(past, new)
   int sibling_groups = 0, siblings = 0;  // SiblingMatMul nodes, and the MatMuls they replace
   int copy_groups = 0, copies = 0;        // FusedCopy nodes, and the operators they replace
+  int softmax_epilogues = 0;  // MaskedSoftmax nodes: a Softmax with the scale and/or mask Add before it
   std::vector<std::string> notes;  // one line per rewritten node
 };
 

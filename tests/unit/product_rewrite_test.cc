@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+#include <optional>
 
 #include "ops/gemm.h"
 #include "runtime/session.h"
@@ -396,6 +398,111 @@ TEST(PreparedMatMul, PacksOnceOnTheFirstPromptAndMatchesDoublePrecision) {
   check(200);
   check(3);
   EXPECT_EQ(mm.packed_copies(), copies);
+}
+
+// Attention's scores scaled, masked and normalized: Softmax(Add(Div(q kt, c), mask)) as
+// torch.onnx.export writes it. `mul` scales by Mul(c, s) instead; `mask_first` writes Add(mask, d);
+// `axis` is the Softmax's (unset: its opset's default); `scaled_out` makes the scaled scores a
+// graph output too (then nothing is folded).
+Model ScaledSoftmaxModel(bool mul, bool mask_first, int64_t opset = 17, std::optional<int64_t> axis = -1,
+                         bool scaled_out = false) {
+  Graph g;
+  g.inputs = {testing::FloatValue("q", {-1, -1, -1, 8}), testing::FloatValue("kt", {-1, -1, 8, -1}),
+              testing::FloatValue("mask", {-1, -1, -1, -1})};
+  g.SetInitializer("c", Tensor::FromVector<float>({mul ? 0.3535f : 2.8284f}, {1}));
+  g.nodes.push_back(MakeNode("MatMul", {"q", "kt"}, {"s"}, "qk"));
+  g.nodes.push_back(mul ? MakeNode("Mul", {"c", "s"}, {"d"}, "scale") : MakeNode("Div", {"s", "c"}, {"d"}, "scale"));
+  g.nodes.push_back(MakeNode("Add", mask_first ? std::vector<std::string>{"mask", "d"} : std::vector<std::string>{"d", "mask"},
+                             {"a"}, "add_mask"));
+  std::vector<Attribute> attrs;
+  if (axis) attrs.push_back(testing::IntAttr("axis", *axis));
+  g.nodes.push_back(MakeNode("Softmax", {"a"}, {"y"}, "softmax", attrs));
+  g.outputs = {ValueInfo{"y", DataType::kFloat}};
+  if (scaled_out) g.outputs.push_back(ValueInfo{"d", DataType::kFloat});
+  return MakeModel(std::move(g), opset);
+}
+
+void ExpectSame(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].shape(), b[i].shape()) << what;
+    const std::vector<double> x = a[i].ToDoubles(), y = b[i].ToDoubles();
+    for (size_t j = 0; j < x.size(); ++j)  // a row masked out entirely is NaN in both
+      if (!(std::isnan(x[j]) && std::isnan(y[j]))) ASSERT_EQ(x[j], y[j]) << what << " output " << i << " element " << j;
+  }
+}
+
+std::map<std::string, Tensor> ScoreFeeds(int64_t b, int64_t h, int64_t s, int64_t t, Shape mask, uint32_t seed) {
+  Tensor m = RandomFloat(mask, seed + 2, -3.f, 0.f);
+  float* mp = m.data<float>();
+  for (int64_t i = 0; i < m.numel(); i += 3) mp[i] = -std::numeric_limits<float>::infinity();  // masked out
+  return {{"q", RandomFloat({b, h, s, 8}, seed)}, {"kt", RandomFloat({b, h, 8, t}, seed + 1)}, {"mask", m}};
+}
+
+TEST(ProductRewrite, SoftmaxTakesTheScaleAndMaskInOnePass) {
+  for (bool mul : {false, true})
+    for (bool mask_first : {false, true}) {
+      Model m = ScaledSoftmaxModel(mul, mask_first);
+      SessionOptions on{.profile = true}, off;
+      off.rewrite_products = false;
+      Session fast(m, on), plain(m, off);
+      ASSERT_EQ(fast.product_rewrites().softmax_epilogues, 1);
+      EXPECT_EQ(plain.product_rewrites().softmax_epilogues, 0);
+      // A causal mask per position, one per batch row and key, a scalar, and row lengths with
+      // and without a vector tail.
+      const std::vector<std::pair<std::array<int64_t, 4>, Shape>> cases = {
+          {{1, 4, 5, 5}, {1, 1, 5, 5}}, {{2, 3, 1, 37}, {2, 1, 1, 37}}, {{1, 2, 16, 16}, {1, 1, 1, 1}},
+          {{2, 2, 3, 7}, {1, 2, 3, 7}}, {{1, 1, 9, 33}, {1, 1, 9, 1}}};
+      uint32_t seed = 300;
+      int runs = 0;
+      for (const auto& [d, ms] : cases) {
+        auto feeds = ScoreFeeds(d[0], d[1], d[2], d[3], ms, seed += 5);
+        ExpectSame(fast.Run(feeds), plain.Run(feeds),
+                   fmt::format("mul={} mask_first={} {}x{}x{}x{}", mul, mask_first, d[0], d[1], d[2], d[3]));
+        ++runs;
+      }
+      EXPECT_EQ(testing::ProfiledCalls(fast, "MaskedSoftmax"), runs);
+      EXPECT_EQ(testing::ProfiledCalls(fast, "Softmax"), 0);  // no fallback ran
+      EXPECT_EQ(testing::ProfiledCalls(fast, mul ? "Mul" : "Div"), 0);
+    }
+}
+
+TEST(ProductRewrite, SoftmaxEpilogueFallsBackOutsideItsForm) {
+  SessionOptions on{.profile = true}, off;
+  off.rewrite_products = false;
+  {  // A mask that enlarges the scores (broadcast over batch): the original operators run.
+    Model m = ScaledSoftmaxModel(false, false);
+    Session fast(m, on), plain(m, off);
+    auto feeds = ScoreFeeds(1, 2, 4, 6, {3, 2, 4, 6}, 40);
+    ExpectSame(fast.Run(feeds), plain.Run(feeds), "enlarging mask");
+    EXPECT_EQ(testing::ProfiledCalls(fast, "Softmax"), 1);
+  }
+  {  // Softmax over another axis, and opset 11's default axis (1: the input coerced to 2-D).
+    for (auto [opset, axis] : std::vector<std::pair<int64_t, std::optional<int64_t>>>{{17, 2}, {11, std::nullopt}}) {
+      Model m = ScaledSoftmaxModel(false, false, opset, axis);
+      Session fast(m, on), plain(m, off);
+      ASSERT_EQ(fast.product_rewrites().softmax_epilogues, 1);
+      auto feeds = ScoreFeeds(1, 2, 3, 5, {1, 1, 3, 5}, 50);
+      ExpectSame(fast.Run(feeds), plain.Run(feeds), fmt::format("opset {}", opset));
+      EXPECT_EQ(testing::ProfiledCalls(fast, "Softmax"), 1);
+    }
+  }
+  {  // Opset 11's Softmax on its last axis: the fast path.
+    Model m = ScaledSoftmaxModel(false, false, 11, 3);
+    Session fast(m, on), plain(m, off);
+    auto feeds = ScoreFeeds(1, 2, 3, 5, {1, 1, 3, 5}, 60);
+    ExpectSame(fast.Run(feeds), plain.Run(feeds), "opset 11, axis 3");
+    EXPECT_EQ(testing::ProfiledCalls(fast, "Softmax"), 0);
+  }
+  {  // The scaled scores are read by a graph output too: only the mask is folded (the Add reads them).
+    Model m = ScaledSoftmaxModel(false, false, 17, -1, true);
+    Session fast(m, on), plain(m, off);
+    ASSERT_EQ(fast.product_rewrites().softmax_epilogues, 1);
+    auto feeds = ScoreFeeds(1, 2, 3, 5, {1, 1, 3, 5}, 70);
+    ExpectSame(fast.Run(feeds), plain.Run(feeds), "scaled scores as an output");
+    EXPECT_EQ(testing::ProfiledCalls(fast, "Div"), 1);
+    EXPECT_EQ(testing::ProfiledCalls(fast, "Softmax"), 0);
+  }
 }
 
 }  // namespace
