@@ -12,7 +12,7 @@
 // per layer). The arithmetic is the original's, operator by operator (true division, the same
 // float rounding of each step, the Softmax kernel's row function), so results are bit-identical.
 // Shapes or types outside that form (a mask that would enlarge X, a Softmax over another axis,
-// a non-float tensor) run the fallback graph.
+// a float16 or other non-float32 tensor) run the fallback graph.
 #include <vector>
 
 #include "ops/kernel.h"
@@ -100,7 +100,9 @@ void MaskedSoftmaxKernel(KernelContext& ctx) {
 }  // namespace
 
 void RegisterSoftmaxEpilogueKernels(OpRegistry& r) {
-  r.Register({"ai.graph_autofusion.plan", "MaskedSoftmax", OpKind::kReduction, MaskedSoftmaxKernel, true});
+  // Not upcast: float16/bfloat16 scores run the fallback, whose operators round each step in
+  // their own type.
+  r.Register({"ai.graph_autofusion.plan", "MaskedSoftmax", OpKind::kReduction, MaskedSoftmaxKernel, false});
 }
 
 }  // namespace gaf
