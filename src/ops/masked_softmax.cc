@@ -13,6 +13,7 @@
 // float rounding of each step, the Softmax kernel's row function), so results are bit-identical.
 // Shapes or types outside that form (a mask that would enlarge X, a Softmax over another axis,
 // a float16 or other non-float32 tensor) run the fallback graph.
+#include <algorithm>
 #include <vector>
 
 #include "ops/kernel.h"
