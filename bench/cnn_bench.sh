@@ -54,13 +54,13 @@ for m in "${models[@]}"; do
       --repeat "$REPEAT" | sed -n "s/^ort median ms: /  ONNX Runtime (all optimizations), $t thread(s): ms /p"
   done
   # Side by side with ONNX Runtime on equal terms: the model fused by `fuse --safe` and ORT, each
-  # timed back to back in its own process (warm caches for both), processes alternating for
+  # timed back to back in its own process after one untimed run (warm caches for both), processes alternating for
   # ROUNDS rounds; the median of the per-round medians and their ratio.
   "$BUILD/autofusion" fuse "$model" -i "image=$MODELS/$m/input.npy" --preset cnn --safe -o "$out/fused.onnx" >/dev/null
   for t in ${THREADS//,/ }; do
     ours=() theirs=()
     for r in $(seq "$ROUNDS"); do
-      ours+=("$("$BUILD/autofusion" run "$out/fused.onnx" -i "image=$MODELS/$m/input.npy" --threads "$t" \
+      ours+=("$("$BUILD/autofusion" run "$out/fused.onnx" -i "image=$MODELS/$m/input.npy" --threads "$t" --warmup 1 \
         --repeat "$REPEAT" | sed -n 's/^ran .* in \([0-9.]*\) ms.*/\1/p')")
       theirs+=("$(node bench/ort_run.js "$model" -i "image=$MODELS/$m/input.npy" -o "$out" --opt all --threads "$t" \
         --repeat "$REPEAT" | sed -n 's/^ort median ms: \([0-9.]*\).*/\1/p')")

@@ -2,7 +2,8 @@
 # One decode step of a decoder in the past/present layout (Optimum / torch.onnx.export with a KV
 # cache), ours against ONNX Runtime (all optimizations) on the same inputs, at a given batch and
 # past length: each round runs `autofusion run` and bench/ort_run.js once each (fresh processes,
-# interleaved), each timing REPEAT steps after a warm-up; medians over rounds.
+# interleaved), each timing REPEAT steps after a warm-up step; medians over rounds (SEQ>1: bench/fma_peak
+# in the same rounds, and the step's weight-product GFLOPS as a fraction of it).
 #
 #   bench/decode_step_bench.sh MODEL [BATCH=1] [PAST=16]
 #
@@ -88,7 +89,7 @@ mapfile -t feeds < "$dir/args"
 in_args=()
 for f in "${feeds[@]}"; do in_args+=(-i "$f"); done
 
-ours=() ort=()
+ours=() ort=() peak=()
 # A run that prints no time failed: show what it said.
 timed() {
   local out t
@@ -102,8 +103,12 @@ timed() {
   echo "$t"
 }
 for ((r = 0; r < ROUNDS; r++)); do
-  ours+=("$(timed "$BUILD"/autofusion run "$model" "${in_args[@]}" --repeat "$REPEAT" --threads "$THREADS")")
+  ours+=("$(timed "$BUILD"/autofusion run "$model" "${in_args[@]}" --warmup 1 --repeat "$REPEAT" --threads "$THREADS")")
   ort+=("$(timed node bench/ort_run.js "$model" "${in_args[@]}" -o "$dir/ort" --opt all --threads "$THREADS" --repeat "$REPEAT")")
+  # A prompt's step is compute-bound: the machine's multiply-add peak, measured in the same rounds.
+  if [ "$SEQ" -gt 1 ] && [ -x "$BUILD/bench/fma_peak" ]; then
+    peak+=("$("$BUILD"/bench/fma_peak --threads "$THREADS" --repeat 5 | sed -n 's/.*"gflops": \([0-9.]*\).*/\1/p')")
+  fi
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 mo=$(median "${ours[@]}")
@@ -116,3 +121,8 @@ read -r wflops allflops < "$dir/flops"
 awk -v o="$mo" -v r="$mr" -v f="$wflops" -v a="$allflops" 'BEGIN {
   printf "  products by constant weights: %.2f GFLOP per step; ours %.1f GFLOPS, ort %.1f GFLOPS\n", f / 1e9, f / o / 1e6, f / r / 1e6
   if (a > 0) printf "  all matrix products (attention too): %.2f GFLOP per step; ours %.1f GFLOPS, ort %.1f GFLOPS\n", a / 1e9, a / o / 1e6, a / r / 1e6 }'
+if [ ${#peak[@]} -gt 0 ]; then
+  mp=$(median "${peak[@]}")
+  awk -v o="$mo" -v r="$mr" -v f="$wflops" -v p="$mp" -v rounds="${peak[*]}" 'BEGIN {
+    printf "  FMA peak (bench/fma_peak, same rounds): %.1f GFLOPS (rounds: %s); products by weights per step time: ours %.3f, ort %.3f of it\n", p, rounds, f / o / 1e6 / p, f / r / 1e6 / p }'
+fi

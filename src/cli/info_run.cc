@@ -185,6 +185,7 @@ struct RunArgs {
   std::string output_dir;
   int threads = 0;
   int repeat = 1;
+  int warmup = 0;
   unsigned seed = 0;
   bool json = false;
   bool profile = false, no_prepared = false, reference_kernels = false, no_rewrites = false;
@@ -233,6 +234,11 @@ void RunRun(const RunArgs& a) {
   Session session(m, so);
   std::vector<double> times;
   std::vector<Tensor> outs;
+  // Warm-up runs (untimed, not profiled): the first run of a session also packs constant weights
+  // for the prepared kernels, creates library primitives and touches fresh memory.
+  GAF_CHECK(a.warmup >= 0, "run: --warmup must be at least 0, got {}", a.warmup);
+  for (int r = 0; r < a.warmup; ++r) session.Run(feeds);
+  if (a.warmup > 0) session.ResetProfile();
   for (int r = 0; r < std::max(1, a.repeat); ++r) {
     auto t0 = std::chrono::steady_clock::now();
     outs = session.Run(feeds);
@@ -256,6 +262,7 @@ void RunRun(const RunArgs& a) {
     json j;
     j["model"] = a.model;
     j["runs"] = times.size();
+    j["warmup_runs"] = a.warmup;
     j["median_seconds"] = median;
     j["outputs"] = json::array();
     for (size_t i = 0; i < outs.size(); ++i) {
@@ -273,24 +280,24 @@ void RunRun(const RunArgs& a) {
     fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return;
   }
-  fmt::print("ran {} in {:.3f} ms (median of {} run{}, {} thread(s))\n", a.model, median * 1e3, times.size(),
-             times.size() == 1 ? "" : "s", a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency()));
+  fmt::print("ran {} in {:.3f} ms (median of {} run{}{}, {} thread(s))\n", a.model, median * 1e3, times.size(),
+             times.size() == 1 ? "" : "s", a.warmup > 0 ? fmt::format(" after {} warm-up run{}", a.warmup, a.warmup == 1 ? "" : "s") : "", a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency()));
   for (size_t i = 0; i < outs.size(); ++i) fmt::print("  {:<24} {}\n", session.outputs()[i].name, Summarize(outs[i]));
   if (!a.output_dir.empty()) {
     fmt::print("outputs written to {}/ as .npy\n", a.output_dir);
     for (const std::string& w : written) fmt::print("  {}\n", w);
   }
   if (a.profile) {
-    fmt::print("time per op type (all runs):\n");
+    fmt::print("time per op type ({}):\n", a.warmup > 0 ? "the timed runs" : "all runs");
     for (const OpProfile& p : session.Profile())
       fmt::print("  {:<24} {:>8} calls {:>10.3f} ms\n", p.op_type, p.calls, p.seconds * 1e3);
     const ProductRewrites& r = session.product_rewrites();
     fmt::print("plan rewrites (--no-plan-rewrites turns them off): {} products read a transposed operand in place, {} "
                "a repeated KV cache once per cache head ({} of them making the present cache in the same pass), {} "
                "sibling products in {} passes, {} data-movement operators in {} single copies, {} Softmax nodes with "
-               "their scale and mask in one pass\n",
+               "their scale and mask in one pass, {} SiLU(gate) * up and {} SiLU in one pass\n",
                r.transposed, r.kv_grouped, r.appended, r.siblings, r.sibling_groups, r.copies, r.copy_groups,
-               r.softmax_epilogues);
+               r.softmax_epilogues, r.silu_gates, r.silus);
     for (const std::string& n : r.notes) fmt::print("  {}\n", n);
     if (kernels) fmt::print("fused kernels:\n{}", DescribeFusedKernels(*kernels));
   }
@@ -320,6 +327,8 @@ void AddRunCommand(CLI::App& app) {
   cmd->add_option("--output-dir,-o", a->output_dir, "write each output as NAME.npy");
   cmd->add_option("--threads", a->threads, "threads (default: all cores)");
   cmd->add_option("--repeat", a->repeat, "run N times and report the median time");
+  cmd->add_option("--warmup", a->warmup,
+                  "run N times first, untimed and not profiled (the first run packs weights and creates primitives)");
   cmd->add_option("--seed", a->seed, "seed of random inputs");
   cmd->add_flag("--profile", a->profile, "time per op type");
   cmd->add_flag("--no-prepared-kernels", a->no_prepared,

@@ -752,6 +752,11 @@ std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,
   return out;
 }
 
+void Session::ResetProfile() {
+  std::lock_guard<std::mutex> lock(run_mutex_);
+  profile_.clear();
+}
+
 std::vector<OpProfile> Session::Profile() const {
   std::vector<OpProfile> out;
   for (const auto& [k, v] : profile_) out.push_back(v);

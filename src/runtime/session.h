@@ -81,6 +81,8 @@ class Session {
 
   // Per op type totals since construction (only with options.profile), largest first.
   std::vector<OpProfile> Profile() const;
+  // Forgets the totals so far (a caller's warm-up runs, say).
+  void ResetProfile();
   // What the plan rewrote (SessionOptions::rewrite_products).
   const ProductRewrites& product_rewrites() const { return rewrites_; }
 

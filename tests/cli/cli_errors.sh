@@ -44,6 +44,15 @@ head -c 20000 "$MODEL" >"$TMP/trunc.onnx"
 expect_error "truncated model" "$BIN" info "$TMP/trunc.onnx"
 expect_error "unknown input name" "$BIN" run "$MODEL" -i nosuch=random
 expect_error "--half-weights with --float32-weights" "$BIN" run "$MODEL" --half-weights --float32-weights
+expect_error "negative --warmup" "$BIN" run "$MODEL" --warmup -1
+# --warmup runs first, untimed: the timing line says so and the profile counts only the timed runs.
+if "$BIN" run "$MODEL" --warmup 2 --repeat 3 --profile >"$TMP/out" 2>"$TMP/err" &&
+   grep -q 'median of 3 runs after 2 warm-up runs' "$TMP/out" &&
+   grep -qE '^  MaxPool +3 calls' "$TMP/out"; then  # one MaxPool per run
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL --warmup: the timing line or the profile's call counts:"; head -3 "$TMP/out" "$TMP/err"
+fi
 python3 - "$TMP/wrong.npy" <<'PY'
 import sys, struct
 hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }"
