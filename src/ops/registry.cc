@@ -15,6 +15,7 @@ static void RegisterAllKernels(OpRegistry& r) {
   RegisterPlanKernels(r);
   RegisterCopyKernels(r);
   RegisterSoftmaxEpilogueKernels(r);
+  RegisterSiLUGateKernels(r);
 }
 
 OpRegistry& OpRegistry::Global() {

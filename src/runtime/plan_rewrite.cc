@@ -377,6 +377,78 @@ void FoldSoftmaxEpilogues(Graph& g, int64_t opset, ProductRewrites& stats) {
   g.nodes = std::move(kept);
 }
 
+// ---- SiLU, and SwiGLU's SiLU(gate) * up -> SiLUGate ----
+
+// Mul(G, Sigmoid(G)) (either order), the Sigmoid read by that Mul alone: one SiLUGate(G), or
+// SiLUGate(G, U) at the place of a Mul(that, U) that alone reads it (ops/silu_gate.cc).
+void FoldSiLUGates(Graph& g, ProductRewrites& stats) {
+  const ProductIndex ix(g);
+  struct SiLU {
+    const Node* sigmoid;
+    std::string gate;
+  };
+  std::unordered_map<const Node*, SiLU> silus;  // SiLU Muls
+  for (const Node& m : g.nodes) {
+    if (m.op_type != "Mul" || !m.domain.empty() || m.inputs.size() != 2 || m.outputs.size() != 1) continue;
+    for (int k = 0; k < 2; ++k) {
+      const Node* s = ix.SoleProducer(g, m.inputs[k], "Sigmoid");
+      if (s == nullptr || s->inputs.size() != 1 || s->inputs[0].empty() || s->inputs[0] != m.inputs[1 - k]) continue;
+      silus.emplace(&m, SiLU{s, s->inputs[0]});
+      break;
+    }
+  }
+  if (silus.empty()) return;
+  std::unordered_set<const Node*> absorbed;
+  auto rewrite = [&](Node& n, const SiLU& s, const Node* silu_mul, const std::string& up) {
+    auto fallback = std::make_shared<Graph>();
+    fallback->name = n.name + "/fallback";
+    std::vector<std::string> formal = {s.gate};
+    if (!up.empty()) formal.push_back(up);
+    for (const std::string& f : formal) fallback->inputs.push_back(ValueInfo{f});
+    fallback->nodes.push_back(*s.sigmoid);
+    if (silu_mul != &n) fallback->nodes.push_back(*silu_mul);
+    fallback->nodes.push_back(n);
+    fallback->outputs.push_back(ValueInfo{n.outputs[0]});
+    stats.notes.push_back(fmt::format("{}: SiLU of {}{} in one pass", n.Describe(), s.gate,
+                                      up.empty() ? "" : fmt::format(" times {}", up)));
+    absorbed.insert(s.sigmoid);
+    if (silu_mul != &n) absorbed.insert(silu_mul);
+    Attribute fb;
+    fb.name = "fallback";
+    fb.type = Attribute::Type::kGraph;
+    fb.g = std::move(fallback);
+    n.op_type = "SiLUGate";
+    n.domain = kPlanDomain;
+    n.inputs = formal;
+    n.attributes = {fb};
+  };
+  // Gated first: the SiLU Mul is absorbed into the Mul by U that alone reads it.
+  for (Node& m : g.nodes) {
+    if (m.op_type != "Mul" || !m.domain.empty() || m.inputs.size() != 2 || m.outputs.size() != 1 || silus.count(&m))
+      continue;
+    for (int k = 0; k < 2; ++k) {
+      const Node* inner = ix.SoleProducer(g, m.inputs[k], "Mul");
+      auto it = inner != nullptr ? silus.find(inner) : silus.end();
+      if (it == silus.end() || absorbed.count(inner) || m.inputs[1 - k].empty()) continue;
+      const SiLU s = it->second;
+      rewrite(m, s, inner, m.inputs[1 - k]);
+      ++stats.silu_gates;
+      break;
+    }
+  }
+  for (Node& m : g.nodes) {
+    auto it = silus.find(&m);
+    if (it == silus.end() || absorbed.count(&m)) continue;
+    const SiLU s = it->second;
+    rewrite(m, s, &m, "");
+    ++stats.silus;
+  }
+  std::vector<Node> kept;
+  for (Node& n : g.nodes)
+    if (!absorbed.count(&n)) kept.push_back(std::move(n));
+  g.nodes = std::move(kept);
+}
+
 }  // namespace
 
 ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
@@ -512,6 +584,7 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
   if (group_siblings) GroupSiblings(g, stats);
   GroupCopies(g, opset, stats);
   FoldSoftmaxEpilogues(g, opset, stats);
+  FoldSiLUGates(g, stats);
   return stats;
 }
 

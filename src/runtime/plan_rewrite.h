@@ -44,6 +44,7 @@ struct ProductRewrites {
   int sibling_groups = 0, siblings = 0;  // SiblingMatMul nodes, and the MatMuls they replace
   int copy_groups = 0, copies = 0;        // FusedCopy nodes, and the operators they replace
   int softmax_epilogues = 0;  // MaskedSoftmax nodes: a Softmax with the scale and/or mask Add before it
+  int silu_gates = 0, silus = 0;  // SiLUGate nodes: SiLU(G) * U (SwiGLU), and SiLU(G) alone
   std::vector<std::string> notes;  // one line per rewritten node
 };
 

@@ -505,5 +505,70 @@ TEST(ProductRewrite, SoftmaxEpilogueFallsBackOutsideItsForm) {
   }
 }
 
+// A SwiGLU MLP's gate as exporters write it: Mul(Mul(g, Sigmoid(g)), u) with the products before
+// it; `swap` writes both Muls the other way round; `silu_out` makes the SiLU a graph output too
+// (then only the Sigmoid folds, into a SiLU of its own); `no_gate` leaves the SiLU ungated.
+Model SwiGLUModel(bool swap, bool silu_out = false, bool no_gate = false) {
+  Graph g;
+  g.inputs = {testing::FloatValue("x", {-1, 16}), testing::FloatValue("u", {-1, -1})};
+  g.SetInitializer("wg", RandomFloat({16, 24}, 7));
+  g.nodes.push_back(MakeNode("MatMul", {"x", "wg"}, {"g"}, "gate_proj"));
+  g.nodes.push_back(MakeNode("Sigmoid", {"g"}, {"s"}, "sigmoid"));
+  g.nodes.push_back(MakeNode("Mul", swap ? std::vector<std::string>{"s", "g"} : std::vector<std::string>{"g", "s"}, {"silu"},
+                             "silu"));
+  if (!no_gate)
+    g.nodes.push_back(MakeNode("Mul", swap ? std::vector<std::string>{"u", "silu"} : std::vector<std::string>{"silu", "u"},
+                               {"y"}, "gate"));
+  g.outputs = {ValueInfo{no_gate ? "silu" : "y", DataType::kFloat}};
+  if (silu_out && !no_gate) g.outputs.push_back(ValueInfo{"silu", DataType::kFloat});
+  return MakeModel(std::move(g), 17);
+}
+
+TEST(ProductRewrite, SiLUGateIsOnePassAndBitIdentical) {
+  SessionOptions on{.profile = true}, off;
+  off.rewrite_products = false;
+  for (bool swap : {false, true}) {
+    Model m = SwiGLUModel(swap);
+    Session fast(m, on), plain(m, off);
+    ASSERT_EQ(fast.product_rewrites().silu_gates, 1);
+    EXPECT_EQ(fast.product_rewrites().silus, 0);
+    EXPECT_EQ(plain.product_rewrites().silu_gates, 0);
+    int runs = 0;
+    for (int64_t rows : {1, 3, 700}) {  // 700 x 24 elements: more than one task
+      Tensor x = RandomFloat({rows, 16}, 90 + rows, -4.f, 4.f);
+      if (rows == 3) {  // the sigmoid's saturated ends and non-finite gates
+        x.data<float>()[0] = 200.f;
+        x.data<float>()[1] = -200.f;
+        x.data<float>()[2] = std::numeric_limits<float>::infinity();
+        x.data<float>()[3] = std::numeric_limits<float>::quiet_NaN();
+      }
+      std::map<std::string, Tensor> feeds{{"x", x}, {"u", RandomFloat({rows, 24}, 91 + rows)}};
+      ExpectSame(fast.Run(feeds), plain.Run(feeds), fmt::format("swap={} rows={}", swap, rows));
+      ++runs;
+    }
+    EXPECT_EQ(testing::ProfiledCalls(fast, "SiLUGate"), runs);
+    EXPECT_EQ(testing::ProfiledCalls(fast, "Sigmoid"), 0);  // no fallback ran
+    EXPECT_EQ(testing::ProfiledCalls(fast, "Mul"), 0);
+  }
+  {  // An up that broadcasts: the fallback, same results.
+    Model m = SwiGLUModel(false);
+    Session fast(m, on), plain(m, off);
+    std::map<std::string, Tensor> feeds{{"x", RandomFloat({5, 16}, 11)}, {"u", RandomFloat({1, 24}, 12)}};
+    ExpectSame(fast.Run(feeds), plain.Run(feeds), "broadcast up");
+    EXPECT_EQ(testing::ProfiledCalls(fast, "Sigmoid"), 1);
+    EXPECT_EQ(testing::ProfiledCalls(fast, "Mul"), 2);
+  }
+  for (bool silu_out : {true, false}) {  // the SiLU read elsewhere, or not gated: SiLU alone
+    Model m = SwiGLUModel(false, silu_out, !silu_out);
+    Session fast(m, on), plain(m, off);
+    EXPECT_EQ(fast.product_rewrites().silu_gates, 0);
+    ASSERT_EQ(fast.product_rewrites().silus, 1);
+    std::map<std::string, Tensor> feeds{{"x", RandomFloat({4, 16}, 13)}, {"u", RandomFloat({4, 24}, 14)}};
+    ExpectSame(fast.Run(feeds), plain.Run(feeds), fmt::format("silu_out={}", silu_out));
+    EXPECT_EQ(testing::ProfiledCalls(fast, "Sigmoid"), 0);
+    EXPECT_EQ(testing::ProfiledCalls(fast, "Mul"), silu_out ? 1 : 0);
+  }
+}
+
 }  // namespace
 }  // namespace gaf
