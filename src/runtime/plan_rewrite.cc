@@ -43,6 +43,23 @@ struct ProductIndex {
   }
 };
 
+// The `fallback` graph attribute of a plan node (the original operators on its inputs).
+Attribute FallbackAttr(std::shared_ptr<Graph> g) {
+  Attribute a;
+  a.name = "fallback";
+  a.type = Attribute::Type::kGraph;
+  a.g = std::move(g);
+  return a;
+}
+
+Attribute IntAttr(const char* name, int64_t v) {
+  Attribute a;
+  a.name = name;
+  a.type = Attribute::Type::kInt;
+  a.i = v;
+  return a;
+}
+
 // The integer values of a constant input (initializer or Constant node) into *out; false when it
 // is not one.
 bool ConstInts(const Graph& g, const ProductIndex& ix, const std::string& v, std::vector<int64_t>* out) {
@@ -83,11 +100,7 @@ void MakeConcatShape(Node& shape, const Node& cat) {
   attrs.push_back(axis);
   for (const Attribute& a : shape.attributes)
     if (a.name == "start" || a.name == "end") attrs.push_back(a);
-  Attribute fb;
-  fb.name = "fallback";
-  fb.type = Attribute::Type::kGraph;
-  fb.g = std::move(fallback);
-  attrs.push_back(fb);
+  attrs.push_back(FallbackAttr(std::move(fallback)));
   shape.op_type = "ConcatShape";
   shape.domain = kPlanDomain;
   shape.inputs = cat.inputs;
@@ -146,11 +159,7 @@ void GroupSiblings(Graph& g, ProductRewrites& stats) {
       names += (names.empty() ? "" : ", ") + m.Describe();
       if (i != idx[0]) drop[i] = 1;
     }
-    Attribute fb;
-    fb.name = "fallback";
-    fb.type = Attribute::Type::kGraph;
-    fb.g = std::move(fallback);
-    group.attributes = {fb};
+    group.attributes = {FallbackAttr(std::move(fallback))};
     stats.notes.push_back(fmt::format("{} products of {} in one pass over their weights: {}", idx.size(), a, names));
     stats.sibling_groups++;
     stats.siblings += static_cast<int>(idx.size());
@@ -268,14 +277,7 @@ void GroupCopies(Graph& g, int64_t opset, ProductRewrites& stats) {
     n.op_type = "FusedCopy";
     n.domain = kPlanDomain;
     n.inputs = formal;
-    Attribute fb, os;
-    fb.name = "fallback";
-    fb.type = Attribute::Type::kGraph;
-    fb.g = std::move(fallback);
-    os.name = "opset";
-    os.type = Attribute::Type::kInt;
-    os.i = opset;
-    n.attributes = {fb, os};
+    n.attributes = {FallbackAttr(std::move(fallback)), IntAttr("opset", opset)};
   }
   std::vector<Node> kept;
   for (int i = 0; i < count; ++i)
@@ -354,21 +356,11 @@ void FoldSoftmaxEpilogues(Graph& g, int64_t opset, ProductRewrites& stats) {
     if (sc != nullptr) absorbed.insert(sc);
     if (add != nullptr) absorbed.insert(add);
     const int64_t axis = sm.GetInt("axis", opset < 13 ? 1 : -1);
-    auto int_attr = [](const char* name, int64_t v) {
-      Attribute a;
-      a.name = name;
-      a.type = Attribute::Type::kInt;
-      a.i = v;
-      return a;
-    };
-    Attribute fb;
-    fb.name = "fallback";
-    fb.type = Attribute::Type::kGraph;
-    fb.g = std::move(fallback);
     sm.op_type = "MaskedSoftmax";
     sm.domain = kPlanDomain;
     sm.inputs = formal;
-    sm.attributes = {int_attr("scale", kind), int_attr("mask", add != nullptr), int_attr("axis", axis), fb};
+    sm.attributes = {IntAttr("scale", kind), IntAttr("mask", add != nullptr), IntAttr("axis", axis),
+                     FallbackAttr(std::move(fallback))};
   }
   if (absorbed.empty()) return;
   std::vector<Node> kept;
@@ -413,14 +405,10 @@ void FoldSiLUGates(Graph& g, ProductRewrites& stats) {
                                       up.empty() ? "" : fmt::format(" times {}", up)));
     absorbed.insert(s.sigmoid);
     if (silu_mul != &n) absorbed.insert(silu_mul);
-    Attribute fb;
-    fb.name = "fallback";
-    fb.type = Attribute::Type::kGraph;
-    fb.g = std::move(fallback);
     n.op_type = "SiLUGate";
     n.domain = kPlanDomain;
     n.inputs = formal;
-    n.attributes = {fb};
+    n.attributes = {FallbackAttr(std::move(fallback))};
   };
   // Gated first: the SiLU Mul is absorbed into the Mul by U that alone reads it.
   for (Node& m : g.nodes) {
@@ -559,20 +547,8 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
     n.op_type = "GroupedMatMul";
     n.domain = kPlanDomain;
     n.inputs = formal;
-    Attribute tb, kg, ap, fb;
-    ap.name = "append";
-    ap.type = Attribute::Type::kInt;
-    ap.i = cat != nullptr;
-    tb.name = "trans_b";
-    tb.type = Attribute::Type::kInt;
-    tb.i = trans;
-    kg.name = "kv_group";
-    kg.type = Attribute::Type::kInt;
-    kg.i = kv;
-    fb.name = "fallback";
-    fb.type = Attribute::Type::kGraph;
-    fb.g = std::move(fallback);
-    n.attributes = {tb, kg, ap, fb};
+    n.attributes = {IntAttr("trans_b", trans), IntAttr("kv_group", kv), IntAttr("append", cat != nullptr),
+                    FallbackAttr(std::move(fallback))};
   }
   if (!absorbed.empty()) {
     std::vector<Node> kept;
