@@ -107,7 +107,8 @@ for ((r = 0; r < ROUNDS; r++)); do
   ort+=("$(timed node bench/ort_run.js "$model" "${in_args[@]}" -o "$dir/ort" --opt all --threads "$THREADS" --repeat "$REPEAT")")
   # A prompt's step is compute-bound: the machine's multiply-add peak, measured in the same rounds.
   if [ "$SEQ" -gt 1 ] && [ -x "$BUILD/bench/fma_peak" ]; then
-    peak+=("$("$BUILD"/bench/fma_peak --threads "$THREADS" --repeat 5 | sed -n 's/.*"gflops": \([0-9.]*\).*/\1/p')")
+    p=$("$BUILD"/bench/fma_peak --threads "$THREADS" --repeat 5 | sed -n 's/.*"gflops": \([0-9.]*\).*/\1/p')
+    if [ -n "$p" ]; then peak+=("$p"); fi
   fi
 done
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
@@ -121,6 +122,9 @@ read -r wflops allflops < "$dir/flops"
 awk -v o="$mo" -v r="$mr" -v f="$wflops" -v a="$allflops" 'BEGIN {
   printf "  products by constant weights: %.2f GFLOP per step; ours %.1f GFLOPS, ort %.1f GFLOPS\n", f / 1e9, f / o / 1e6, f / r / 1e6
   if (a > 0) printf "  all matrix products (attention too): %.2f GFLOP per step; ours %.1f GFLOPS, ort %.1f GFLOPS\n", a / 1e9, a / o / 1e6, a / r / 1e6 }'
+if [ "$SEQ" -gt 1 ] && [ ${#peak[@]} -eq 0 ]; then
+  echo "  FMA peak: not measured ($BUILD/bench/fma_peak missing or printed no figure), so no fraction of it"
+fi
 if [ ${#peak[@]} -gt 0 ]; then
   mp=$(median "${peak[@]}")
   awk -v o="$mo" -v r="$mr" -v f="$wflops" -v p="$mp" -v rounds="${peak[*]}" 'BEGIN {
