@@ -18,23 +18,15 @@
 #include <algorithm>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#define GAF_ATTENTION_AVX512 1
-#else
-#define GAF_ATTENTION_AVX512 0
-#endif
-
+#include "ops/attention_kernels.h"
 #include "ops/gemm.h"
+#include "ops/grouped_matmul.h"
 #include "ops/gemv.h"
 #include "ops/kernel.h"
 #include "ops/kernel_util.h"
 
 namespace gaf {
-namespace {
 
-// Repeat factor r when Reshape(Expand(Unsqueeze(x, 2), e), s) of x = [b, g, t, d] is [b, g*r, t, d]
-// with each cache head repeated r times; 0 otherwise.
 int64_t KvRepeat(const Shape& x, const std::vector<int64_t>& e, const std::vector<int64_t>& s) {
   if (x.size() != 4 || e.size() > 5) return 0;
   const Shape u = {x[0], x[1], 1, x[2], x[3]};
@@ -50,6 +42,8 @@ int64_t KvRepeat(const Shape& x, const std::vector<int64_t>& e, const std::vecto
   if (r != Shape{x[0], x[1] * ex[2], x[2], x[3]}) return 0;
   return ex[2];
 }
+
+namespace {
 
 // C[M,N] = A[M,K] * op(B), row-major, directly: for small products, where a library call costs
 // more than the arithmetic (a decode step's attention over a short cache).
@@ -118,33 +112,6 @@ void ScoresAvx512(int64_t M, int64_t N, int64_t D, const float* A, const float* 
       _mm512_mask_storeu_ps(C + m * ldc + n0, static_cast<__mmask16>((1u << nb) - 1), SumEach16(part));
     }
   }
-}
-
-// C[M, 16*DV] (+)= P[M,T] * V[T, 16*DV] (P rows ldp apart) for MB rows of P at a time: the MB x DV
-// sums in registers while V streams by (read once per MB rows: from L2 after the first block).
-template <int DV, int MB>
-void ValuesBlock(int64_t mb, int64_t T, const float* P, int64_t ldp, const float* V, float* C, bool accumulate) {
-  __m512 acc[MB][DV];
-  for (int i = 0; i < MB; ++i)
-    for (int c = 0; c < DV; ++c)
-      acc[i][c] = accumulate && i < mb ? _mm512_loadu_ps(C + i * 16 * DV + 16 * c) : _mm512_setzero_ps();
-  for (int64_t t = 0; t < T; ++t) {
-    __m512 v[DV];
-    for (int c = 0; c < DV; ++c) v[c] = _mm512_loadu_ps(V + t * 16 * DV + 16 * c);
-    for (int i = 0; i < MB; ++i) {
-      if (i >= mb) break;
-      const __m512 p = _mm512_set1_ps(P[i * ldp + t]);
-      for (int c = 0; c < DV; ++c) acc[i][c] = _mm512_fmadd_ps(p, v[c], acc[i][c]);
-    }
-  }
-  for (int i = 0; i < MB && i < mb; ++i)
-    for (int c = 0; c < DV; ++c) _mm512_storeu_ps(C + i * 16 * DV + 16 * c, acc[i][c]);
-}
-
-template <int DV, int MB>
-void ValuesAvx512(int64_t M, int64_t T, const float* P, int64_t ldp, const float* V, float* C, bool accumulate) {
-  for (int64_t m0 = 0; m0 < M; m0 += MB)
-    ValuesBlock<DV, MB>(std::min<int64_t>(MB, M - m0), T, P + m0 * ldp, ldp, V, C + m0 * 16 * DV, accumulate);
 }
 
 // The attention products of a decode step or short prompt, when this machine and shape have them:

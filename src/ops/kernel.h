@@ -85,6 +85,7 @@ void RegisterControlFlowKernels(OpRegistry& r);  // If, Loop, Scan
 void RegisterLossAndQuantKernels(OpRegistry& r); // losses, (de)quantization, NMS, GridSample, RoiAlign, Det, windows, random
 void RegisterPlanKernels(OpRegistry& r);         // operators of the session's plan rewrites (runtime/plan_rewrite.h)
 void RegisterSoftmaxEpilogueKernels(OpRegistry& r);  // MaskedSoftmax: scale, mask and Softmax in one pass (plan rewrite)
+void RegisterAttentionKernels(OpRegistry& r);  // FusedAttention: scores, masked softmax and values in blocks (plan rewrite)
 void RegisterSiLUGateKernels(OpRegistry& r);  // SiLUGate: SiLU, or SwiGLU's SiLU(gate) * up, in one pass (plan rewrite)
 void RegisterCopyKernels(OpRegistry& r);         // FusedCopy: a tree of data-movement operators in one pass (plan rewrite)
 

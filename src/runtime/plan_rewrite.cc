@@ -32,14 +32,14 @@ struct ProductIndex {
       }
     }
   }
-  // The node producing `v` when it is op `op` of ai.onnx and one input of one node is all that
-  // reads `v` (no graph output, no subgraph).
-  const Node* SoleProducer(const Graph& g, const std::string& v, const char* op) const {
+  // The node producing `v` when it is op `op` of `domain` (ai.onnx by default) and one input of
+  // one node is all that reads `v` (no graph output, no subgraph).
+  const Node* SoleProducer(const Graph& g, const std::string& v, const char* op, const char* domain = "") const {
     const int p = index.Producer(v);
     if (p < 0 || index.Consumers(v).size() != 1 || index.IsGraphOutput(v) || read_by_subgraphs.count(v))
       return nullptr;
     const Node& n = g.nodes[p];
-    return n.op_type == op && n.domain.empty() ? &n : nullptr;
+    return n.op_type == op && n.domain == domain ? &n : nullptr;
   }
 };
 
@@ -369,6 +369,57 @@ void FoldSoftmaxEpilogues(Graph& g, int64_t opset, ProductRewrites& stats) {
   g.nodes = std::move(kept);
 }
 
+// ---- Attention: the scores product, MaskedSoftmax and the values product -> FusedAttention ----
+
+// A MaskedSoftmax of a GroupedMatMul's scores (Q·Kᵀ, read by it alone) whose probabilities a
+// product by V alone reads (a GroupedMatMul of a repeated cache, or a MatMul): one FusedAttention
+// at the values product's place (ops/fused_attention.cc); the three nodes are its fallback.
+void FoldAttention(Graph& g, ProductRewrites& stats) {
+  const ProductIndex ix(g);
+  std::unordered_set<const Node*> absorbed;
+  for (Node& pv : g.nodes) {
+    const bool grouped = pv.op_type == "GroupedMatMul" && pv.domain == kPlanDomain && pv.GetInt("trans_b", 0) == 0;
+    const bool plain = pv.op_type == "MatMul" && pv.domain.empty() && pv.inputs.size() == 2 && pv.outputs.size() == 1;
+    if ((!grouped && !plain) || pv.inputs.size() < 2 || pv.inputs[0].empty() || pv.outputs.empty()) continue;
+    const Node* sm = ix.SoleProducer(g, pv.inputs[0], "MaskedSoftmax", kPlanDomain);
+    if (sm == nullptr || sm->inputs.empty() || sm->outputs.size() != 1) continue;
+    const Node* qk = ix.SoleProducer(g, sm->inputs[0], "GroupedMatMul", kPlanDomain);
+    if (qk == nullptr || qk->GetInt("trans_b", 0) == 0 || qk->outputs[0] != sm->inputs[0]) continue;
+    // The scores product's other outputs (its present cache) move to the values product's place:
+    // only the graph's outputs may read them.
+    bool moved_read = false;
+    for (size_t i = 1; i < qk->outputs.size(); ++i)
+      moved_read |= !ix.index.Consumers(qk->outputs[i]).empty() || ix.read_by_subgraphs.count(qk->outputs[i]) > 0;
+    if (moved_read) continue;
+    std::vector<std::string> formal = qk->inputs, outputs = {pv.outputs[0]};
+    formal.insert(formal.end(), sm->inputs.begin() + 1, sm->inputs.end());
+    formal.insert(formal.end(), pv.inputs.begin() + 1, pv.inputs.end());
+    outputs.insert(outputs.end(), qk->outputs.begin() + 1, qk->outputs.end());
+    outputs.insert(outputs.end(), pv.outputs.begin() + 1, pv.outputs.end());
+    auto fallback = std::make_shared<Graph>();
+    fallback->name = pv.name + "/fallback";
+    for (const std::string& f : formal) fallback->inputs.push_back(ValueInfo{f});
+    fallback->nodes = {*qk, *sm, pv};
+    for (const std::string& o : outputs) fallback->outputs.push_back(ValueInfo{o});
+    stats.notes.push_back(fmt::format("{}: attention with '{}' and '{}' as one node, in blocks of query rows (the "
+                                      "scores never written out, keys the mask removes skipped)",
+                                      pv.Describe(), qk->name, sm->name));
+    ++stats.attention_blocks;
+    absorbed.insert(qk);
+    absorbed.insert(sm);
+    pv.op_type = "FusedAttention";
+    pv.domain = kPlanDomain;
+    pv.inputs = formal;
+    pv.outputs = outputs;
+    pv.attributes = {FallbackAttr(std::move(fallback))};
+  }
+  if (absorbed.empty()) return;
+  std::vector<Node> kept;
+  for (Node& n : g.nodes)
+    if (!absorbed.count(&n)) kept.push_back(std::move(n));
+  g.nodes = std::move(kept);
+}
+
 // ---- SiLU, and SwiGLU's SiLU(gate) * up -> SiLUGate ----
 
 // Mul(G, Sigmoid(G)) (either order), the Sigmoid read by that Mul alone: one SiLUGate(G), or
@@ -560,6 +611,7 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
   if (group_siblings) GroupSiblings(g, stats);
   GroupCopies(g, opset, stats);
   FoldSoftmaxEpilogues(g, opset, stats);
+  FoldAttention(g, stats);
   FoldSiLUGates(g, stats);
   return stats;
 }

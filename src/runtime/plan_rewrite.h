@@ -19,6 +19,9 @@
 //   Softmax(Add(Div(X, c) or Mul(X, c), mask)) with c a constant scalar, on the last axis (also
 //   without the scale or without the mask)  -> MaskedSoftmax(X, c, mask): attention's scores
 //   scaled, masked and normalized row by row in one pass; ops/masked_softmax.cc
+//   GroupedMatMul(Q, K...) trans_b -> MaskedSoftmax -> GroupedMatMul(P, V...) or MatMul(P, V), each
+//   value read by the next alone  -> FusedAttention: blocks of query rows whose scores stay in a
+//   thread's buffer, the key columns a causal mask removes skipped; ops/fused_attention.cc
 //
 // Only copies consumed by that MatMul alone are absorbed, never a graph output or a constant
 // (constants are folded once anyway). GroupedMatMul checks each run's shapes and runs the
@@ -45,6 +48,7 @@ struct ProductRewrites {
   int copy_groups = 0, copies = 0;        // FusedCopy nodes, and the operators they replace
   int softmax_epilogues = 0;  // MaskedSoftmax nodes: a Softmax with the scale and/or mask Add before it
   int silu_gates = 0, silus = 0;  // SiLUGate nodes: SiLU(G) * U (SwiGLU), and SiLU(G) alone
+  int attention_blocks = 0;       // FusedAttention nodes: scores product, MaskedSoftmax, values product
   std::vector<std::string> notes;  // one line per rewritten node
 };
 

@@ -570,5 +570,141 @@ TEST(ProductRewrite, SiLUGateIsOnePassAndBitIdentical) {
   }
 }
 
+// Attention as a decoder's export writes it: Q·Kᵀ over the key cache (repeated per query head
+// with `gqa`; Concat(past, new) and a graph output with `append`), Div by sqrt(d), Add of a
+// [b, 1, S, T] mask, Softmax, times the value cache. Nothing else reads the scores or the
+// probabilities, so the three become one FusedAttention.
+Model MaskedAttentionModel(int64_t d, bool gqa, bool append) {
+  Graph g;
+  const int64_t kv = gqa ? 2 : 4;
+  g.inputs = {testing::FloatValue("q", {-1, 4, -1, d})};
+  for (const char* c : {"k", "v"}) {
+    const std::string x = c;
+    if (append) {
+      g.inputs.push_back(testing::FloatValue(x + "p", {-1, kv, -1, d}));
+      g.inputs.push_back(testing::FloatValue(x + "n", {-1, kv, -1, d}));
+      g.nodes.push_back(MakeNode("Concat", {x + "p", x + "n"}, {x + "c"}, x + "_concat", {testing::IntAttr("axis", 2)}));
+    } else {
+      g.inputs.push_back(testing::FloatValue(x + "c", {-1, kv, -1, d}));
+    }
+  }
+  g.inputs.push_back(testing::FloatValue("mask", {-1, 1, -1, -1}));
+  g.SetInitializer("c", Tensor::FromVector<float>({std::sqrt(static_cast<float>(d))}, {1}));
+  std::string k = "kc", v = "vc";
+  if (gqa) {
+    g.SetInitializer("axes", Tensor::FromInt64s({2}));
+    g.SetInitializer("eshape", Tensor::FromInt64s({1, 1, 2, 1, 1}));
+    g.SetInitializer("rshape", Tensor::FromInt64s({0, 4, -1, d}));
+    for (const char* c : {"k", "v"}) {
+      const std::string x = c;
+      g.nodes.push_back(MakeNode("Unsqueeze", {x + "c", "axes"}, {x + "u"}, x + "_unsqueeze"));
+      g.nodes.push_back(MakeNode("Expand", {x + "u", "eshape"}, {x + "e"}, x + "_expand"));
+      g.nodes.push_back(MakeNode("Reshape", {x + "e", "rshape"}, {x + "r"}, x + "_reshape"));
+    }
+    k = "kr";
+    v = "vr";
+  }
+  g.nodes.push_back(MakeNode("Transpose", {k}, {"kt"}, "k_transpose", {IntsAttr("perm", {0, 1, 3, 2})}));
+  g.nodes.push_back(MakeNode("MatMul", {"q", "kt"}, {"s"}, "qk"));
+  g.nodes.push_back(MakeNode("Div", {"s", "c"}, {"sd"}, "scale"));
+  g.nodes.push_back(MakeNode("Add", {"sd", "mask"}, {"sa"}, "add_mask"));
+  g.nodes.push_back(MakeNode("Softmax", {"sa"}, {"p"}, "softmax", {testing::IntAttr("axis", -1)}));
+  g.nodes.push_back(MakeNode("MatMul", {"p", v}, {"y"}, "pv"));
+  g.outputs = {ValueInfo{"y", DataType::kFloat}};
+  if (append) {
+    g.outputs.push_back(ValueInfo{"kc", DataType::kFloat});
+    g.outputs.push_back(ValueInfo{"vc", DataType::kFloat});
+  }
+  return MakeModel(std::move(g), 17);
+}
+
+// Feeds for MaskedAttentionModel: s new positions after `past`; the mask is causal (`masked`
+// where a key comes after the query) and batch row 1 is left-padded by 3 positions.
+std::map<std::string, Tensor> MaskedAttentionFeeds(int64_t d, bool gqa, bool append, int64_t b, int64_t s, int64_t past,
+                                                   float masked, uint32_t seed) {
+  const int64_t kv = gqa ? 2 : 4, t = past + s;
+  std::map<std::string, Tensor> f = {{"q", RandomFloat({b, 4, s, d}, seed)}};
+  for (const char* c : {"k", "v"}) {
+    const std::string x = c;
+    if (append) {
+      f[x + "p"] = RandomFloat({b, kv, past, d}, ++seed);
+      f[x + "n"] = RandomFloat({b, kv, s, d}, ++seed);
+    } else {
+      f[x + "c"] = RandomFloat({b, kv, t, d}, ++seed);
+    }
+  }
+  Tensor m = Tensor::Uninitialized(DataType::kFloat, {b, 1, s, t});
+  float* mp = m.data<float>();
+  for (int64_t i = 0; i < b; ++i)
+    for (int64_t r = 0; r < s; ++r)
+      for (int64_t j = 0; j < t; ++j) mp[(i * s + r) * t + j] = j > past + r || (i == 1 && j < 3) ? masked : 0.f;
+  f["mask"] = m;
+  return f;
+}
+
+// Outputs equal within the products' rounding, NaN exactly where the original has NaN.
+void ExpectCloseWithNaNs(const std::vector<Tensor>& a, const std::vector<Tensor>& b, double tol, const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(a[i].shape(), b[i].shape()) << what;
+    const std::vector<double> x = a[i].ToDoubles(), y = b[i].ToDoubles();
+    for (size_t j = 0; j < x.size(); ++j) {
+      ASSERT_EQ(std::isnan(x[j]), std::isnan(y[j])) << what << " output " << i << " element " << j;
+      if (!std::isnan(y[j])) ASSERT_NEAR(x[j], y[j], tol * std::max(1.0, std::abs(y[j]))) << what << " output " << i << " element " << j;
+    }
+  }
+}
+
+TEST(ProductRewrite, AttentionRunsAsOneNodeAndSkipsOnlyKeysWhoseProbabilityIsZero) {
+  const float lowest = std::numeric_limits<float>::lowest(), inf = std::numeric_limits<float>::infinity();
+  for (const auto& [gqa, append] : std::vector<std::pair<bool, bool>>{{true, true}, {false, false}, {true, false}})
+    for (int64_t d : {64, 48}) {
+      const std::string form = fmt::format("gqa={} append={} d={}", gqa, append, d);
+      Model m = MaskedAttentionModel(d, gqa, append);
+      SessionOptions on{.profile = true}, off;
+      off.rewrite_products = false;
+      Session fast(m, on), plain(m, off);
+      ASSERT_EQ(fast.product_rewrites().attention_blocks, 1) << form;
+      EXPECT_EQ(plain.product_rewrites().attention_blocks, 0);
+      uint32_t seed = 900;
+      int runs = 0;
+      // Prompts (blocks of rows, the causal tail skipped), a prompt after a past, a decode step
+      // (the parts one after another); masks of the lowest float, -inf and -1e9.
+      for (const auto& [b, s, past] : std::vector<std::array<int64_t, 3>>{{1, 40, 0}, {2, 33, 7}, {1, 1, 20}, {2, 70, 0}})
+        for (float masked : {lowest, -inf, -1e9f}) {
+          auto feeds = MaskedAttentionFeeds(d, gqa, append, b, s, past, masked, seed += 7);
+          ExpectCloseWithNaNs(fast.Run(feeds), plain.Run(feeds), 1e-5,
+                              fmt::format("{} b={} s={} past={} masked={}", form, b, s, past, masked));
+          ++runs;
+        }
+      // A mask of -1e4 over keys whose scores are larger still: the original's probabilities
+      // there are not 0, so the bound keeps those columns.
+      {
+        auto feeds = MaskedAttentionFeeds(d, gqa, append, 1, 64, 0, -1e4f, seed += 7);  // rows 0-31 skip 32-63
+        Tensor& k = feeds.count("kn") ? feeds["kn"] : feeds["kc"];
+        Tensor& q = feeds["q"];
+        std::fill(q.data<float>(), q.data<float>() + q.numel(), 1.f);
+        float* kp = k.data<float>();
+        const int64_t t = k.dim(2);
+        for (int64_t h = 0; h < k.dim(1); ++h)
+          for (int64_t j = t - 8; j < t; ++j) std::fill(kp + (h * t + j) * d, kp + (h * t + j + 1) * d, 5000.f);
+        ExpectCloseWithNaNs(fast.Run(feeds), plain.Run(feeds), 1e-5, form + " large masked scores");
+        ++runs;
+      }
+      // A NaN in the value cache under the causal mask: 0 * NaN is NaN in the original, so the
+      // masked keys are not skipped and the NaNs are the same.
+      {
+        auto feeds = MaskedAttentionFeeds(d, gqa, append, 1, 64, 0, lowest, seed += 7);
+        Tensor& v = feeds.count("vn") ? feeds["vn"] : feeds["vc"];
+        v.data<float>()[v.numel() - 1] = std::numeric_limits<float>::quiet_NaN();
+        ExpectCloseWithNaNs(fast.Run(feeds), plain.Run(feeds), 1e-5, form + " NaN value");
+        ++runs;
+      }
+      EXPECT_EQ(testing::ProfiledCalls(fast, "FusedAttention"), runs) << form;
+      EXPECT_EQ(testing::ProfiledCalls(fast, "MatMul"), 0) << form;  // no fallback graph ran
+      EXPECT_EQ(testing::ProfiledCalls(fast, "Softmax"), 0) << form;
+    }
+}
+
 }  // namespace
 }  // namespace gaf

@@ -1,0 +1,337 @@
+// FusedAttention (domain ai.graph_autofusion.plan): attention's three plan nodes as one, as the
+// plan rewrite makes it from
+//
+//   GroupedMatMul(Q, K...) trans_b -> MaskedSoftmax(S [, c] [, mask]) -> GroupedMatMul(P, V...) or MatMul(P, V)
+//
+//   inputs   the scores product's, then the MaskedSoftmax's after S, then the values product's
+//            after P
+//   attrs    fallback  the three nodes, as a graph on those inputs; its outputs are Y, then the
+//            present key cache and the present value cache when the products append them
+//
+// A prompt (at least kMinQueryRows query positions) runs in blocks of kBlockRows query rows of
+// one head: the block's scores stay in a buffer of the thread while they are scaled, masked,
+// normalized and multiplied by V, so the [b, heads, S, T] scores and probabilities are never
+// written out. The key columns at the end of a block's rows that the mask removes (a causal
+// mask's future positions, a padded batch row's tail) are not computed. A column is skipped only
+// when its mask is at most kMaskCandidate for every row of the block, and a bound on its score
+// (|scale| |q| max |k|) shows that the original's probability there is exactly 0 (the Softmax
+// kernel's exp of anything below -87 is 0), and only when V's rows are finite (0 * inf is NaN);
+// a block whose rows the bound does not clear is computed over the whole cache. So the skipped
+// terms are the original's exact zeros; the products' sums may round differently from the
+// library's larger products (as GroupedMatMul's decode kernels do). Decode steps and shapes or
+// types outside the form run the three nodes' kernels one after another, as before the rewrite.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "ops/attention_kernels.h"
+#include "ops/gemm.h"
+#include "ops/grouped_matmul.h"
+#include "ops/kernel.h"
+#include "ops/kernel_util.h"
+
+namespace gaf {
+namespace {
+
+constexpr int64_t kMinQueryRows = 16;   // fewer query positions (decode steps) run the three parts
+constexpr int64_t kBlockRows = 32;     // query rows per task
+constexpr int64_t kColumnGrain = 16;    // computed key columns: a multiple of this (or all)
+constexpr float kMaskCandidate = -1e4f; // mask values at or below this may mark skipped columns
+constexpr float kZeroMargin = 100.f;    // below the row's maximum by more than 87: exp is 0
+
+// The fallback graph's nodes run one after another on the node's inputs with their registered
+// kernels (all tensors float32 or shapes): the plan as it was before the rewrite, without the
+// subgraph runner's per-call work.
+void RunParts(KernelContext& ctx, const Graph& g) {
+  std::unordered_map<std::string, const Tensor*> env;
+  for (size_t i = 0; i < g.inputs.size() && i < ctx.num_inputs(); ++i) env[g.inputs[i].name] = ctx.inputs[i];
+  std::vector<std::unique_ptr<std::vector<Tensor>>> made;
+  for (const Node& n : g.nodes) {
+    const KernelInfo* k = OpRegistry::Global().Find(n.domain, n.op_type);
+    GAF_CHECK(k != nullptr, "{}: no kernel for {}", ctx.node.Describe(), n.Describe());
+    KernelContext sub{n, ctx.opset, {}, std::vector<Tensor>(n.outputs.size()), ctx.subgraphs, ctx.num_threads};
+    for (const std::string& in : n.inputs) {
+      auto it = in.empty() ? env.end() : env.find(in);
+      sub.inputs.push_back(it == env.end() ? nullptr : it->second);
+    }
+    k->fn(sub);
+    made.push_back(std::make_unique<std::vector<Tensor>>(std::move(sub.outputs)));
+    for (size_t i = 0; i < n.outputs.size(); ++i)
+      if (!n.outputs[i].empty()) env[n.outputs[i]] = &(*made.back())[i];
+  }
+  for (size_t i = 0; i < g.outputs.size() && i < ctx.num_outputs(); ++i) {
+    auto it = env.find(g.outputs[i].name);
+    GAF_CHECK(it != env.end(), "{}: its parts do not make {}", ctx.node.Describe(), g.outputs[i].name);
+    ctx.outputs[i] = *it->second;
+  }
+}
+
+// A key or value cache [b, g, T, d] in one piece, read by r consecutive query heads per cache head.
+struct Cache {
+  Tensor t;
+  int64_t r = 0;
+  bool appended = false;  // t is the present cache the part outputs
+};
+
+// The cache a product part reads, from its inputs in ctx starting at `first` (the part's second
+// input): the appended Concat(past, new) (made here, appended), the repeated cache, or (r = 1) a
+// [b, heads, T, d] operand as it is. False when the shapes are not of the part's form.
+bool CacheOf(const Node& part, const KernelContext& ctx, size_t first, int64_t b, int64_t heads, Cache* c) {
+  auto in = [&](size_t i) -> const Tensor* { return first + i < ctx.num_inputs() ? ctx.inputs[first + i] : nullptr; };
+  const bool grouped = part.op_type == "GroupedMatMul";
+  const bool kv = grouped && part.GetInt("kv_group", 0) != 0, append = kv && part.GetInt("append", 0) != 0;
+  const size_t shapes = append ? 2 : 1;
+  if (append) {
+    const Tensor* past = in(0);
+    const Tensor* cur = in(1);
+    if (past == nullptr || cur == nullptr || past->rank() != 4 || cur->rank() != 4 || past->dim(0) != cur->dim(0) ||
+        past->dim(1) != cur->dim(1) || past->dim(3) != cur->dim(3))
+      return false;
+    const int64_t g = past->dim(1), tp = past->dim(2), tn = cur->dim(2), d = past->dim(3);
+    const int64_t t = CheckedAdd(tp, tn, "present cache length");
+    if (past->dtype() != DataType::kFloat || cur->dtype() != DataType::kFloat) return false;
+    c->t = Tensor::Uninitialized(DataType::kFloat, {past->dim(0), g, t, d});
+    c->appended = true;
+    const float* pp = past->data<float>();
+    const float* cp = cur->data<float>();
+    float* pr = c->t.data<float>();
+    for (int64_t i = 0; i < past->dim(0) * g; ++i) {
+      CopyBytes(pr + i * t * d, pp + i * tp * d, sizeof(float) * tp * d);
+      CopyBytes(pr + i * t * d + tp * d, cp + i * tn * d, sizeof(float) * tn * d);
+    }
+  } else {
+    if (in(0) == nullptr || in(0)->rank() != 4) return false;
+    c->t = *in(0);
+  }
+  if (c->t.dtype() != DataType::kFloat) return false;
+  if (kv) {
+    if (in(shapes) == nullptr || in(shapes + 1) == nullptr) return false;
+    c->r = KvRepeat(c->t.shape(), in(shapes)->ToInt64s(), in(shapes + 1)->ToInt64s());
+  } else {
+    c->r = 1;
+  }
+  return c->r > 0 && c->t.dim(0) == b && c->t.dim(1) * c->r == heads;
+}
+
+// max over the cache head's rows of |k_j| (infinity when a row is not finite), and whether all
+// its values are finite.
+void RowNorms(const float* k, int64_t t, int64_t d, float* max_norm, bool* finite) {
+  float worst = 0.f;
+  bool fin = true;
+  for (int64_t j = 0; j < t; ++j) {
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < d; ++i) s += k[j * d + i] * k[j * d + i];
+    if (!std::isfinite(s)) fin = false;
+    worst = std::max(worst, std::sqrt(s));
+  }
+  *max_norm = fin ? worst : std::numeric_limits<float>::infinity();
+  *finite = fin;
+}
+
+void FusedAttentionKernel(KernelContext& ctx) {
+  const Graph* g = ctx.node.GetGraph("fallback");
+  GAF_CHECK(g != nullptr && g->nodes.size() == 3, "{}: no attention parts", ctx.node.Describe());
+  const Node& qk = g->nodes[0];
+  const Node& sm = g->nodes[1];
+  const Node& pv = g->nodes[2];
+  for (size_t i = 0; i < ctx.num_inputs(); ++i)
+    if (ctx.has_input(i) && ctx.inputs[i]->dtype() != DataType::kFloat && ctx.inputs[i]->dtype() != DataType::kInt64)
+      return RunPlanFallback(ctx);  // half types: the parts' own conversions
+  const Tensor& Q = ctx.input(0);
+  const size_t sm_first = qk.inputs.size(), pv_first = sm_first + sm.inputs.size() - 1;
+  const int64_t scale = sm.GetInt("scale", 0);
+  const bool has_mask = sm.GetInt("mask", 0) != 0;
+  const int64_t axis = sm.GetInt("axis", -1);
+  if (Q.dtype() != DataType::kFloat || Q.rank() != 4 || Q.dim(2) < kMinQueryRows || qk.GetInt("trans_b", 0) == 0 ||
+      (pv.op_type == "GroupedMatMul" && pv.GetInt("trans_b", 0) != 0) || (axis != -1 && axis != 3) || scale < 0 ||
+      scale > 2 || sm.inputs.size() != 1 + (scale != 0) + has_mask || ctx.num_inputs() != pv_first + pv.inputs.size() - 1)
+    return RunParts(ctx, *g);
+  const int64_t b = Q.dim(0), H = Q.dim(1), S = Q.dim(2), d = Q.dim(3);
+  Cache K, V;
+  if (b == 0 || H == 0 || d == 0 || !CacheOf(qk, ctx, 1, b, H, &K) || !CacheOf(pv, ctx, pv_first, b, H, &V) ||
+      K.t.dim(3) != d || V.t.dim(2) != K.t.dim(2) || K.t.dim(2) == 0 || V.t.dim(3) == 0)
+    return RunParts(ctx, *g);
+  const int64_t T = K.t.dim(2), dv = V.t.dim(3), gk = K.t.dim(1), gv = V.t.dim(1);
+  float c = 1.f;
+  if (scale != 0) {
+    const Tensor* ct = ctx.inputs[sm_first];
+    if (ct == nullptr || ct->numel() != 1 || ct->dtype() != DataType::kFloat) return RunParts(ctx, *g);
+    c = ct->data<float>()[0];
+  }
+  // The mask's element strides over the scores' axes [b, H, S, T] (0 where it broadcasts).
+  int64_t mst[4] = {0, 0, 0, 0};
+  const float* mask = nullptr;
+  if (has_mask) {
+    const Tensor* M = ctx.inputs[sm_first + (scale != 0)];
+    if (M == nullptr || M->dtype() != DataType::kFloat || M->rank() > 4) return RunParts(ctx, *g);
+    const int64_t xs[4] = {b, H, S, T};
+    int64_t st = 1;
+    for (int64_t a = M->rank() - 1; a >= 0; --a) {
+      const int64_t xa = 4 - M->rank() + a, md = M->dim(a);
+      if (md != xs[xa] && md != 1) return RunParts(ctx, *g);
+      mst[xa] = md == 1 ? 0 : st;
+      st *= md;
+    }
+    mask = M->data<float>();
+  }
+  Tensor Y = Tensor::Uninitialized(DataType::kFloat, {b, H, S, dv});
+  const float* q = Q.data<float>();
+  const float* kc = K.t.data<float>();
+  const float* vc = V.t.data<float>();
+  float* y = Y.data<float>();
+
+  // The keys packed transposed per key head ([d, ldt], zero past T) for the scores kernel, where
+  // this build has it; ldt is also the row length of the score buffers.
+  const int64_t ldt = (T + kColumnGrain - 1) / kColumnGrain * kColumnGrain;
+  std::vector<float> kt;
+  if (GAF_ATTENTION_AVX512) {
+    kt.assign(static_cast<size_t>(CheckedMul(CheckedMul(b * gk, d, "packed keys"), ldt, "packed keys")), 0.f);
+    ParallelFor(b * gk, 1, [&](int64_t h0, int64_t h1) {
+      for (int64_t i = h0; i < h1; ++i)
+        for (int64_t j = 0; j < T; ++j)
+          for (int64_t k = 0; k < d; ++k) kt[(i * d + k) * ldt + j] = kc[(i * T + j) * d + k];
+    });
+  }
+  // What may be skipped: the largest |k| per key head, whether each value head is finite.
+  std::vector<float> kmax(static_cast<size_t>(b * gk));
+  std::vector<char> vfinite(static_cast<size_t>(b * gv));
+  const bool skipping = mask != nullptr && mst[3] == 1;  // then the mask's rows are T long
+  // Per mask row: how many leading columns to keep (past them every value is at most
+  // kMaskCandidate; all when the row has no such tail or is masked everywhere), and the largest
+  // mask value of the rest.
+  std::vector<int64_t> extent;
+  std::vector<float> tail;
+  if (skipping) {
+    const int64_t mrows = ctx.inputs[sm_first + (scale != 0)]->numel() / T;
+    extent.resize(static_cast<size_t>(mrows));
+    tail.resize(static_cast<size_t>(mrows));
+    ParallelFor(mrows, 64, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* mr = mask + r * T;
+        int64_t j = T;
+        while (j > 0 && mr[j - 1] <= kMaskCandidate) --j;
+        if (j == 0) j = T;
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t i = j; i < T; ++i) top = std::max(top, mr[i]);
+        extent[r] = j;
+        tail[r] = top;
+      }
+    });
+    ParallelFor(b * gk, 1, [&](int64_t h0, int64_t h1) {
+      for (int64_t i = h0; i < h1; ++i) {
+        bool fin = true;
+        RowNorms(kc + i * T * d, T, d, &kmax[i], &fin);
+      }
+    });
+    ParallelFor(b * gv, 1, [&](int64_t h0, int64_t h1) {
+      for (int64_t i = h0; i < h1; ++i) {
+        float unused = 0.f;
+        bool fin = true;
+        RowNorms(vc + i * T * dv, T, dv, &unused, &fin);
+        vfinite[i] = fin;
+      }
+    });
+  }
+  // |score * scale| <= factor * |q| * |k| (with room for the dot product's rounding).
+  const float factor = (scale == 1 ? 1.f / std::fabs(c) : scale == 2 ? std::fabs(c) : 1.f) * 1.001f;
+  const int64_t blocks = (S + kBlockRows - 1) / kBlockRows, tasks = b * H * blocks;
+  const int threads = std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), tasks);
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> buf(static_cast<size_t>(kBlockRows * ldt));
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) {
+      // The last query blocks first: under a causal mask they have the most keys.
+      const int64_t blk = blocks - 1 - task / (b * H), bh = task % (b * H), bi = bh / H, h = bh % H;
+      const int64_t s0 = blk * kBlockRows, rows = std::min(kBlockRows, S - s0);
+      const float* qb = q + ((bi * H + h) * S + s0) * d;
+      const int64_t kh = bi * gk + h / K.r, vh = bi * gv + h / V.r;
+      [[maybe_unused]] const float* kb = kc + kh * T * d;
+      const float* vb = vc + vh * T * dv;
+      auto mask_row = [&](int64_t s) { return mask + bi * mst[0] + h * mst[1] + (s0 + s) * mst[2]; };
+      int64_t cols = T;
+      if (skipping && vfinite[vh] && std::isfinite(kmax[kh])) {
+        int64_t keep = 0;
+        for (int64_t s = 0; s < rows; ++s) keep = std::max(keep, extent[(mask_row(s) - mask) / T]);
+        cols = std::min(T, (keep + kColumnGrain - 1) / kColumnGrain * kColumnGrain);
+      }
+      for (;;) {
+#if GAF_ATTENTION_AVX512
+        ScoresPacked(rows, cols, d, qb, kt.data() + kh * d * ldt, ldt, buf.data(), ldt);
+#else
+        SgemmF32(false, true, rows, cols, d, 1.f, qb, d, kb, d, 0.f, buf.data(), ldt);
+#endif
+        bool cleared = true;
+        for (int64_t s = 0; s < rows; ++s) {
+          float* yr = buf.data() + s * ldt;
+          if (scale == 1) {
+#pragma omp simd
+            for (int64_t i = 0; i < cols; ++i) yr[i] = yr[i] / c;
+          } else if (scale == 2) {
+#pragma omp simd
+            for (int64_t i = 0; i < cols; ++i) yr[i] = yr[i] * c;
+          }
+          if (mask == nullptr) continue;
+          const float* mr = mask_row(s);
+          if (mst[3] == 1) {
+#pragma omp simd
+            for (int64_t i = 0; i < cols; ++i) yr[i] += mr[i];
+          } else {
+            const float m0 = mr[0];
+#pragma omp simd
+            for (int64_t i = 0; i < cols; ++i) yr[i] += m0;
+          }
+          if (cols == T) continue;
+          // Every skipped score, masked, lies more than kZeroMargin below the row's maximum.
+          float top = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : top)
+          for (int64_t i = 0; i < cols; ++i) top = top > yr[i] ? top : yr[i];
+          const float skipped = tail[(mr - mask) / T];  // at least the largest of the skipped ones
+          float qn = 0.f;
+#pragma omp simd reduction(+ : qn)
+          for (int64_t i = 0; i < d; ++i) qn += qb[s * d + i] * qb[s * d + i];
+          const float bound = factor * std::sqrt(qn) * kmax[kh];
+          if (!(skipped + bound + std::fabs(skipped) * 1e-6f < top - kZeroMargin)) cleared = false;
+        }
+        if (!cleared) {  // the whole cache, as the original
+          cols = T;
+          continue;
+        }
+        for (int64_t s = 0; s < rows; ++s) SoftmaxRowF32(buf.data() + s * ldt, buf.data() + s * ldt, cols);
+        float* yb = y + ((bi * H + h) * S + s0) * dv;
+#if GAF_ATTENTION_AVX512
+        if (dv == 64) {
+          ValuesAvx512<4, 6>(rows, cols, buf.data(), ldt, vb, yb, false);
+          break;
+        }
+        if (dv == 128) {
+          ValuesAvx512<8, 3>(rows, cols, buf.data(), ldt, vb, yb, false);
+          break;
+        }
+#endif
+        SgemmF32(false, false, rows, dv, cols, 1.f, buf.data(), ldt, vb, dv, 0.f, yb, dv);
+        break;
+      }
+    }
+  }
+  ctx.outputs[0] = std::move(Y);
+  size_t o = 1;
+  for (const Cache* cache : {&K, &V})
+    if (cache->appended && o < ctx.num_outputs()) ctx.outputs[o++] = cache->t;
+  GAF_CHECK(o == ctx.num_outputs(), "{}: made {} of its {} outputs", ctx.node.Describe(), o, ctx.num_outputs());
+}
+
+}  // namespace
+
+void RegisterAttentionKernels(OpRegistry& r) {
+  // Not upcast: float16/bfloat16 attention runs the fallback, whose operators round in their type.
+  r.Register({"ai.graph_autofusion.plan", "FusedAttention", OpKind::kContraction, FusedAttentionKernel, false});
+}
+
+}  // namespace gaf
