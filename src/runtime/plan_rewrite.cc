@@ -1,6 +1,8 @@
 // Session plan rewrites of products (see plan_rewrite.h).
 #include "runtime/plan_rewrite.h"
 
+#include "runtime/plan_rewrite_util.h"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -10,38 +12,8 @@
 #include <unordered_set>
 
 namespace gaf {
-namespace {
+namespace plan_rewrite {
 
-// Use-def links (ir's GraphIndex) plus what the rewrites also need: values read by subgraphs
-// (outer-scope reads) and constant values.
-struct ProductIndex {
-  GraphIndex index;
-  std::unordered_set<std::string> read_by_subgraphs;
-  std::unordered_set<std::string> constants;  // initializers and Constant outputs
-
-  explicit ProductIndex(const Graph& g) : index(g) {
-    for (const auto& [n, t] : g.initializers) constants.insert(n);
-    for (const Node& n : g.nodes) {
-      if (n.op_type == "Constant" && n.domain.empty() && !n.outputs.empty()) constants.insert(n.outputs[0]);
-      for (const Attribute& a : n.attributes) {
-        std::vector<const Graph*> subs;
-        if (a.g) subs.push_back(a.g.get());
-        for (const auto& sg : a.graphs) subs.push_back(sg.get());
-        for (const Graph* sg : subs)
-          for (const std::string& v : OuterScopeValues(*sg)) read_by_subgraphs.insert(v);
-      }
-    }
-  }
-  // The node producing `v` when it is op `op` of `domain` (ai.onnx by default) and one input of
-  // one node is all that reads `v` (no graph output, no subgraph).
-  const Node* SoleProducer(const Graph& g, const std::string& v, const char* op, const char* domain = "") const {
-    const int p = index.Producer(v);
-    if (p < 0 || index.Consumers(v).size() != 1 || index.IsGraphOutput(v) || read_by_subgraphs.count(v))
-      return nullptr;
-    const Node& n = g.nodes[p];
-    return n.op_type == op && n.domain == domain ? &n : nullptr;
-  }
-};
 
 // The `fallback` graph attribute of a plan node (the original operators on its inputs).
 Attribute FallbackAttr(std::shared_ptr<Graph> g) {
@@ -82,6 +54,33 @@ bool ConstInts(const Graph& g, const ProductIndex& ix, const std::string& v, std
   }
   return false;
 }
+
+bool ConstScalar(const Graph& g, const ProductIndex& ix, const std::string& v, float* value) {
+  const Tensor* t = g.FindInitializer(v);
+  if (t == nullptr) {
+    const int p = ix.index.Producer(v);
+    if (p < 0 || g.nodes[p].op_type != "Constant" || !g.nodes[p].domain.empty()) return false;
+    t = g.nodes[p].GetTensor("value");
+  }
+  if (t == nullptr || t->dtype() != DataType::kFloat || t->numel() != 1) return false;
+  if (value != nullptr) *value = t->data<float>()[0];
+  return true;
+}
+
+void DropNodes(Graph& g, const std::unordered_set<const Node*>& absorbed) {
+  if (absorbed.empty()) return;
+  std::vector<Node> kept;
+  kept.reserve(g.nodes.size() - std::min(g.nodes.size(), absorbed.size()));
+  for (Node& n : g.nodes)
+    if (!absorbed.count(&n)) kept.push_back(std::move(n));
+  g.nodes = std::move(kept);
+}
+
+}  // namespace plan_rewrite
+
+namespace {
+
+using namespace plan_rewrite;
 
 // Shape(X) with X = Concat(a, b, ...) -> ConcatShape(a, b, ...): the shape without X, whose
 // maker (an appending GroupedMatMul, a FusedCopy) may come after it or not make it at all. Its
@@ -285,209 +284,6 @@ void GroupCopies(Graph& g, int64_t opset, ProductRewrites& stats) {
   g.nodes = std::move(kept);
 }
 
-// ---- attention's scale and mask folded into its Softmax -> MaskedSoftmax ----
-
-// True when v is a float32 constant of one element (an initializer or a Constant node's value).
-bool ConstScalar(const Graph& g, const ProductIndex& ix, const std::string& v) {
-  const Tensor* t = g.FindInitializer(v);
-  if (t == nullptr) {
-    const int p = ix.index.Producer(v);
-    if (p < 0 || g.nodes[p].op_type != "Constant" || !g.nodes[p].domain.empty()) return false;
-    t = g.nodes[p].GetTensor("value");
-  }
-  return t != nullptr && t->dtype() == DataType::kFloat && t->numel() == 1;
-}
-
-// Softmax(Add(Div(X, c) | Mul(X, c), mask)) and the forms without the scale or the mask: one
-// MaskedSoftmax (ops/masked_softmax.cc) reading X once, at the Softmax's place.
-void FoldSoftmaxEpilogues(Graph& g, int64_t opset, ProductRewrites& stats) {
-  const ProductIndex ix(g);
-  std::unordered_set<const Node*> absorbed;
-  // The scale node making v (Div(X, c) or Mul(X, c) / Mul(c, X), c a constant scalar), read
-  // only by its consumer; sets *x, *c and *kind (1 divide, 2 multiply).
-  auto scale_of = [&](const std::string& v, std::string* x, std::string* c, int* kind) -> const Node* {
-    for (const char* op : {"Div", "Mul"}) {
-      const Node* n = ix.SoleProducer(g, v, op);
-      if (n == nullptr || n->inputs.size() != 2 || n->outputs.size() != 1) continue;
-      for (int k = 0; k < (n->op_type == "Mul" ? 2 : 1); ++k) {
-        const std::string& cst = n->inputs[1 - k];
-        if (n->inputs[k].empty() || ix.constants.count(n->inputs[k]) || !ConstScalar(g, ix, cst)) continue;
-        *x = n->inputs[k];
-        *c = cst;
-        *kind = n->op_type == "Div" ? 1 : 2;
-        return n;
-      }
-    }
-    return nullptr;
-  };
-  for (Node& sm : g.nodes) {
-    if (sm.op_type != "Softmax" || !sm.domain.empty() || sm.inputs.size() != 1 || sm.outputs.size() != 1) continue;
-    std::string x = sm.inputs[0], c, mask;
-    int kind = 0;
-    const Node* add = ix.SoleProducer(g, x, "Add");
-    if (add != nullptr && (add->inputs.size() != 2 || add->inputs[0].empty() || add->inputs[1].empty())) add = nullptr;
-    const Node* sc = nullptr;
-    if (add != nullptr) {
-      // X is the side a scale node makes; without one, the first input (a mask that would
-      // enlarge it makes the kernel run the fallback).
-      int side = 0;
-      for (int k = 0; k < 2 && sc == nullptr; ++k)
-        if ((sc = scale_of(add->inputs[k], &x, &c, &kind)) != nullptr) side = k;
-      if (sc == nullptr) x = add->inputs[0];
-      mask = add->inputs[1 - side];
-    } else {
-      sc = scale_of(x, &x, &c, &kind);
-    }
-    if (add == nullptr && sc == nullptr) continue;
-    auto fallback = std::make_shared<Graph>();
-    fallback->name = sm.name + "/fallback";
-    std::vector<std::string> formal = {x};
-    if (sc != nullptr) formal.push_back(c);
-    if (add != nullptr) formal.push_back(mask);
-    for (const std::string& f : formal) fallback->inputs.push_back(ValueInfo{f});
-    if (sc != nullptr) fallback->nodes.push_back(*sc);
-    if (add != nullptr) fallback->nodes.push_back(*add);
-    fallback->nodes.push_back(sm);
-    fallback->outputs.push_back(ValueInfo{sm.outputs[0]});
-    stats.notes.push_back(fmt::format("{}: {}{}the Softmax in one pass over {}", sm.Describe(),
-                                      sc != nullptr ? fmt::format("{} by {}, ", sc->op_type, c) : "",
-                                      add != nullptr ? fmt::format("Add of {}, ", mask) : "", x));
-    ++stats.softmax_epilogues;
-    if (sc != nullptr) absorbed.insert(sc);
-    if (add != nullptr) absorbed.insert(add);
-    const int64_t axis = sm.GetInt("axis", opset < 13 ? 1 : -1);
-    sm.op_type = "MaskedSoftmax";
-    sm.domain = kPlanDomain;
-    sm.inputs = formal;
-    sm.attributes = {IntAttr("scale", kind), IntAttr("mask", add != nullptr), IntAttr("axis", axis),
-                     FallbackAttr(std::move(fallback))};
-  }
-  if (absorbed.empty()) return;
-  std::vector<Node> kept;
-  for (Node& n : g.nodes)
-    if (!absorbed.count(&n)) kept.push_back(std::move(n));
-  g.nodes = std::move(kept);
-}
-
-// ---- Attention: the scores product, MaskedSoftmax and the values product -> FusedAttention ----
-
-// A MaskedSoftmax of a GroupedMatMul's scores (Q·Kᵀ, read by it alone) whose probabilities a
-// product by V alone reads (a GroupedMatMul of a repeated cache, or a MatMul): one FusedAttention
-// at the values product's place (ops/fused_attention.cc); the three nodes are its fallback.
-void FoldAttention(Graph& g, ProductRewrites& stats) {
-  const ProductIndex ix(g);
-  std::unordered_set<const Node*> absorbed;
-  for (Node& pv : g.nodes) {
-    const bool grouped = pv.op_type == "GroupedMatMul" && pv.domain == kPlanDomain && pv.GetInt("trans_b", 0) == 0;
-    const bool plain = pv.op_type == "MatMul" && pv.domain.empty() && pv.inputs.size() == 2 && pv.outputs.size() == 1;
-    if ((!grouped && !plain) || pv.inputs.size() < 2 || pv.inputs[0].empty() || pv.outputs.empty()) continue;
-    const Node* sm = ix.SoleProducer(g, pv.inputs[0], "MaskedSoftmax", kPlanDomain);
-    if (sm == nullptr || sm->inputs.empty() || sm->outputs.size() != 1) continue;
-    const Node* qk = ix.SoleProducer(g, sm->inputs[0], "GroupedMatMul", kPlanDomain);
-    if (qk == nullptr || qk->GetInt("trans_b", 0) == 0 || qk->outputs[0] != sm->inputs[0]) continue;
-    // The scores product's other outputs (its present cache) move to the values product's place:
-    // only the graph's outputs may read them.
-    bool moved_read = false;
-    for (size_t i = 1; i < qk->outputs.size(); ++i)
-      moved_read |= !ix.index.Consumers(qk->outputs[i]).empty() || ix.read_by_subgraphs.count(qk->outputs[i]) > 0;
-    if (moved_read) continue;
-    std::vector<std::string> formal = qk->inputs, outputs = {pv.outputs[0]};
-    formal.insert(formal.end(), sm->inputs.begin() + 1, sm->inputs.end());
-    formal.insert(formal.end(), pv.inputs.begin() + 1, pv.inputs.end());
-    outputs.insert(outputs.end(), qk->outputs.begin() + 1, qk->outputs.end());
-    outputs.insert(outputs.end(), pv.outputs.begin() + 1, pv.outputs.end());
-    auto fallback = std::make_shared<Graph>();
-    fallback->name = pv.name + "/fallback";
-    for (const std::string& f : formal) fallback->inputs.push_back(ValueInfo{f});
-    fallback->nodes = {*qk, *sm, pv};
-    for (const std::string& o : outputs) fallback->outputs.push_back(ValueInfo{o});
-    stats.notes.push_back(fmt::format("{}: attention with '{}' and '{}' as one node, in blocks of query rows (the "
-                                      "scores never written out, keys the mask removes skipped)",
-                                      pv.Describe(), qk->name, sm->name));
-    ++stats.attention_blocks;
-    absorbed.insert(qk);
-    absorbed.insert(sm);
-    pv.op_type = "FusedAttention";
-    pv.domain = kPlanDomain;
-    pv.inputs = formal;
-    pv.outputs = outputs;
-    pv.attributes = {FallbackAttr(std::move(fallback))};
-  }
-  if (absorbed.empty()) return;
-  std::vector<Node> kept;
-  for (Node& n : g.nodes)
-    if (!absorbed.count(&n)) kept.push_back(std::move(n));
-  g.nodes = std::move(kept);
-}
-
-// ---- SiLU, and SwiGLU's SiLU(gate) * up -> SiLUGate ----
-
-// Mul(G, Sigmoid(G)) (either order), the Sigmoid read by that Mul alone: one SiLUGate(G), or
-// SiLUGate(G, U) at the place of a Mul(that, U) that alone reads it (ops/silu_gate.cc).
-void FoldSiLUGates(Graph& g, ProductRewrites& stats) {
-  const ProductIndex ix(g);
-  struct SiLU {
-    const Node* sigmoid;
-    std::string gate;
-  };
-  std::unordered_map<const Node*, SiLU> silus;  // SiLU Muls
-  for (const Node& m : g.nodes) {
-    if (m.op_type != "Mul" || !m.domain.empty() || m.inputs.size() != 2 || m.outputs.size() != 1) continue;
-    for (int k = 0; k < 2; ++k) {
-      const Node* s = ix.SoleProducer(g, m.inputs[k], "Sigmoid");
-      if (s == nullptr || s->inputs.size() != 1 || s->inputs[0].empty() || s->inputs[0] != m.inputs[1 - k]) continue;
-      silus.emplace(&m, SiLU{s, s->inputs[0]});
-      break;
-    }
-  }
-  if (silus.empty()) return;
-  std::unordered_set<const Node*> absorbed;
-  auto rewrite = [&](Node& n, const SiLU& s, const Node* silu_mul, const std::string& up) {
-    auto fallback = std::make_shared<Graph>();
-    fallback->name = n.name + "/fallback";
-    std::vector<std::string> formal = {s.gate};
-    if (!up.empty()) formal.push_back(up);
-    for (const std::string& f : formal) fallback->inputs.push_back(ValueInfo{f});
-    fallback->nodes.push_back(*s.sigmoid);
-    if (silu_mul != &n) fallback->nodes.push_back(*silu_mul);
-    fallback->nodes.push_back(n);
-    fallback->outputs.push_back(ValueInfo{n.outputs[0]});
-    stats.notes.push_back(fmt::format("{}: SiLU of {}{} in one pass", n.Describe(), s.gate,
-                                      up.empty() ? "" : fmt::format(" times {}", up)));
-    absorbed.insert(s.sigmoid);
-    if (silu_mul != &n) absorbed.insert(silu_mul);
-    n.op_type = "SiLUGate";
-    n.domain = kPlanDomain;
-    n.inputs = formal;
-    n.attributes = {FallbackAttr(std::move(fallback))};
-  };
-  // Gated first: the SiLU Mul is absorbed into the Mul by U that alone reads it.
-  for (Node& m : g.nodes) {
-    if (m.op_type != "Mul" || !m.domain.empty() || m.inputs.size() != 2 || m.outputs.size() != 1 || silus.count(&m))
-      continue;
-    for (int k = 0; k < 2; ++k) {
-      const Node* inner = ix.SoleProducer(g, m.inputs[k], "Mul");
-      auto it = inner != nullptr ? silus.find(inner) : silus.end();
-      if (it == silus.end() || absorbed.count(inner) || m.inputs[1 - k].empty()) continue;
-      const SiLU s = it->second;
-      rewrite(m, s, inner, m.inputs[1 - k]);
-      ++stats.silu_gates;
-      break;
-    }
-  }
-  for (Node& m : g.nodes) {
-    auto it = silus.find(&m);
-    if (it == silus.end() || absorbed.count(&m)) continue;
-    const SiLU s = it->second;
-    rewrite(m, s, &m, "");
-    ++stats.silus;
-  }
-  std::vector<Node> kept;
-  for (Node& n : g.nodes)
-    if (!absorbed.count(&n)) kept.push_back(std::move(n));
-  g.nodes = std::move(kept);
-}
-
 }  // namespace
 
 ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
@@ -601,13 +397,7 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
     n.attributes = {IntAttr("trans_b", trans), IntAttr("kv_group", kv), IntAttr("append", cat != nullptr),
                     FallbackAttr(std::move(fallback))};
   }
-  if (!absorbed.empty()) {
-    std::vector<Node> kept;
-    kept.reserve(g.nodes.size() - absorbed.size());
-    for (Node& n : g.nodes)
-      if (!absorbed.count(&n)) kept.push_back(std::move(n));
-    g.nodes = std::move(kept);
-  }
+  DropNodes(g, absorbed);
   if (group_siblings) GroupSiblings(g, stats);
   GroupCopies(g, opset, stats);
   FoldSoftmaxEpilogues(g, opset, stats);

@@ -1,0 +1,196 @@
+// Session plan rewrites of epilogues (see plan_rewrite.h): attention's Softmax with its scale
+// and mask, attention as one node, SiLU gates.
+#include <fmt/format.h>
+
+#include <memory>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "runtime/plan_rewrite_util.h"
+
+namespace gaf::plan_rewrite {
+
+// ---- attention's scale and mask folded into its Softmax -> MaskedSoftmax ----
+
+// True when v is a float32 constant of one element (an initializer or a Constant node's value).
+// Softmax(Add(Div(X, c) | Mul(X, c), mask)) and the forms without the scale or the mask: one
+// MaskedSoftmax (ops/masked_softmax.cc) reading X once, at the Softmax's place.
+void FoldSoftmaxEpilogues(Graph& g, int64_t opset, ProductRewrites& stats) {
+  const ProductIndex ix(g);
+  std::unordered_set<const Node*> absorbed;
+  // The scale node making v (Div(X, c) or Mul(X, c) / Mul(c, X), c a constant scalar), read
+  // only by its consumer; sets *x, *c and *kind (1 divide, 2 multiply).
+  auto scale_of = [&](const std::string& v, std::string* x, std::string* c, int* kind) -> const Node* {
+    for (const char* op : {"Div", "Mul"}) {
+      const Node* n = ix.SoleProducer(g, v, op);
+      if (n == nullptr || n->inputs.size() != 2 || n->outputs.size() != 1) continue;
+      for (int k = 0; k < (n->op_type == "Mul" ? 2 : 1); ++k) {
+        const std::string& cst = n->inputs[1 - k];
+        if (n->inputs[k].empty() || ix.constants.count(n->inputs[k]) || !ConstScalar(g, ix, cst)) continue;
+        *x = n->inputs[k];
+        *c = cst;
+        *kind = n->op_type == "Div" ? 1 : 2;
+        return n;
+      }
+    }
+    return nullptr;
+  };
+  for (Node& sm : g.nodes) {
+    if (sm.op_type != "Softmax" || !sm.domain.empty() || sm.inputs.size() != 1 || sm.outputs.size() != 1) continue;
+    std::string x = sm.inputs[0], c, mask;
+    int kind = 0;
+    const Node* add = ix.SoleProducer(g, x, "Add");
+    if (add != nullptr && (add->inputs.size() != 2 || add->inputs[0].empty() || add->inputs[1].empty())) add = nullptr;
+    const Node* sc = nullptr;
+    if (add != nullptr) {
+      // X is the side a scale node makes; without one, the first input (a mask that would
+      // enlarge it makes the kernel run the fallback).
+      int side = 0;
+      for (int k = 0; k < 2 && sc == nullptr; ++k)
+        if ((sc = scale_of(add->inputs[k], &x, &c, &kind)) != nullptr) side = k;
+      if (sc == nullptr) x = add->inputs[0];
+      mask = add->inputs[1 - side];
+    } else {
+      sc = scale_of(x, &x, &c, &kind);
+    }
+    if (add == nullptr && sc == nullptr) continue;
+    auto fallback = std::make_shared<Graph>();
+    fallback->name = sm.name + "/fallback";
+    std::vector<std::string> formal = {x};
+    if (sc != nullptr) formal.push_back(c);
+    if (add != nullptr) formal.push_back(mask);
+    for (const std::string& f : formal) fallback->inputs.push_back(ValueInfo{f});
+    if (sc != nullptr) fallback->nodes.push_back(*sc);
+    if (add != nullptr) fallback->nodes.push_back(*add);
+    fallback->nodes.push_back(sm);
+    fallback->outputs.push_back(ValueInfo{sm.outputs[0]});
+    stats.notes.push_back(fmt::format("{}: {}{}the Softmax in one pass over {}", sm.Describe(),
+                                      sc != nullptr ? fmt::format("{} by {}, ", sc->op_type, c) : "",
+                                      add != nullptr ? fmt::format("Add of {}, ", mask) : "", x));
+    ++stats.softmax_epilogues;
+    if (sc != nullptr) absorbed.insert(sc);
+    if (add != nullptr) absorbed.insert(add);
+    const int64_t axis = sm.GetInt("axis", opset < 13 ? 1 : -1);
+    sm.op_type = "MaskedSoftmax";
+    sm.domain = kPlanDomain;
+    sm.inputs = formal;
+    sm.attributes = {IntAttr("scale", kind), IntAttr("mask", add != nullptr), IntAttr("axis", axis),
+                     FallbackAttr(std::move(fallback))};
+  }
+  DropNodes(g, absorbed);
+}
+
+// ---- Attention: the scores product, MaskedSoftmax and the values product -> FusedAttention ----
+
+// A MaskedSoftmax of a GroupedMatMul's scores (Q·Kᵀ, read by it alone) whose probabilities a
+// product by V alone reads (a GroupedMatMul of a repeated cache, or a MatMul): one FusedAttention
+// at the values product's place (ops/fused_attention.cc); the three nodes are its fallback.
+void FoldAttention(Graph& g, ProductRewrites& stats) {
+  const ProductIndex ix(g);
+  std::unordered_set<const Node*> absorbed;
+  for (Node& pv : g.nodes) {
+    const bool grouped = pv.op_type == "GroupedMatMul" && pv.domain == kPlanDomain && pv.GetInt("trans_b", 0) == 0;
+    const bool plain = pv.op_type == "MatMul" && pv.domain.empty() && pv.inputs.size() == 2 && pv.outputs.size() == 1;
+    if ((!grouped && !plain) || pv.inputs.size() < 2 || pv.inputs[0].empty() || pv.outputs.empty()) continue;
+    const Node* sm = ix.SoleProducer(g, pv.inputs[0], "MaskedSoftmax", kPlanDomain);
+    if (sm == nullptr || sm->inputs.empty() || sm->outputs.size() != 1) continue;
+    const Node* qk = ix.SoleProducer(g, sm->inputs[0], "GroupedMatMul", kPlanDomain);
+    if (qk == nullptr || qk->GetInt("trans_b", 0) == 0 || qk->outputs[0] != sm->inputs[0]) continue;
+    // The scores product's other outputs (its present cache) move to the values product's place:
+    // only the graph's outputs may read them.
+    bool moved_read = false;
+    for (size_t i = 1; i < qk->outputs.size(); ++i)
+      moved_read |= !ix.index.Consumers(qk->outputs[i]).empty() || ix.read_by_subgraphs.count(qk->outputs[i]) > 0;
+    if (moved_read) continue;
+    std::vector<std::string> formal = qk->inputs, outputs = {pv.outputs[0]};
+    formal.insert(formal.end(), sm->inputs.begin() + 1, sm->inputs.end());
+    formal.insert(formal.end(), pv.inputs.begin() + 1, pv.inputs.end());
+    outputs.insert(outputs.end(), qk->outputs.begin() + 1, qk->outputs.end());
+    outputs.insert(outputs.end(), pv.outputs.begin() + 1, pv.outputs.end());
+    auto fallback = std::make_shared<Graph>();
+    fallback->name = pv.name + "/fallback";
+    for (const std::string& f : formal) fallback->inputs.push_back(ValueInfo{f});
+    fallback->nodes = {*qk, *sm, pv};
+    for (const std::string& o : outputs) fallback->outputs.push_back(ValueInfo{o});
+    stats.notes.push_back(fmt::format("{}: attention with '{}' and '{}' as one node, in blocks of query rows (the "
+                                      "scores never written out, keys the mask removes skipped)",
+                                      pv.Describe(), qk->name, sm->name));
+    ++stats.attention_blocks;
+    absorbed.insert(qk);
+    absorbed.insert(sm);
+    pv.op_type = "FusedAttention";
+    pv.domain = kPlanDomain;
+    pv.inputs = formal;
+    pv.outputs = outputs;
+    pv.attributes = {FallbackAttr(std::move(fallback))};
+  }
+  DropNodes(g, absorbed);
+}
+
+// ---- SiLU, and SwiGLU's SiLU(gate) * up -> SiLUGate ----
+
+// Mul(G, Sigmoid(G)) (either order), the Sigmoid read by that Mul alone: one SiLUGate(G), or
+// SiLUGate(G, U) at the place of a Mul(that, U) that alone reads it (ops/silu_gate.cc).
+void FoldSiLUGates(Graph& g, ProductRewrites& stats) {
+  const ProductIndex ix(g);
+  struct SiLU {
+    const Node* sigmoid;
+    std::string gate;
+  };
+  std::unordered_map<const Node*, SiLU> silus;  // SiLU Muls
+  for (const Node& m : g.nodes) {
+    if (m.op_type != "Mul" || !m.domain.empty() || m.inputs.size() != 2 || m.outputs.size() != 1) continue;
+    for (int k = 0; k < 2; ++k) {
+      const Node* s = ix.SoleProducer(g, m.inputs[k], "Sigmoid");
+      if (s == nullptr || s->inputs.size() != 1 || s->inputs[0].empty() || s->inputs[0] != m.inputs[1 - k]) continue;
+      silus.emplace(&m, SiLU{s, s->inputs[0]});
+      break;
+    }
+  }
+  if (silus.empty()) return;
+  std::unordered_set<const Node*> absorbed;
+  auto rewrite = [&](Node& n, const SiLU& s, const Node* silu_mul, const std::string& up) {
+    auto fallback = std::make_shared<Graph>();
+    fallback->name = n.name + "/fallback";
+    std::vector<std::string> formal = {s.gate};
+    if (!up.empty()) formal.push_back(up);
+    for (const std::string& f : formal) fallback->inputs.push_back(ValueInfo{f});
+    fallback->nodes.push_back(*s.sigmoid);
+    if (silu_mul != &n) fallback->nodes.push_back(*silu_mul);
+    fallback->nodes.push_back(n);
+    fallback->outputs.push_back(ValueInfo{n.outputs[0]});
+    stats.notes.push_back(fmt::format("{}: SiLU of {}{} in one pass", n.Describe(), s.gate,
+                                      up.empty() ? "" : fmt::format(" times {}", up)));
+    absorbed.insert(s.sigmoid);
+    if (silu_mul != &n) absorbed.insert(silu_mul);
+    n.op_type = "SiLUGate";
+    n.domain = kPlanDomain;
+    n.inputs = formal;
+    n.attributes = {FallbackAttr(std::move(fallback))};
+  };
+  // Gated first: the SiLU Mul is absorbed into the Mul by U that alone reads it.
+  for (Node& m : g.nodes) {
+    if (m.op_type != "Mul" || !m.domain.empty() || m.inputs.size() != 2 || m.outputs.size() != 1 || silus.count(&m))
+      continue;
+    for (int k = 0; k < 2; ++k) {
+      const Node* inner = ix.SoleProducer(g, m.inputs[k], "Mul");
+      auto it = inner != nullptr ? silus.find(inner) : silus.end();
+      if (it == silus.end() || absorbed.count(inner) || m.inputs[1 - k].empty()) continue;
+      const SiLU s = it->second;
+      rewrite(m, s, inner, m.inputs[1 - k]);
+      ++stats.silu_gates;
+      break;
+    }
+  }
+  for (Node& m : g.nodes) {
+    auto it = silus.find(&m);
+    if (it == silus.end() || absorbed.count(&m)) continue;
+    const SiLU s = it->second;
+    rewrite(m, s, &m, "");
+    ++stats.silus;
+  }
+  DropNodes(g, absorbed);
+}
+
+
+}  // namespace gaf::plan_rewrite
