@@ -86,6 +86,7 @@ void RegisterLossAndQuantKernels(OpRegistry& r); // losses, (de)quantization, NM
 void RegisterPlanKernels(OpRegistry& r);         // operators of the session's plan rewrites (runtime/plan_rewrite.h)
 void RegisterSoftmaxEpilogueKernels(OpRegistry& r);  // MaskedSoftmax: scale, mask and Softmax in one pass (plan rewrite)
 void RegisterAttentionKernels(OpRegistry& r);  // FusedAttention: scores, masked softmax and values in blocks (plan rewrite)
+void RegisterRMSNormKernels(OpRegistry& r);     // RMSNorm: Pow, ReduceMean, Add, Sqrt, reciprocal and Muls in one pass (plan rewrite)
 void RegisterSiLUGateKernels(OpRegistry& r);  // SiLUGate: SiLU, or SwiGLU's SiLU(gate) * up, in one pass (plan rewrite)
 void RegisterCopyKernels(OpRegistry& r);         // FusedCopy: a tree of data-movement operators in one pass (plan rewrite)
 

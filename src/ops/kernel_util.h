@@ -91,6 +91,9 @@ Shape ResolveReshape(const Shape& in, const std::vector<int64_t>& shape);
 
 // Softmax of one row of n floats with the Softmax kernel's arithmetic (y may be x).
 void SoftmaxRowF32(const float* x, float* y, int64_t n);
+// The mean of one row of n floats with ReduceMean's arithmetic over a last axis, into *mean;
+// false for rows ReduceMean would split across threads (other sums) or empty ones.
+bool MeanRowF32(const float* x, int64_t n, float* mean);
 
 // Runs a plan node's `fallback` graph (the original operators, on the node's inputs) and takes
 // its outputs (runtime/plan_rewrite.h).

@@ -1344,6 +1344,13 @@ void Reg(OpRegistry& r, const char* op, OpKind kind, KernelFn fn) {
 
 void SoftmaxRowF32(const float* x, float* y, int64_t n) { SoftRow<float, SoftKind::kSoftmax>(x, y, n); }
 
+bool MeanRowF32(const float* x, int64_t n, float* mean) {
+  // ReduceTyped splits rows of at least 4 * kGrain across threads when there are few of them.
+  if (n <= 0 || n >= 4 * kGrain) return false;
+  *mean = Finalize<float, Post::kMean>(RowReduce<float, Comb::kSum, Pre::kId>(x, n), n);
+  return true;
+}
+
 void RegisterReduceKernels(OpRegistry& r) {
   const struct {
     const char* name;

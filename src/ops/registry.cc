@@ -17,6 +17,7 @@ static void RegisterAllKernels(OpRegistry& r) {
   RegisterSoftmaxEpilogueKernels(r);
   RegisterSiLUGateKernels(r);
   RegisterAttentionKernels(r);
+  RegisterRMSNormKernels(r);
 }
 
 OpRegistry& OpRegistry::Global() {

@@ -403,6 +403,7 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
   FoldSoftmaxEpilogues(g, opset, stats);
   FoldAttention(g, stats);
   FoldSiLUGates(g, stats);
+  FoldRMSNorms(g, opset, stats);
   return stats;
 }
 

@@ -22,6 +22,8 @@
 //   GroupedMatMul(Q, K...) trans_b -> MaskedSoftmax -> GroupedMatMul(P, V...) or MatMul(P, V), each
 //   value read by the next alone  -> FusedAttention: blocks of query rows whose scores stay in a
 //   thread's buffer, the key columns a causal mask removes skipped; ops/fused_attention.cc
+//   Mul(W, Mul(X, Div(1, Sqrt(Add(ReduceMean(Pow(X, 2)), eps)))))  (and variants)  -> RMSNorm(X, eps, W):
+//   one pass per row, bit-identical; ops/rms_norm.cc
 //
 // Only copies consumed by that MatMul alone are absorbed, never a graph output or a constant
 // (constants are folded once anyway). GroupedMatMul checks each run's shapes and runs the
@@ -48,6 +50,7 @@ struct ProductRewrites {
   int copy_groups = 0, copies = 0;        // FusedCopy nodes, and the operators they replace
   int softmax_epilogues = 0;  // MaskedSoftmax nodes: a Softmax with the scale and/or mask Add before it
   int silu_gates = 0, silus = 0;  // SiLUGate nodes: SiLU(G) * U (SwiGLU), and SiLU(G) alone
+  int rms_norms = 0;              // RMSNorm nodes: Pow, ReduceMean, Add, Sqrt, reciprocal, Mul(s)
   int attention_blocks = 0;       // FusedAttention nodes: scores product, MaskedSoftmax, values product
   std::vector<std::string> notes;  // one line per rewritten node
 };

@@ -193,4 +193,84 @@ void FoldSiLUGates(Graph& g, ProductRewrites& stats) {
 }
 
 
+// ---- RMSNorm: Pow, ReduceMean, Add(eps), Sqrt, the reciprocal and the Muls -> RMSNorm ----
+
+// Mul(W, Mul(X, Div(1, Sqrt(Add(ReduceMean(Pow(X, 2)), eps))))) and its variants (see
+// ops/rms_norm.cc), each value read by the next alone: one RMSNorm at the last node's place.
+void FoldRMSNorms(Graph& g, int64_t opset, ProductRewrites& stats) {
+  const ProductIndex ix(g);
+  std::unordered_set<const Node*> absorbed;
+  auto other = [](const Node& n, int slot) -> const std::string& { return n.inputs[1 - slot]; };
+  for (Node& rm : g.nodes) {
+    if (rm.op_type != "ReduceMean" || !rm.domain.empty() || rm.inputs.empty() || rm.outputs.size() != 1 ||
+        rm.GetInt("keepdims", 1) != 1)
+      continue;
+    std::vector<int64_t> axes;
+    if (opset < 18) axes = rm.GetInts("axes");
+    else if (rm.inputs.size() != 2 || !ConstInts(g, ix, rm.inputs[1], &axes)) continue;
+    if (axes.size() != 1) continue;
+    // The squares: Pow(X, 2) or Mul(X, X).
+    const Node* sq = ix.SoleProducer(g, rm.inputs[0], "Pow");
+    float two = 0.f;
+    if (sq != nullptr && (sq->inputs.size() != 2 || !ConstScalar(g, ix, sq->inputs[1], &two) || two != 2.f)) sq = nullptr;
+    if (sq == nullptr) {
+      sq = ix.SoleProducer(g, rm.inputs[0], "Mul");
+      if (sq != nullptr && (sq->inputs.size() != 2 || sq->inputs[0] != sq->inputs[1])) sq = nullptr;
+    }
+    if (sq == nullptr || sq->inputs[0].empty() || ix.constants.count(sq->inputs[0])) continue;
+    const std::string& x = sq->inputs[0];
+    int slot = 0;
+    const Node* add = ix.SoleConsumer(g, rm.outputs[0], "Add", &slot);
+    if (add == nullptr || add->inputs.size() != 2 || !ConstScalar(g, ix, other(*add, slot))) continue;
+    const std::string eps = other(*add, slot);
+    const Node* sqrt = ix.SoleConsumer(g, add->outputs[0], "Sqrt");
+    if (sqrt == nullptr) continue;
+    // X / s, X * Reciprocal(s) or X * Div(1, s).
+    const Node* recip = nullptr;
+    const Node* last = nullptr;
+    bool divide = false;
+    if (const Node* d = ix.SoleConsumer(g, sqrt->outputs[0], "Div", &slot); d != nullptr && d->inputs.size() == 2) {
+      float one = 0.f;
+      if (slot == 1 && d->inputs[0] == x) {
+        last = d;
+        divide = true;
+      } else if (slot == 1 && ConstScalar(g, ix, d->inputs[0], &one) && one == 1.f) {
+        recip = d;
+      }
+    } else if (const Node* r = ix.SoleConsumer(g, sqrt->outputs[0], "Reciprocal")) {
+      recip = r;
+    }
+    if (recip != nullptr) {
+      const Node* m = ix.SoleConsumer(g, recip->outputs[0], "Mul", &slot);
+      if (m != nullptr && m->inputs.size() == 2 && other(*m, slot) == x) last = m;
+    }
+    if (last == nullptr) continue;
+    // The weight: a constant Mul of the normalized row.
+    const Node* wm = ix.SoleConsumer(g, last->outputs[0], "Mul", &slot);
+    if (wm != nullptr && (wm->inputs.size() != 2 || !ix.constants.count(other(*wm, slot)))) wm = nullptr;
+    Node& out = g.nodes[static_cast<size_t>((wm != nullptr ? wm : last) - g.nodes.data())];
+    std::vector<const Node*> parts = {sq, &rm, add, sqrt};
+    if (recip != nullptr) parts.push_back(recip);
+    parts.push_back(last);
+    if (wm != nullptr) parts.push_back(wm);
+    std::vector<std::string> formal = {x, eps};
+    if (wm != nullptr) formal.push_back(other(*wm, slot));
+    auto fallback = std::make_shared<Graph>();
+    fallback->name = out.name + "/fallback";
+    for (const std::string& f : formal) fallback->inputs.push_back(ValueInfo{f});
+    for (const Node* n : parts) fallback->nodes.push_back(*n);
+    fallback->outputs.push_back(ValueInfo{out.outputs[0]});
+    stats.notes.push_back(fmt::format("{}: RMSNorm of {}{} in one pass ({} operators)", out.Describe(), x,
+                                      wm != nullptr ? fmt::format(" times {}", formal[2]) : "", parts.size()));
+    ++stats.rms_norms;
+    for (const Node* n : parts)
+      if (n != &out) absorbed.insert(n);
+    out.op_type = "RMSNorm";
+    out.domain = kPlanDomain;
+    out.inputs = formal;
+    out.attributes = {IntAttr("axis", axes[0]), IntAttr("divide", divide), FallbackAttr(std::move(fallback))};
+  }
+  DropNodes(g, absorbed);
+}
+
 }  // namespace gaf::plan_rewrite

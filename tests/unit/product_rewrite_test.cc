@@ -706,5 +706,93 @@ TEST(ProductRewrite, AttentionRunsAsOneNodeAndSkipsOnlyKeysWhoseProbabilityIsZer
     }
 }
 
+// RMSNorm as exporters write it, in the forms the rewrite takes: `form` 0 Div(1, s) then Mul,
+// 1 Reciprocal then Mul, 2 Div(X, s); `mul_square` squares by Mul(X, X); `opset` 18 gives the
+// axes as an input; `weight` [n] (or absent: empty).
+Model RMSNormModel(int form, bool mul_square, int64_t opset, std::vector<float> weight, int64_t axis = -1) {
+  Graph g;
+  g.inputs = {testing::FloatValue("x", {-1, -1, -1})};
+  g.SetInitializer("two", Tensor::FromVector<float>({2.f}, {}));
+  g.SetInitializer("one", Tensor::FromVector<float>({1.f}, {}));
+  g.SetInitializer("eps", Tensor::FromVector<float>({1e-6f}, {}));
+  g.nodes.push_back(mul_square ? MakeNode("Mul", {"x", "x"}, {"sq"}, "square") : MakeNode("Pow", {"x", "two"}, {"sq"}, "pow"));
+  if (opset >= 18) {
+    g.SetInitializer("axes", Tensor::FromInt64s({axis}));
+    g.nodes.push_back(MakeNode("ReduceMean", {"sq", "axes"}, {"m"}, "mean"));
+  } else {
+    g.nodes.push_back(MakeNode("ReduceMean", {"sq"}, {"m"}, "mean", {IntsAttr("axes", {axis})}));
+  }
+  g.nodes.push_back(MakeNode("Add", {"eps", "m"}, {"v"}, "add_eps"));
+  g.nodes.push_back(MakeNode("Sqrt", {"v"}, {"s"}, "sqrt"));
+  const std::string normed = weight.empty() ? "y" : "n";
+  if (form == 0) {
+    g.nodes.push_back(MakeNode("Div", {"one", "s"}, {"r"}, "recip"));
+    g.nodes.push_back(MakeNode("Mul", {"r", "x"}, {normed}, "scale"));
+  } else if (form == 1) {
+    g.nodes.push_back(MakeNode("Reciprocal", {"s"}, {"r"}, "recip"));
+    g.nodes.push_back(MakeNode("Mul", {"x", "r"}, {normed}, "scale"));
+  } else {
+    g.nodes.push_back(MakeNode("Div", {"x", "s"}, {normed}, "scale"));
+  }
+  if (!weight.empty()) {
+    g.SetInitializer("w", Tensor::FromVector<float>(weight, {static_cast<int64_t>(weight.size())}));
+    g.nodes.push_back(MakeNode("Mul", {"w", "n"}, {"y"}, "weight"));
+  }
+  g.outputs = {ValueInfo{"y", DataType::kFloat}};
+  return MakeModel(std::move(g), opset);
+}
+
+TEST(ProductRewrite, RMSNormIsOnePassAndBitIdentical) {
+  for (int form : {0, 1, 2})
+    for (bool mul_square : {false, true})
+      for (int64_t opset : {17, 18})
+        for (bool weighted : {true, false}) {
+          const int64_t n = 40;
+          std::vector<float> w;
+          if (weighted)
+            for (int64_t i = 0; i < n; ++i) w.push_back(0.5f + 0.03f * static_cast<float>(i));
+          const std::string what = fmt::format("form={} mul_square={} opset={} weighted={}", form, mul_square, opset, weighted);
+          Model m = RMSNormModel(form, mul_square, opset, w);
+          SessionOptions on{.profile = true}, off;
+          off.rewrite_products = false;
+          Session fast(m, on), plain(m, off);
+          ASSERT_EQ(fast.product_rewrites().rms_norms, 1) << what;
+          EXPECT_EQ(plain.product_rewrites().rms_norms, 0);
+          int runs = 0;
+          for (const Shape& shape : std::vector<Shape>{{1, 7, n}, {2, 300, n}, {1, 1, n}}) {
+            if (!weighted) {  // other row lengths too
+              Shape other = shape;
+              other.back() = 1023;
+              Tensor x = RandomFloat(other, 77 + runs, -30.f, 30.f);
+              ExpectSame(fast.Run({{"x", x}}), plain.Run({{"x", x}}), what + " n=1023");
+              ++runs;
+            }
+            Tensor x = RandomFloat(shape, 50 + runs, -3.f, 3.f);
+            x.data<float>()[0] = 0.f;
+            ExpectSame(fast.Run({{"x", x}}), plain.Run({{"x", x}}), what);
+            ++runs;
+          }
+          // An all-zero row (the mean is 0, eps alone keeps it finite) and a row with an infinity.
+          Tensor z = Tensor::FromVector<float>(std::vector<float>(2 * n, 0.f), {1, 2, n});
+          z.data<float>()[n + 3] = std::numeric_limits<float>::infinity();
+          ExpectSame(fast.Run({{"x", z}}), plain.Run({{"x", z}}), what + " zero and inf rows");
+          ++runs;
+          EXPECT_EQ(testing::ProfiledCalls(fast, "RMSNorm"), runs) << what;
+          EXPECT_EQ(testing::ProfiledCalls(fast, "ReduceMean"), 0) << what;  // no fallback ran
+        }
+  // Outside the form at run time: a ReduceMean over the first axis, a weight of other length.
+  Model first = RMSNormModel(0, false, 17, {}, 0);
+  Model mismatched = RMSNormModel(0, false, 17, std::vector<float>(40, 0.5f));
+  SessionOptions on{.profile = true}, off;
+  off.rewrite_products = false;
+  for (Model* m : {&first, &mismatched}) {
+    Session fast(*m, on), plain(*m, off);
+    ASSERT_EQ(fast.product_rewrites().rms_norms, 1);
+    Tensor x = RandomFloat({1, 3, m == &first ? 16 : 1}, 5);
+    ExpectSame(fast.Run({{"x", x}}), plain.Run({{"x", x}}), m == &first ? "axis 0" : "weight of 40 over 1");
+    EXPECT_EQ(testing::ProfiledCalls(fast, "ReduceMean"), 1);  // the fallback ran
+  }
+}
+
 }  // namespace
 }  // namespace gaf
