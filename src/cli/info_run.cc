@@ -296,9 +296,10 @@ void RunRun(const RunArgs& a) {
                "a repeated KV cache once per cache head ({} of them making the present cache in the same pass), {} "
                "sibling products in {} passes, {} data-movement operators in {} single copies, {} Softmax nodes with "
                "their scale and mask in one pass ({} of them with their products as one attention node), {} SiLU(gate) * "
-               "up and {} SiLU in one pass, {} RMSNorms in one pass\n",
+               "up and {} SiLU in one pass, {} RMSNorms and {} rotary "
+               "embeddings in one pass\n",
                r.transposed, r.kv_grouped, r.appended, r.siblings, r.sibling_groups, r.copies, r.copy_groups,
-               r.softmax_epilogues, r.attention_blocks, r.silu_gates, r.silus, r.rms_norms);
+               r.softmax_epilogues, r.attention_blocks, r.silu_gates, r.silus, r.rms_norms, r.rotaries);
     for (const std::string& n : r.notes) fmt::print("  {}\n", n);
     if (kernels) fmt::print("fused kernels:\n{}", DescribeFusedKernels(*kernels));
   }

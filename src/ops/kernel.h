@@ -87,6 +87,7 @@ void RegisterPlanKernels(OpRegistry& r);         // operators of the session's p
 void RegisterSoftmaxEpilogueKernels(OpRegistry& r);  // MaskedSoftmax: scale, mask and Softmax in one pass (plan rewrite)
 void RegisterAttentionKernels(OpRegistry& r);  // FusedAttention: scores, masked softmax and values in blocks (plan rewrite)
 void RegisterRMSNormKernels(OpRegistry& r);     // RMSNorm: Pow, ReduceMean, Add, Sqrt, reciprocal and Muls in one pass (plan rewrite)
+void RegisterRotaryKernels(OpRegistry& r);      // RotaryHalf: x * cos + rotate_half(x) * sin in one pass (plan rewrite)
 void RegisterSiLUGateKernels(OpRegistry& r);  // SiLUGate: SiLU, or SwiGLU's SiLU(gate) * up, in one pass (plan rewrite)
 void RegisterCopyKernels(OpRegistry& r);         // FusedCopy: a tree of data-movement operators in one pass (plan rewrite)
 

@@ -18,6 +18,7 @@ static void RegisterAllKernels(OpRegistry& r) {
   RegisterSiLUGateKernels(r);
   RegisterAttentionKernels(r);
   RegisterRMSNormKernels(r);
+  RegisterRotaryKernels(r);
 }
 
 OpRegistry& OpRegistry::Global() {

@@ -404,6 +404,7 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
   FoldAttention(g, stats);
   FoldSiLUGates(g, stats);
   FoldRMSNorms(g, opset, stats);
+  FoldRotaryHalves(g, stats);
   return stats;
 }
 

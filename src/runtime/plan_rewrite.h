@@ -24,6 +24,8 @@
 //   thread's buffer, the key columns a causal mask removes skipped; ops/fused_attention.cc
 //   Mul(W, Mul(X, Div(1, Sqrt(Add(ReduceMean(Pow(X, 2)), eps)))))  (and variants)  -> RMSNorm(X, eps, W):
 //   one pass per row, bit-identical; ops/rms_norm.cc
+//   Add(Mul(X, cos), Mul(Concat(Neg(Slice(X, h, end)), Slice(X, 0, h)), sin))  -> RotaryHalf(X, cos, sin):
+//   rotary embedding with rotate_half in one pass, bit-identical; ops/rotary_half.cc
 //
 // Only copies consumed by that MatMul alone are absorbed, never a graph output or a constant
 // (constants are folded once anyway). GroupedMatMul checks each run's shapes and runs the
@@ -51,6 +53,7 @@ struct ProductRewrites {
   int softmax_epilogues = 0;  // MaskedSoftmax nodes: a Softmax with the scale and/or mask Add before it
   int silu_gates = 0, silus = 0;  // SiLUGate nodes: SiLU(G) * U (SwiGLU), and SiLU(G) alone
   int rms_norms = 0;              // RMSNorm nodes: Pow, ReduceMean, Add, Sqrt, reciprocal, Mul(s)
+  int rotaries = 0;               // RotaryHalf nodes: x * cos + rotate_half(x) * sin
   int attention_blocks = 0;       // FusedAttention nodes: scores product, MaskedSoftmax, values product
   std::vector<std::string> notes;  // one line per rewritten node
 };

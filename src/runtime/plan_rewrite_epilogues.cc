@@ -273,4 +273,69 @@ void FoldRMSNorms(Graph& g, int64_t opset, ProductRewrites& stats) {
   DropNodes(g, absorbed);
 }
 
+// ---- rotary embedding with rotate_half -> RotaryHalf ----
+
+// Add(Mul(X, cos), Mul(Concat(Neg(Slice(X, h, end)), Slice(X, 0, h)), sin)) on the last axis
+// (see ops/rotary_half.cc), each value read by the next alone: one RotaryHalf at the Add's place.
+void FoldRotaryHalves(Graph& g, ProductRewrites& stats) {
+  const ProductIndex ix(g);
+  std::unordered_set<const Node*> absorbed;
+  // Slice(data, starts, ends, axes [, steps = 1]) of one axis with constant bounds.
+  auto slice_of = [&](const std::string& v, int64_t* start, int64_t* end, int64_t* axis) -> const Node* {
+    const Node* s = ix.SoleProducer(g, v, "Slice");
+    std::vector<int64_t> b, e, a, st = {1};
+    if (s == nullptr || s->inputs.size() < 4 || !ConstInts(g, ix, s->inputs[1], &b) || !ConstInts(g, ix, s->inputs[2], &e) ||
+        !ConstInts(g, ix, s->inputs[3], &a) || (s->inputs.size() > 4 && !s->inputs[4].empty() && !ConstInts(g, ix, s->inputs[4], &st)))
+      return nullptr;
+    if (b.size() != 1 || e.size() != 1 || a.size() != 1 || st != std::vector<int64_t>{1} || b[0] < 0 || e[0] < 0) return nullptr;
+    *start = b[0];
+    *end = e[0];
+    *axis = a[0];
+    return s;
+  };
+  for (Node& add : g.nodes) {
+    if (add.op_type != "Add" || !add.domain.empty() || add.inputs.size() != 2 || add.outputs.size() != 1) continue;
+    for (int k = 0; k < 2; ++k) {
+      const Node* mb = ix.SoleProducer(g, add.inputs[1 - k], "Mul");
+      const Node* ma = ix.SoleProducer(g, add.inputs[k], "Mul");
+      if (ma == nullptr || mb == nullptr || ma->inputs.size() != 2 || mb->inputs.size() != 2) continue;
+      const Node* cat = nullptr;
+      int cs = 0;
+      for (; cs < 2 && cat == nullptr; ++cs) cat = ix.SoleProducer(g, mb->inputs[cs], "Concat");
+      --cs;
+      if (cat == nullptr || cat->inputs.size() != 2 || cat->outputs.size() != 1) continue;
+      const Node* neg = ix.SoleProducer(g, cat->inputs[0], "Neg");
+      int64_t b1 = 0, e1 = 0, a1 = 0, b2 = 0, e2 = 0, a2 = 0;
+      const Node* first = slice_of(cat->inputs[1], &b1, &e1, &a1);
+      const Node* second = neg != nullptr ? slice_of(neg->inputs[0], &b2, &e2, &a2) : nullptr;
+      if (first == nullptr || second == nullptr || first->inputs[0] != second->inputs[0] || b1 != 0 || e1 <= 0 ||
+          b2 != e1 || e2 < 2 * e1 || a1 != a2 || (cat->GetInt("axis", 0) != a1 && cat->GetInt("axis", 0) != -1))
+        continue;
+      const std::string& x = first->inputs[0];
+      int xs = -1;
+      for (int j = 0; j < 2; ++j)
+        if (ma->inputs[j] == x) xs = j;
+      if (xs < 0 || ix.constants.count(x)) continue;
+      const std::string cos = ma->inputs[1 - xs], sin = mb->inputs[1 - cs];
+      std::vector<const Node*> parts = {ma, first, second, neg, cat, mb, &add};
+      std::vector<std::string> formal = {x, cos, sin};
+      auto fallback = std::make_shared<Graph>();
+      fallback->name = add.name + "/fallback";
+      for (const std::string& f : formal) fallback->inputs.push_back(ValueInfo{f});
+      for (const Node* n : parts) fallback->nodes.push_back(*n);
+      fallback->outputs.push_back(ValueInfo{add.outputs[0]});
+      stats.notes.push_back(fmt::format("{}: rotary embedding of {} by {} and {} in one pass", add.Describe(), x, cos, sin));
+      ++stats.rotaries;
+      for (const Node* n : parts)
+        if (n != &add) absorbed.insert(n);
+      add.op_type = "RotaryHalf";
+      add.domain = kPlanDomain;
+      add.inputs = formal;
+      add.attributes = {IntAttr("axis", a1), IntAttr("half", e1), IntAttr("end", e2), FallbackAttr(std::move(fallback))};
+      break;
+    }
+  }
+  DropNodes(g, absorbed);
+}
+
 }  // namespace gaf::plan_rewrite

@@ -69,5 +69,6 @@ void FoldSoftmaxEpilogues(Graph& g, int64_t opset, ProductRewrites& stats);
 void FoldAttention(Graph& g, ProductRewrites& stats);
 void FoldSiLUGates(Graph& g, ProductRewrites& stats);
 void FoldRMSNorms(Graph& g, int64_t opset, ProductRewrites& stats);
+void FoldRotaryHalves(Graph& g, ProductRewrites& stats);
 
 }  // namespace gaf::plan_rewrite

@@ -794,5 +794,63 @@ TEST(ProductRewrite, RMSNormIsOnePassAndBitIdentical) {
   }
 }
 
+// Rotary embedding as torch.onnx.export writes HF's rotate_half: Add(Mul(x, cos),
+// Mul(Concat(Neg(Slice(x, h, end)), Slice(x, 0, h)), sin)); `swapped` writes the Muls and the Add
+// with their operands the other way round; `end` is the second Slice's end.
+Model RotaryModel(bool swapped, int64_t h, int64_t end) {
+  Graph g;
+  g.inputs = {testing::FloatValue("x", {-1, -1, -1, -1}), testing::FloatValue("cos", {-1, -1, -1}),
+              testing::FloatValue("sin", {-1, -1, -1})};
+  g.SetInitializer("zero", Tensor::FromInt64s({0}));
+  g.SetInitializer("half", Tensor::FromInt64s({h}));
+  g.SetInitializer("end", Tensor::FromInt64s({end}));
+  g.SetInitializer("axis", Tensor::FromInt64s({-1}));
+  g.nodes.push_back(MakeNode("Mul", swapped ? std::vector<std::string>{"cos", "x"} : std::vector<std::string>{"x", "cos"},
+                             {"a"}, "mul_cos"));
+  g.nodes.push_back(MakeNode("Slice", {"x", "zero", "half", "axis"}, {"x1"}, "slice_1"));
+  g.nodes.push_back(MakeNode("Slice", {"x", "half", "end", "axis"}, {"x2"}, "slice_2"));
+  g.nodes.push_back(MakeNode("Neg", {"x2"}, {"nx2"}, "neg"));
+  g.nodes.push_back(MakeNode("Concat", {"nx2", "x1"}, {"rot"}, "concat", {testing::IntAttr("axis", -1)}));
+  g.nodes.push_back(MakeNode("Mul", swapped ? std::vector<std::string>{"sin", "rot"} : std::vector<std::string>{"rot", "sin"},
+                             {"b"}, "mul_sin"));
+  g.nodes.push_back(MakeNode("Add", swapped ? std::vector<std::string>{"b", "a"} : std::vector<std::string>{"a", "b"}, {"y"}, "add"));
+  g.outputs = {ValueInfo{"y", DataType::kFloat}};
+  return MakeModel(std::move(g), 17);
+}
+
+TEST(ProductRewrite, RotaryHalfIsOnePassAndBitIdentical) {
+  for (bool swapped : {false, true})
+    for (int64_t h : {32, 5}) {
+      const std::string what = fmt::format("swapped={} h={}", swapped, h);
+      Model m = RotaryModel(swapped, h, std::numeric_limits<int64_t>::max());
+      SessionOptions on{.profile = true}, off;
+      off.rewrite_products = false;
+      Session fast(m, on), plain(m, off);
+      ASSERT_EQ(fast.product_rewrites().rotaries, 1) << what;
+      EXPECT_EQ(plain.product_rewrites().rotaries, 0);
+      int runs = 0;
+      // cos and sin [1, S, d] broadcast over [b, heads, S, d] (per position), or one row for all.
+      for (const auto& [xs, cs] : std::vector<std::pair<Shape, Shape>>{
+               {{1, 4, 7, 2 * h}, {1, 7, 2 * h}}, {{2, 3, 1, 2 * h}, {1, 1, 2 * h}}, {{1, 2, 300, 2 * h}, {1, 300, 2 * h}}}) {
+        auto feeds = std::map<std::string, Tensor>{{"x", RandomFloat(xs, 40 + runs, -50.f, 50.f)},
+                                                   {"cos", RandomFloat(cs, 41 + runs)},
+                                                   {"sin", RandomFloat(cs, 42 + runs)}};
+        ExpectSame(fast.Run(feeds), plain.Run(feeds), what);
+        ++runs;
+      }
+      EXPECT_EQ(testing::ProfiledCalls(fast, "RotaryHalf"), runs) << what;
+      EXPECT_EQ(testing::ProfiledCalls(fast, "Concat"), 0) << what;  // no fallback ran
+      // An x whose last axis is not 2h (the Slices cut it unevenly): the original operators.
+      auto odd = std::map<std::string, Tensor>{{"x", RandomFloat({1, 1, 2, 2 * h + 2}, 9)},
+                                               {"cos", RandomFloat({1, 2, 2 * h + 2}, 10)},
+                                               {"sin", RandomFloat({1, 2, 2 * h + 2}, 11)}};
+      ExpectSame(fast.Run(odd), plain.Run(odd), what + " uneven");
+      EXPECT_EQ(testing::ProfiledCalls(fast, "Concat"), 1) << what;
+    }
+  // A second Slice that stops short of the end is not rotate_half: left alone.
+  Session cut(RotaryModel(false, 8, 12));
+  EXPECT_EQ(cut.product_rewrites().rotaries, 0);
+}
+
 }  // namespace
 }  // namespace gaf
