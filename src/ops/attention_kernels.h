@@ -1,4 +1,5 @@
-// AVX-512 kernels of attention's products, shared by GroupedMatMul (ops/grouped_matmul.cc) and
+// Attention's row arithmetic and AVX-512 kernels of its products, shared by MaskedSoftmax
+// (ops/masked_softmax.cc), GroupedMatMul (ops/grouped_matmul.cc) and
 // FusedAttention (ops/fused_attention.cc). GAF_ATTENTION_AVX512 says whether this build has them
 // (kernels are compiled for the machine that builds them). The loops over the register tiles are
 // unrolled by pragma: at -O2 GCC 12 would keep the accumulators in memory (a third of the speed).
@@ -15,6 +16,31 @@
 #endif
 
 namespace gaf {
+
+// y[0, n) = x scaled (scale 1: x / c, 2: x * c, 0: x as is) plus the mask row m (m_last 1: m[i],
+// 0: m[0] for all; none when m is null): MaskedSoftmax's arithmetic, one operator's rounding at a
+// time. y may be x.
+inline void ScaleAndMaskRow(const float* x, float* y, int64_t n, int64_t scale, float c, const float* m,
+                            int64_t m_last) {
+  if (scale == 1) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] / c;
+  } else if (scale == 2) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * c;
+  } else if (x != y) {
+    std::copy(x, x + n, y);
+  }
+  if (m == nullptr) return;
+  if (m_last == 1) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] += m[i];
+  } else {
+    const float m0 = m[0];
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] += m0;
+  }
+}
 
 #if GAF_ATTENTION_AVX512
 // C[M, 16*DV] (+)= P[M,T] * V[T, 16*DV] (P rows ldp apart) for MB rows of P at a time: the MB x DV

@@ -270,23 +270,9 @@ void FusedAttentionKernel(KernelContext& ctx) {
         bool cleared = true;
         for (int64_t s = 0; s < rows; ++s) {
           float* yr = buf.data() + s * ldt;
-          if (scale == 1) {
-#pragma omp simd
-            for (int64_t i = 0; i < cols; ++i) yr[i] = yr[i] / c;
-          } else if (scale == 2) {
-#pragma omp simd
-            for (int64_t i = 0; i < cols; ++i) yr[i] = yr[i] * c;
-          }
+          const float* mr = mask != nullptr ? mask_row(s) : nullptr;
+          ScaleAndMaskRow(yr, yr, cols, scale, c, mr, mst[3]);
           if (mask == nullptr) continue;
-          const float* mr = mask_row(s);
-          if (mst[3] == 1) {
-#pragma omp simd
-            for (int64_t i = 0; i < cols; ++i) yr[i] += mr[i];
-          } else {
-            const float m0 = mr[0];
-#pragma omp simd
-            for (int64_t i = 0; i < cols; ++i) yr[i] += m0;
-          }
           if (cols == T) continue;
           // Every skipped score, masked, lies more than kZeroMargin below the row's maximum.
           float top = -std::numeric_limits<float>::infinity();

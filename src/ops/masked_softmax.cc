@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "ops/attention_kernels.h"
 #include "ops/kernel.h"
 #include "ops/kernel_util.h"
 
@@ -67,31 +68,16 @@ void MaskedSoftmaxKernel(KernelContext& ctx) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * n;
       float* yr = y + r * n;
-      if (scale == 1) {
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] / c;
-      } else if (scale == 2) {
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * c;
-      } else {
-        std::copy(xr, xr + n, yr);
-      }
+      const float* mr = nullptr;
       if (mask != nullptr) {
         int64_t off = 0, rest = r;  // the row's mask offset from its index over X's leading axes
         for (int64_t d = rank - 2; d >= 0; --d) {
           off += (rest % xs[d]) * mstride[d];
           rest /= xs[d];
         }
-        const float* mr = mask + off;
-        if (mlast == 1) {
-#pragma omp simd
-          for (int64_t i = 0; i < n; ++i) yr[i] += mr[i];
-        } else {
-          const float m0 = mr[0];
-#pragma omp simd
-          for (int64_t i = 0; i < n; ++i) yr[i] += m0;
-        }
+        mr = mask + off;
       }
+      ScaleAndMaskRow(xr, yr, n, scale, c, mr, mlast);
       SoftmaxRowF32(yr, yr, n);
     }
   });
