@@ -64,7 +64,9 @@ TEST(PanelGemm, RowsDoNotDependOnTilingOrThreads) {
   };
   const std::vector<float> all = run(kPanelMaxRows, x.data<float>(), 2);
   EXPECT_EQ(run(kPanelMaxRows, x.data<float>(), 1), all);
-  for (int64_t M : {1, 4, 6, 7, 11}) {  // one tile, tiles of other sizes
+  // A few rows on several panels at once (1-4 rows: 9 full panels in tasks of 4 or 2, then the
+  // padded one), one tile, tiles of other sizes.
+  for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 11}) {
     const std::vector<float> part = run(M, x.data<float>() + K * 3, 2);  // rows 3 .. 3+M
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) ASSERT_EQ(part[m * N + n], all[(3 + m) * N + n]) << M << " rows, row " << m;
