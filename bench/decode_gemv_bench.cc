@@ -14,9 +14,9 @@
 //
 // Prints per thread count and row count the median ms per step, GB/s and GFLOPS of each variant,
 // the read floor (the same bytes summed by 8 streams per thread, as bench/membw) and the ratio of
-// each variant to it. At one row it also prints the float16 storage of the same weights
-// (GemvF16ManyRows with siblings grouped, as the session runs `--half-weights`) against the read
-// floor of their bytes.
+// each variant to it. At 1-4 rows it also prints the float16 storage of the same weights, row-major
+// (GemvF16ManyRows with siblings grouped) and in panels (HalfPanelGemmMany, as the session runs
+// `--half-weights`), against the read floor of their bytes.
 #include <omp.h>
 
 #include <algorithm>
@@ -107,6 +107,8 @@ int main(int argc, char** argv) {
     gaf::ConvertToHalf(x.t.data<float>(), static_cast<uint16_t*>(halves.back().raw()), x.K * x.N);
   }
   std::vector<gaf::PanelWeight> panels;
+  std::vector<gaf::HalfPanelWeight> half_panels;  // as codegen/half_weights streams a decode step's
+  for (const Weight& x : w) half_panels.emplace_back(x.t.data<float>(), x.K, x.N);
   std::vector<std::unique_ptr<gaf::PreparedMatMul>> prepared;
   const auto pack_start = std::chrono::steady_clock::now();
   for (const Weight& x : w) panels.emplace_back(x.t.data<float>(), x.K, x.N);
@@ -165,6 +167,18 @@ int main(int argc, char** argv) {
         [&](size_t i) {
           const gaf::GemvHalfOutput out{static_cast<const uint16_t*>(halves[i].raw()), w[i].N, y1.data(), w[i].N};
           gaf::GemvF16ManyRows(xin.data(), M, w[i].K, &out, 1);
+        });
+  };
+  auto half_panel = [&] {
+    step(
+        [&](size_t i, int n) {
+          gaf::HalfPanelProduct ps[3];
+          for (int j = 0; j < n; ++j) ps[j] = {&half_panels[i + j], ys[j]};
+          gaf::HalfPanelGemmMany(xin.data(), M, w[i].K, ps, n);
+        },
+        [&](size_t i) {
+          const gaf::HalfPanelProduct p{&half_panels[i], y1.data()};
+          gaf::HalfPanelGemmMany(xin.data(), M, w[i].K, &p, 1);
         });
   };
   // The panel results against the row-major GEMV's on the last product (the head), as a check.
@@ -234,21 +248,24 @@ int main(int argc, char** argv) {
         b.push_back(time(siblings));
         c.push_back(time(panel));
       }
-      std::vector<double> hf, hh;
-      if (M == 1) {
-        half(), floor_half();
-        for (int r = 0; r < rounds; ++r) hf.push_back(time(floor_half)), hh.push_back(time(half));
+      std::vector<double> hf, hh, hp;
+      const bool halves_run = M <= gaf::kHalfPanelMaxRows;
+      if (halves_run) {
+        half(), half_panel(), floor_half();
+        for (int r = 0; r < rounds; ++r)
+          hf.push_back(time(floor_half)), hh.push_back(time(half)), hp.push_back(time(half_panel));
       }
       const double mf = Median(f), ma = Median(a), mb = Median(b), mc = Median(c), flops = 2.0 * M * bytes / 4;
       std::printf("%4d %4d | %9.3f %6.1f | %9.3f %6.1f %6.0f | %9.3f %6.1f %6.0f | %9.3f %6.1f %6.0f | %7.3f %7.3f %7.3f | %8.1e\n",
                   t, m, mf * 1e3, bytes / mf / 1e9, ma * 1e3, bytes / ma / 1e9, flops / ma / 1e9, mb * 1e3,
                   bytes / mb / 1e9, flops / mb / 1e9, mc * 1e3, bytes / mc / 1e9, flops / mc / 1e9, mf / ma, mf / mb,
                   mf / mc, check());
-      if (M == 1)
+      if (halves_run)
         std::printf("%4d %4d | float16 weights (%.1f MB): floor %.3f ms (%.1f GB/s), siblings %.3f ms (%.1f GB/s), "
-                    "floor / siblings %.3f\n",
+                    "panels %.3f ms (%.1f GB/s), floor / siblings %.3f, floor / panels %.3f\n",
                     t, m, bytes / 2e6, Median(hf) * 1e3, bytes / 2 / Median(hf) / 1e9, Median(hh) * 1e3,
-                    bytes / 2 / Median(hh) / 1e9, Median(hf) / Median(hh));
+                    bytes / 2 / Median(hh) / 1e9, Median(hp) * 1e3, bytes / 2 / Median(hp) / 1e9,
+                    Median(hf) / Median(hh), Median(hf) / Median(hp));
     }
   }
   return 0;

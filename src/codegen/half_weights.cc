@@ -7,6 +7,7 @@
 
 #include "ops/gemm.h"
 #include "ops/gemv.h"
+#include "ops/panel_gemm.h"
 #include "runtime/plan_rewrite.h"
 
 namespace gaf {
@@ -19,28 +20,34 @@ bool ModelRequestsHalfWeights(const Model& model) {
 
 namespace {
 
-// A float32 [K, N] weight with its float16 copy, made once, and the float32 weight's prepared
+// A float32 [K, N] weight with its float16 copies, made once: panels for products of up to
+// kHalfPanelMaxRows rows (a decode step's; ops/panel_gemm.h), row-major for more rows (only
+// HalfWeights::kAll puts those on float16: the precision gate), and the float32 weight's prepared
 // products for prompts (more rows than the mode streams in float16).
 struct HalfCopy {
   int64_t K, N;
-  std::vector<uint16_t> half;
+  std::unique_ptr<HalfPanelWeight> panels;
+  std::vector<uint16_t> half;                // kAll only
   std::shared_ptr<PreparedMatMul> prepared;  // null below kPackedMatMulMinWeight
 };
 
-std::shared_ptr<HalfCopy> MakeHalfCopy(const Tensor& weight) {
+std::shared_ptr<HalfCopy> MakeHalfCopy(const Tensor& weight, HalfWeights mode) {
   GAF_CHECK(weight.dtype() == DataType::kFloat && weight.shape().size() == 2, "float16 weight storage needs a float32 [K,N] weight");
   auto c = std::make_shared<HalfCopy>();
   c->K = weight.shape()[0];
   c->N = weight.shape()[1];
-  c->half.resize(static_cast<size_t>(c->K * c->N));
-  ConvertToHalf(weight.data<float>(), c->half.data(), c->K * c->N);
+  c->panels = std::make_unique<HalfPanelWeight>(weight.data<float>(), c->K, c->N);
+  if (mode == HalfWeights::kAll) {
+    c->half.resize(static_cast<size_t>(c->K * c->N));
+    ConvertToHalf(weight.data<float>(), c->half.data(), c->K * c->N);
+  }
   if (c->K * c->N >= kPackedMatMulMinWeight) c->prepared = std::make_shared<PreparedMatMul>(weight);
   return c;
 }
 
-// kDecode puts on float16 exactly the rows the GEMV streams (MatMulF16Weight's decode-sized case).
+// kDecode puts on float16 exactly the rows the panels stream (a decode step's).
 int64_t MaxHalfRows(HalfWeights mode) {
-  return mode == HalfWeights::kAll ? std::numeric_limits<int64_t>::max() : kGemvF16MaxRows;
+  return mode == HalfWeights::kAll ? std::numeric_limits<int64_t>::max() : kHalfPanelMaxRows;
 }
 
 KernelInfo MatMulKernelOf(std::shared_ptr<HalfCopy> c, HalfWeights mode) {
@@ -74,13 +81,18 @@ KernelInfo MatMulKernelOf(std::shared_ptr<HalfCopy> c, HalfWeights mode) {
       c->prepared->Run(a.data<float>(), M, ctx.outputs[0].data<float>());
       return;
     }
+    if (M <= kHalfPanelMaxRows) {
+      const HalfPanelProduct p{c->panels.get(), ctx.outputs[0].data<float>()};
+      HalfPanelGemmMany(a.data<float>(), M, K, &p, 1);
+      return;
+    }
     MatMulF16Weight(a.data<float>(), c->half.data(), ctx.outputs[0].data<float>(), M, K, N);
   };
   return info;
 }
 
 // SiblingMatMul(A, W_1..W_n) of the plan (runtime/plan_rewrite.h): calls of at most max_rows rows
-// stream every float16 copy in one set of tasks (GemvF16ManyRows); longer ones take the float32
+// stream every float16 copy in one set of tasks (HalfPanelGemmMany); longer ones take the float32
 // weights' prepared sibling kernel, as without float16 storage.
 KernelInfo SiblingKernelOf(std::vector<std::shared_ptr<HalfCopy>> cs, HalfWeights mode) {
   std::vector<std::shared_ptr<PreparedMatMul>> prepared;
@@ -95,20 +107,21 @@ KernelInfo SiblingKernelOf(std::vector<std::shared_ptr<HalfCopy>> cs, HalfWeight
     for (size_t i = 0; ok && i < cs.size(); ++i) ok = ctx.input(1 + i).shape() == Shape{K, cs[i]->N};
     const int64_t M = ok && K > 0 ? a.numel() / K : 0;
     if (!ok || M < 1 || M > max_rows) return prompt(ctx);
-    std::vector<GemvHalfOutput> outs;
     for (size_t i = 0; i < cs.size(); ++i) {
       Shape s = a.shape();
       s.back() = cs[i]->N;
       ctx.outputs[i] = Tensor::Uninitialized(DataType::kFloat, s);
-      outs.push_back({cs[i]->half.data(), cs[i]->N, ctx.outputs[i].data<float>(), cs[i]->N});
     }
-    if (M <= kGemvF16MaxRows) {
-      GemvF16ManyRows(a.data<float>(), M, K, outs.data(), static_cast<int>(outs.size()));
+    if (M <= kHalfPanelMaxRows) {
+      std::vector<HalfPanelProduct> ps;
+      for (size_t i = 0; i < cs.size(); ++i) ps.push_back({cs[i]->panels.get(), ctx.outputs[i].data<float>()});
+      HalfPanelGemmMany(a.data<float>(), M, K, ps.data(), static_cast<int>(ps.size()));
       return;
     }
     // More rows on float16 weights (HalfWeights::kAll, the precision gate): each product as the
-    // lone kernel runs it (widened slabs through the matrix library), not a GEMV over every row.
-    for (const GemvHalfOutput& o : outs) MatMulF16Weight(a.data<float>(), o.w, o.y, M, K, o.N);
+    // lone kernel runs it (widened slabs through the matrix library).
+    for (size_t i = 0; i < cs.size(); ++i)
+      MatMulF16Weight(a.data<float>(), cs[i]->half.data(), ctx.outputs[i].data<float>(), M, K, cs[i]->N);
   };
   return info;
 }
@@ -116,7 +129,7 @@ KernelInfo SiblingKernelOf(std::vector<std::shared_ptr<HalfCopy>> cs, HalfWeight
 }  // namespace
 
 KernelInfo HalfWeightMatMulKernel(const Tensor& weight, HalfWeights mode) {
-  return MatMulKernelOf(MakeHalfCopy(weight), mode);
+  return MatMulKernelOf(MakeHalfCopy(weight, mode), mode);
 }
 
 void UseHalfWeights(SessionOptions& options, HalfWeights mode) {
@@ -145,7 +158,7 @@ std::function<std::optional<KernelInfo>(const Node&, const Model&)> HalfWeightPr
     std::vector<std::shared_ptr<HalfCopy>> cs;
     for (size_t i = 0; i < ws.size(); ++i) {
       auto it = copies->find(n.inputs[1 + i]);
-      if (it == copies->end()) it = copies->emplace(n.inputs[1 + i], MakeHalfCopy(*ws[i])).first;
+      if (it == copies->end()) it = copies->emplace(n.inputs[1 + i], MakeHalfCopy(*ws[i], mode)).first;
       cs.push_back(it->second);
     }
     return sibling ? SiblingKernelOf(std::move(cs), mode) : MatMulKernelOf(cs.front(), mode);

@@ -54,4 +54,36 @@ struct PanelProduct {
 // weight's K the same.
 void PanelGemmMany(const float* x, int64_t M, int64_t K, const PanelProduct* ps, int count);
 
+// The same products on float16 storage of the weight (`--half-weights`, a decode step's few rows):
+// panels of kHalfPanelCols columns of IEEE float16 bits ([k][kHalfPanelCols], the last panel padded
+// with zeros), widened to float32 while they stream. A task takes several panels side by side (as
+// PanelGemmMany does for a few rows), so each core keeps several streams going. Each element sums
+// over k in order, in float32, so a row has the same bits alone as in a batch.
+inline constexpr int64_t kHalfPanelCols = 64;
+inline constexpr int64_t kHalfPanelMaxRows = 4;
+
+class HalfPanelWeight {
+ public:
+  // Rounds w[K, N] (row-major, contiguous) to float16 (to nearest even) and packs it, in parallel.
+  HalfPanelWeight(const float* w, int64_t K, int64_t N);
+  int64_t K() const { return K_; }
+  int64_t N() const { return N_; }
+  int64_t panels() const { return panels_; }
+  const uint16_t* panel(int64_t p) const { return packed_.data<uint16_t>() + p * K_ * kHalfPanelCols; }
+  int64_t bytes() const { return static_cast<int64_t>(packed_.nbytes()); }
+
+ private:
+  int64_t K_, N_, panels_;
+  Tensor packed_;  // float16, 64-byte aligned
+};
+
+struct HalfPanelProduct {
+  const HalfPanelWeight* w;
+  float* y;  // [M, w->N()] row-major
+};
+
+// y_i = x[M, K] * W_i for each product, as one set of tasks taken dynamically by the threads;
+// M in [1, kHalfPanelMaxRows], every weight's K the same.
+void HalfPanelGemmMany(const float* x, int64_t M, int64_t K, const HalfPanelProduct* ps, int count);
+
 }  // namespace gaf

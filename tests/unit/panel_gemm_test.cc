@@ -7,6 +7,7 @@
 #include <map>
 #include <vector>
 
+#include "ir/half.h"
 #include "ops/gemm.h"
 #include "ops/panel_gemm.h"
 #include "runtime/session.h"
@@ -120,6 +121,51 @@ TEST(PanelGemm, SiblingProductsOfAFewRowsShareOneTaskSet) {
       EXPECT_LT(worst, 1e-4) << rows << " rows, output " << i;
     }
   }
+}
+
+// Float16 panels: each element is the double-precision sum of x times the weight rounded to
+// float16 (to float32 rounding), a row alone has the bits it has in a batch of 4, at 1 and 2
+// threads, and sibling weights in one task set give what each gives alone.
+TEST(HalfPanelGemm, EqualsTheRoundedWeightsProductAndRowsDoNotDependOnTheBatch) {
+  for (auto [K, N] : {std::pair<int64_t, int64_t>{300, 650}, {37, 64}, {129, 1}, {1, 200}, {0, 50}}) {
+    const Tensor w = RandomFloat({K, N}, 13 + K, -0.5f, 0.5f);
+    const HalfPanelWeight hw(w.data<float>(), K, N);
+    EXPECT_EQ(hw.panels(), (N + kHalfPanelCols - 1) / kHalfPanelCols);
+    Tensor rounded = w.Clone();  // what the panels hold, as float32
+    for (int64_t i = 0; i < rounded.numel(); ++i)
+      rounded.data<float>()[i] = HalfToFloat(FloatToHalf(rounded.data<float>()[i]));
+    const Tensor x = RandomFloat({kHalfPanelMaxRows, K}, 17);
+    std::vector<float> all(kHalfPanelMaxRows * N, -7.f);
+    const HalfPanelProduct pa{&hw, all.data()};
+    HalfPanelGemmMany(x.data<float>(), kHalfPanelMaxRows, K, &pa, 1);
+    EXPECT_LE(WorstError(x, rounded, all, kHalfPanelMaxRows), 1e-4 * std::sqrt(double(K) + 1)) << K << " x " << N;
+    for (int threads : {1, 2})
+      for (int64_t M = 1; M <= kHalfPanelMaxRows; ++M) {
+        std::vector<float> part(M * N, -7.f);
+        const HalfPanelProduct pp{&hw, part.data()};
+        const int saved = omp_get_max_threads();
+        omp_set_num_threads(threads);
+        HalfPanelGemmMany(x.data<float>() + (kHalfPanelMaxRows - M) * K, M, K, &pp, 1);  // the last M rows
+        omp_set_num_threads(saved);
+        for (int64_t m = 0; m < M; ++m)
+          for (int64_t n = 0; n < N; ++n)
+            ASSERT_EQ(part[m * N + n], all[(kHalfPanelMaxRows - M + m) * N + n])
+                << K << " x " << N << ", " << M << " rows, row " << m << ", " << threads << " threads";
+      }
+  }
+  const int64_t K = 200;
+  const Tensor w1 = RandomFloat({K, 1000}, 21, -0.5f, 0.5f), w2 = RandomFloat({K, 70}, 22, -0.5f, 0.5f);
+  const HalfPanelWeight h1(w1.data<float>(), K, 1000), h2(w2.data<float>(), K, 70);
+  const Tensor x = RandomFloat({2, K}, 23);
+  std::vector<float> y1(2 * 1000), y2(2 * 70), a(2 * 1000), b(2 * 70);
+  const HalfPanelProduct both[2] = {{&h1, y1.data()}, {&h2, y2.data()}}, one1{&h1, a.data()}, one2{&h2, b.data()};
+  HalfPanelGemmMany(x.data<float>(), 2, K, both, 2);
+  HalfPanelGemmMany(x.data<float>(), 2, K, &one1, 1);
+  HalfPanelGemmMany(x.data<float>(), 2, K, &one2, 1);
+  EXPECT_EQ(y1, a);
+  EXPECT_EQ(y2, b);
+  EXPECT_THROW(HalfPanelGemmMany(x.data<float>(), kHalfPanelMaxRows + 1, K, &one1, 1), Error);
+  EXPECT_THROW(HalfPanelGemmMany(x.data<float>(), 2, K + 1, &one1, 1), Error);
 }
 
 }  // namespace
