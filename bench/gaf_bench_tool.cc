@@ -44,37 +44,6 @@ namespace {
 
 using namespace gaf;
 
-struct Bytes {
-  int64_t matmul = 0, gather = 0, other = 0;
-  int64_t matmul_tensors = 0, gather_tensors = 0, other_tensors = 0;
-};
-
-void CountGraph(const Graph& g, Bytes& b) {
-  for (const Node& n : g.nodes) {
-    for (size_t i = 0; i < n.inputs.size(); ++i) {
-      if (n.inputs[i].empty()) continue;
-      const Tensor* t = g.FindInitializer(n.inputs[i]);
-      if (t == nullptr) continue;
-      const int64_t bytes = static_cast<int64_t>(t->nbytes());
-      if (n.op_type == "MatMul" || n.op_type == "Gemm") {
-        b.matmul += bytes;
-        ++b.matmul_tensors;
-      } else if (n.op_type == "Gather" && i == 0 && t->rank() >= 1) {
-        int64_t axis = n.GetInt("axis", 0);
-        if (axis < 0) axis += t->rank();
-        const int64_t dim = t->dim(axis);
-        b.gather += dim > 0 ? bytes / dim : 0;  // one slice for the one new token
-        ++b.gather_tensors;
-      } else if (n.op_type == "Gather" && i == 1) {
-        continue;  // indices constant: negligible, and not weights
-      } else {
-        b.other += bytes;
-        ++b.other_tensors;
-      }
-    }
-  }
-}
-
 std::vector<int64_t> ParseIds(const std::string& s) {
   std::vector<int64_t> ids;
   std::stringstream ss(s);
@@ -87,8 +56,7 @@ std::vector<int64_t> ParseIds(const std::string& s) {
 
 int Weights(const std::string& path) {
   Model m = LoadModel(path);
-  Bytes b;
-  CountGraph(m.graph, b);
+  const DecodeStepBytes b = CountDecodeStepBytes(m.graph);
   int64_t all = 0;
   for (const auto& [name, t] : m.graph.initializers) all += static_cast<int64_t>(t.nbytes());
   fmt::print(
@@ -96,7 +64,7 @@ int Weights(const std::string& path) {
       "\"gather_tensors\": {}, \"other_bytes\": {}, \"other_tensors\": {}, \"total_bytes\": {}, "
       "\"all_initializer_bytes\": {}}}\n",
       path, b.matmul, b.matmul_tensors, b.gather, b.gather_tensors, b.other, b.other_tensors,
-      b.matmul + b.gather + b.other, all);
+      b.total(), all);
   return 0;
 }
 

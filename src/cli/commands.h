@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "ir/tensor.h"
+
 namespace gaf::cli {
 
 void AddInfoCommand(CLI::App& app);
@@ -20,6 +22,12 @@ void AddGenerateCommand(CLI::App& app);  // generate.cc
 void AddCalibrateCommand(CLI::App& app);  // calibrate.cc
 void AddFusionCommands(CLI::App& app);   // fusion_cmds.cc: analyze, estimate, fuse, explain
 void AddKernelCommands(CLI::App& app);   // kernel_cmds.cc: compile, verify, bench
+
+// Read bandwidth of this machine in GB/s (1e9 bytes/s): the median of `repeats` sums of the float
+// tensor `a` (far larger than the caches; a tensor's large buffers are on huge pages, as a model's
+// weights are) after a warm-up, on the current OpenMP thread count (calibrate.cc; bench's
+// bandwidth floor of a decode step).
+double ReadBandwidthGbs(const Tensor& a, int repeats);
 
 // NAME=VALUE bindings of symbolic dims (--dim); gaf::Error naming a malformed one.
 std::map<std::string, int64_t> ParseDimBindings(const std::vector<std::string>& dims);

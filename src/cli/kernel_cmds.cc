@@ -195,6 +195,8 @@ struct Stage {
   std::vector<double> samples;  // seconds per token (decoder) or per inference
   std::vector<int64_t> tokens;
   std::string note;
+  bool reuse = true;  // buffers recycled (SetBufferReuse)
+  bool half = false;  // float16 weight storage: its own bandwidth floor
 };
 
 void RunBench(const BenchArgs& a) {
@@ -214,11 +216,13 @@ void RunBench(const BenchArgs& a) {
 
   std::vector<std::unique_ptr<Stage>> stages;
   auto add = [&](const std::string& name, const Model& m, bool kernels, const std::string& note, bool half = false,
-                 bool fold = true) {
+                 bool fold = true, bool reuse = true) {
     auto st = std::make_unique<Stage>();
     st->name = name;
     st->model = m;
     st->note = note;
+    st->reuse = reuse;
+    st->half = half;
     SessionOptions s = so;
     s.fold_shapes = fold;
     s.rewrite_products = fold;
@@ -231,14 +235,20 @@ void RunBench(const BenchArgs& a) {
     st->session = std::make_unique<Session>(st->model, s);
     stages.push_back(std::move(st));
   };
-  // The stages of the original's table, each adding one mechanism: fusion, then the plan's
+  // The stages of the original's table, each adding one mechanism: fusion, memory reuse (tensor
+  // buffers recycled by size class instead of allocated and faulted in afresh), then the plan's
   // scheduling (constants folded when the session is made, shape computation cached per shape,
   // the product rewrites of runtime/plan_rewrite.h).
-  add("baseline (unfused)", original, false, "reference kernels, one per operator, every node run", false, false);
+  add("baseline (unfused)", original, false, "reference kernels, one per operator, every node run, no buffer reuse",
+      false, false, false);
   GraphAutoFusion f(original, o);
   Model fused = f.Fuse();
   add("+ fusion", fused, true,
-      fmt::format("{} groups ({} functions), generated kernels", f.fuse_summary().groups, f.fuse_summary().functions), false, false);
+      fmt::format("{} groups ({} functions), generated kernels", f.fuse_summary().groups, f.fuse_summary().functions),
+      false, false, false);
+  add("+ memory reuse", fused, true,
+      "the same, tensor buffers of 64 KiB or more recycled by size class (no allocation or page faults for them in "
+      "a steady loop)", false, false);
   add("+ scheduling", fused, true,
       "the same, constants folded once, shape computation reused while the shapes it reads are unchanged, products "
       "reading the KV cache and transposed operands in place, sibling products in one pass");
@@ -285,6 +295,7 @@ void RunBench(const BenchArgs& a) {
     samples = o.workload.empty() ? DefaultWorkload(original, o.dims, 0).samples : o.workload.samples;
   }
   auto run_once = [&](Stage& st) {
+    SetBufferReuse(st.reuse);
     if (decoder) {
       GenerateResult g = Generate(*st.session, sig, gen);
       st.tokens = g.tokens;
@@ -294,9 +305,30 @@ void RunBench(const BenchArgs& a) {
     for (const Feeds& feeds : samples) st.session->Run(feeds);
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   };
+  // Decoders: the bandwidth floor of a decode step (the bytes of weights it reads over the
+  // machine's read bandwidth), the bandwidth measured between the rounds.
+  Tensor sweep;
+  std::vector<double> gbs;
+  DecodeStepBytes step_bytes;
+  if (decoder) {
+    step_bytes = CountDecodeStepBytes(original.graph);
+    sweep = Tensor(DataType::kFloat, {int64_t{128} << 20});  // 512 MiB, far larger than the caches
+  }
   for (auto& st : stages) run_once(*st);  // warm-up
-  for (int r = 0; r < std::max(1, a.repeat); ++r)  // interleaved, so load changes hit every stage alike
+  for (int r = 0; r < std::max(1, a.repeat); ++r) {  // interleaved, so load changes hit every stage alike
     for (auto& st : stages) st->samples.push_back(run_once(*st));
+    if (decoder) gbs.push_back(ReadBandwidthGbs(sweep, 3));
+  }
+  SetBufferReuse(true);
+  sweep = Tensor();
+  const double bandwidth = decoder ? Median(gbs) : 0;
+  // Seconds per token at the floor: all weight bytes, or the float16 stage's (MatMul weights halved).
+  auto floor_of = [&](const Stage& st) {
+    if (!decoder || bandwidth <= 0) return 0.0;
+    const double bytes = static_cast<double>(st.half ? step_bytes.matmul / 2 + step_bytes.gather + step_bytes.other
+                                                     : step_bytes.total());
+    return bytes / (bandwidth * 1e9);
+  };
 
   const double base = Median(stages[0]->samples);
   if (a.json) {
@@ -306,23 +338,47 @@ void RunBench(const BenchArgs& a) {
       double t = Median(st->samples);
       json s{{"stage", st->name}, {"seconds", t}, {"rate", t > 0 ? 1.0 / t : 0.0}, {"speedup", t > 0 ? base / t : 0.0},
              {"noise", RelativeIqr(st->samples)}, {"note", st->note}};
-      if (decoder) s["same_tokens_as_baseline"] = st->tokens == stages[0]->tokens;
+      if (decoder) {
+        s["same_tokens_as_baseline"] = st->tokens == stages[0]->tokens;
+        s["floor_seconds"] = floor_of(*st);
+        s["of_floor"] = t > 0 ? floor_of(*st) / t : 0.0;
+      }
       if (st->kernels) s["fused_calls"] = CallsJson(FusedCallSummary(*st->kernels));
       j["stages"].push_back(s);
+    }
+    if (decoder) {
+      j["decode_step_weight_bytes"] = step_bytes.total();
+      j["read_bandwidth_gbs"] = bandwidth;
+      j["read_bandwidth_gbs_rounds"] = gbs;
+    }
+    if (decoder) {
+      j["decode_step_weight_bytes"] = step_bytes.total();
+      j["read_bandwidth_gbs"] = bandwidth;
+      j["read_bandwidth_gbs_rounds"] = gbs;
     }
     fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return;
   }
   fmt::print("{} — {} thread(s), medians of {} interleaved runs{}\n", a.model, threads, a.repeat,
              decoder ? fmt::format(", decode of {} tokens after a {}-token prompt", a.tokens, a.prompt_len) : "");
-  fmt::print("  {:<24} {:>14} {:>12} {:>9} {:>7}  {}\n", "stage", decoder ? "tokens/s" : "inferences/s",
-             decoder ? "ms/token" : "ms", "speedup", "noise", "note");
+  fmt::print("  {:<24} {:>14} {:>12} {:>9} {:>7} {:>9}  {}\n", "stage", decoder ? "tokens/s" : "inferences/s",
+             decoder ? "ms/token" : "ms", "speedup", "noise", decoder ? "of floor" : "", "note");
   for (auto& st : stages) {
     double t = Median(st->samples);
     std::string note = st->note;
     if (decoder && st->tokens != stages[0]->tokens) note += " [TOKENS DIFFER from baseline]";
-    fmt::print("  {:<24} {:>14.1f} {:>12.3f} {:>8.2f}x {:>6.0f}%  {}\n", st->name, t > 0 ? 1 / t : 0.0, t * 1e3,
-               t > 0 ? base / t : 0.0, 100 * RelativeIqr(st->samples), note);
+    const std::string of_floor = decoder && t > 0 && floor_of(*st) > 0 ? fmt::format("{:.2f}", floor_of(*st) / t) : "";
+    fmt::print("  {:<24} {:>14.1f} {:>12.3f} {:>8.2f}x {:>6.0f}% {:>9}  {}\n", st->name, t > 0 ? 1 / t : 0.0, t * 1e3,
+               t > 0 ? base / t : 0.0, 100 * RelativeIqr(st->samples), of_floor, note);
+  }
+  if (decoder && bandwidth > 0) {
+    const Stage* half = nullptr;
+    for (auto& st : stages)
+      if (st->half) half = st.get();
+    fmt::print("floor: {:.3f} ms/token = {:.2f} MB of weights a decode step reads / {:.1f} GB/s read bandwidth (median "
+               "of {} sweeps of 512 MiB, one after each round){}\n",
+               floor_of(*stages[0]) * 1e3, step_bytes.total() / 1e6, bandwidth, gbs.size(),
+               half ? fmt::format("; float16 weights: {:.3f} ms/token", floor_of(*half) * 1e3) : "");
   }
   // Per stage with kernels: calls that ran a kernel and calls that ran the body (a fallback).
   for (auto& st : stages)

@@ -1,5 +1,6 @@
 #include "ir/tensor.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -128,7 +129,7 @@ class BufferPool {
   }
 
   void* Get(size_t cls) {
-    if (cls >= kPoolMin) {
+    if (cls >= kPoolMin && reuse_.load(std::memory_order_relaxed)) {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = free_.find(cls);
       if (it != free_.end() && !it->second.empty()) {
@@ -148,7 +149,7 @@ class BufferPool {
   }
 
   void Put(void* p, size_t cls) {
-    if (cls >= kPoolMin) {
+    if (cls >= kPoolMin && reuse_.load(std::memory_order_relaxed)) {
       std::lock_guard<std::mutex> lock(mu_);
       if (cached_ + cls <= kMaxCached) {
         free_[cls].push_back(p);
@@ -159,7 +160,18 @@ class BufferPool {
     std::free(p);
   }
 
+  void SetReuse(bool on) {
+    reuse_.store(on);
+    if (on) return;
+    std::lock_guard<std::mutex> lock(mu_);  // off: the cached buffers go back too
+    for (auto& [cls, list] : free_)
+      for (void* p : list) std::free(p);
+    free_.clear();
+    cached_ = 0;
+  }
+
  private:
+  std::atomic<bool> reuse_{true};
   std::mutex mu_;
   std::unordered_map<size_t, std::vector<void*>> free_;
   size_t cached_ = 0;
@@ -171,6 +183,8 @@ BufferPool& Pool() {
 }
 
 }  // namespace
+
+void SetBufferReuse(bool on) { Pool().SetReuse(on); }
 
 Tensor Tensor::Uninitialized(DataType dt, Shape shape) {
   GAF_CHECK(dt != DataType::kString, "uninitialized string tensors are not supported");

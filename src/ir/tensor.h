@@ -82,6 +82,12 @@ template <> constexpr DataType DataTypeOf<std::string>() { return DataType::kStr
 
 // A dense tensor. Copying a Tensor shares its buffer (like a shared_ptr); use Clone() for a deep copy.
 // Kernels never write into their inputs.
+// Tensor buffers of 64 KiB or more are recycled by size class (a free list per class, up to 2 GiB
+// cached; ir/tensor.cc) instead of returned to the system: the memory reuse of a decode loop, whose
+// steps allocate the same sizes. On by default; off (bench's stage table, to show what it is worth)
+// frees the cached buffers and every buffer freed afterwards.
+void SetBufferReuse(bool on);
+
 class Tensor {
  public:
   Tensor() = default;

@@ -302,4 +302,32 @@ bool HalfWeightsKeepGreedyTokens(const Model& fused, int threads, std::string* w
   return true;
 }
 
+DecodeStepBytes CountDecodeStepBytes(const Graph& g) {
+  DecodeStepBytes b;
+  for (const Node& n : g.nodes) {
+    for (size_t i = 0; i < n.inputs.size(); ++i) {
+      if (n.inputs[i].empty()) continue;
+      const Tensor* t = g.FindInitializer(n.inputs[i]);
+      if (t == nullptr) continue;
+      const int64_t bytes = static_cast<int64_t>(t->nbytes());
+      if (n.op_type == "MatMul" || n.op_type == "Gemm") {
+        b.matmul += bytes;
+        ++b.matmul_tensors;
+      } else if (n.op_type == "Gather" && i == 0 && t->rank() >= 1) {
+        int64_t axis = n.GetInt("axis", 0);
+        if (axis < 0) axis += t->rank();
+        const int64_t dim = axis >= 0 && axis < t->rank() ? t->dim(axis) : 0;
+        b.gather += dim > 0 ? bytes / dim : 0;  // one slice for the one new token
+        ++b.gather_tensors;
+      } else if (n.op_type == "Gather" && i == 1) {
+        continue;  // constant indices: negligible, and not weights
+      } else {
+        b.other += bytes;
+        ++b.other_tensors;
+      }
+    }
+  }
+  return b;
+}
+
 }  // namespace gaf

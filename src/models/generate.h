@@ -59,6 +59,19 @@ int64_t ArgmaxLastPosition(const Tensor& logits);
 // logic (recompute the whole sequence without cache).
 Tensor ForwardNoCache(Session& session, const DecoderSignature& sig, const std::vector<int64_t>& ids);
 
+// Bytes of initializers one decode step (batch 1, one new token) reads, by category: every
+// MatMul/Gemm input that is an initializer, in full (`matmul`); for a Gather whose data is an
+// initializer, one slice along its axis (the embedding row, the rotary rows: `gather`); every other
+// initializer a node reads, in full (`other`; a Gather's constant indices are not counted). An
+// initializer read by several nodes counts once per node. The bandwidth floor of a decode step is
+// total() / the machine's read bandwidth.
+struct DecodeStepBytes {
+  int64_t matmul = 0, gather = 0, other = 0;
+  int64_t matmul_tensors = 0, gather_tensors = 0, other_tensors = 0;
+  int64_t total() const { return matmul + gather + other; }
+};
+DecodeStepBytes CountDecodeStepBytes(const Graph& graph);
+
 // The vocabulary: the logits output's last declared dim, the model's vocab_size metadata, or the
 // size of the embedding table input_ids index; 100 when none says.
 int64_t DecoderVocabSize(const Model& model, const DecoderSignature& sig);

@@ -236,5 +236,22 @@ TEST(CnnModel, PassesCheckerAndRuns) {
   }
 }
 
+// The bytes a decode step reads (bench's bandwidth floor): every projection and the head in full
+// (7 per layer and the head, [in, out] MatMul initializers), one row of each Gather's table (the
+// embedding's at least, not the table), and the other initializers (the RMSNorm weights at least).
+TEST(LlamaModel, DecodeStepBytesCountEveryWeightOnce) {
+  const LlamaConfig c = LlamaPreset("tiny");
+  const Model m = BuildLlamaModel(c);
+  const DecodeStepBytes b = CountDecodeStepBytes(m.graph);
+  const int64_t h = c.hidden_size, kv = c.num_kv_heads * c.head_dim(), i = c.intermediate_size;
+  const int64_t projections = c.num_layers * (h * h + 2 * h * kv + h * h + 3 * h * i) + h * c.vocab_size;
+  EXPECT_EQ(b.matmul, 4 * projections);
+  EXPECT_EQ(b.matmul_tensors, 7 * c.num_layers + 1);
+  EXPECT_GE(b.gather, 4 * h);  // the embedding row at least
+  EXPECT_LT(b.gather, 4 * h * c.vocab_size);  // not the whole table
+  EXPECT_GT(b.other, 4 * h * (2 * c.num_layers + 1));  // the RMSNorm weights at least
+  EXPECT_EQ(b.total(), b.matmul + b.gather + b.other);
+}
+
 }  // namespace
 }  // namespace gaf
