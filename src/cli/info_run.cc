@@ -293,7 +293,7 @@ void RunRun(const RunArgs& a) {
       fmt::print("  {:<24} {:>8} calls {:>10.3f} ms\n", p.op_type, p.calls, p.seconds * 1e3);
     const ProductRewrites& r = session.product_rewrites();
     fmt::print("plan rewrites (--no-plan-rewrites turns them off): {} products read a transposed operand in place, {} "
-               "a repeated KV cache once per cache head ({} of them making the present cache in the same pass), {} "
+               "a repeated KV cache once per cache head, {} making the present cache in the same pass, {} "
                "sibling products in {} passes, {} data-movement operators in {} single copies, {} Softmax nodes with "
                "their scale and mask in one pass ({} of them with their products as one attention node), {} SiLU(gate) * "
                "up and {} SiLU in one pass, {} RMSNorms and {} rotary "

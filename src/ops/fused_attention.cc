@@ -85,7 +85,7 @@ struct Cache {
 bool CacheOf(const Node& part, const KernelContext& ctx, size_t first, int64_t b, int64_t heads, Cache* c) {
   auto in = [&](size_t i) -> const Tensor* { return first + i < ctx.num_inputs() ? ctx.inputs[first + i] : nullptr; };
   const bool grouped = part.op_type == "GroupedMatMul";
-  const bool kv = grouped && part.GetInt("kv_group", 0) != 0, append = kv && part.GetInt("append", 0) != 0;
+  const bool kv = grouped && part.GetInt("kv_group", 0) != 0, append = grouped && part.GetInt("append", 0) != 0;
   const size_t shapes = append ? 2 : 1;
   if (append) {
     const Tensor* past = in(0);

@@ -178,8 +178,10 @@ void Segment(int64_t M, int64_t N, int64_t K, bool trans_b, const float* A, int6
   SgemmF32(false, trans_b, M, N, K, 1.f, A, lda, B, trans_b ? K : N, accumulate ? 1.f : 0.f, C, ldc);
 }
 
-// kv_group with append: B is Concat(past, new) on the cache axis, the present cache, which is also
-// this node's second output. Each cache head's product reads its past rows and new rows where they
+// append: B is Concat(past, new) on the cache axis, the present cache, which is also this node's
+// second output; with kv_group a cache head serves several query heads (inputs 3 and 4: the repeat's
+// Expand and Reshape shapes), without it one (multi-head attention: A and the cache have as many
+// heads). Each cache head's product reads its past rows and new rows where they
 // are, then copies both into the present (the past rows from cache, just read, with stores that
 // bypass the caches): the past crosses memory once, not once for the Concat and again for the
 // product. Scores (trans_b) take the two segments as column ranges of each row; values add the
@@ -188,14 +190,15 @@ void AppendProducts(KernelContext& ctx, bool trans_b) {
   const Tensor& A = ctx.input(0);
   const Tensor& past = ctx.input(1);
   const Tensor& cur = ctx.input(2);
-  if (ctx.num_inputs() < 5 || !ctx.has_input(3) || !ctx.has_input(4) || ctx.num_outputs() != 2 ||
+  const bool kv = ctx.node.GetInt("kv_group", 0) != 0;
+  if ((kv && (ctx.num_inputs() < 5 || !ctx.has_input(3) || !ctx.has_input(4))) || ctx.num_outputs() != 2 ||
       A.dtype() != DataType::kFloat || past.dtype() != DataType::kFloat || cur.dtype() != DataType::kFloat ||
       A.rank() != 4 || past.rank() != 4 || cur.rank() != 4 || past.dim(0) != cur.dim(0) || past.dim(1) != cur.dim(1) ||
       past.dim(3) != cur.dim(3))
     return RunPlanFallback(ctx);
   const int64_t b = past.dim(0), g = past.dim(1), tp = past.dim(2), tn = cur.dim(2), d = past.dim(3);
   const int64_t t = CheckedAdd(tp, tn, "present cache length");
-  const int64_t r = KvRepeat({b, g, t, d}, ctx.input(3).ToInt64s(), ctx.input(4).ToInt64s());
+  const int64_t r = kv ? KvRepeat({b, g, t, d}, ctx.input(3).ToInt64s(), ctx.input(4).ToInt64s()) : 1;
   const Shape& as = A.shape();
   const int64_t K = trans_b ? d : t, N = trans_b ? t : d;
   if (r <= 0 || as[0] != b || as[1] != g * r || as[3] != K) return RunPlanFallback(ctx);

@@ -328,17 +328,19 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
         v = u->inputs[0];
       }
     }
-    if ((!trans && !kv) || ix.constants.count(v)) continue;
+    if (ix.constants.count(v)) continue;
     // A cache made by Concat(past, new) on its length axis for this product alone (and perhaps
-    // as a graph output, the present cache): the product makes it too, reading the past once.
+    // as a graph output, the present cache): the product makes it too, reading the past once. A
+    // rank-4 cache of as many heads as the queries (multi-head attention: no repeat) too.
     const Node* cat = nullptr;
     std::vector<int> shape_readers;  // Shape nodes of the cache (they read no data)
-    if (kv) {
+    {
+      const Node* reader = chain.empty() ? &n : chain.back();  // the one node that reads its data
       const int p = ix.index.Producer(v);
       bool others = false;
       for (const auto& [c, slot] : ix.index.Consumers(v)) {
         const Node& r = g.nodes[c];
-        if (&r == chain.back()) continue;
+        if (&r == reader) continue;
         if (r.op_type == "Shape" && r.domain.empty() && r.inputs.size() == 1) shape_readers.push_back(c);
         else others = true;
       }
@@ -351,6 +353,7 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
           cat = &c;
       }
     }
+    if (!trans && !kv && cat == nullptr) continue;
 
     // The original operators, as a graph on the new node's inputs.
     auto fallback = std::make_shared<Graph>();

@@ -9,7 +9,9 @@
 //   graph output: the present cache)  -> GroupedMatMul(A, past, new, e, s) append, outputs (Y, X):
 //   the product reads the past rows where they are and copies them into X from cache, so a decode
 //   step reads the past cache once instead of twice; Shape nodes of X (which read no data) become
-//   ConcatShape(past, new), the same shape without X
+//   ConcatShape(past, new), the same shape without X; a cache read transposed (Q·Kᵀ) or as it is
+//   (P·V) with as many heads as the queries (multi-head attention, no repeat) likewise:
+//   GroupedMatMul(A, past, new) append
 //   MatMul(A, W1), MatMul(A, W2), ... with constant [K, N] weights  -> SiblingMatMul(A, W1, W2, ...)
 //   (query/key/value, gate/up: a decode step streams all their weights in one set of tasks)
 //   a tree of Concat/Transpose/Slice/Reshape/Flatten/Identity (each value read by the next
@@ -46,7 +48,7 @@ inline constexpr const char* kPlanDomain = "ai.graph_autofusion.plan";
 struct ProductRewrites {
   int transposed = 0;  // products reading B transposed in place
   int kv_grouped = 0;  // products reading a repeated key/value cache once per cache head
-  int appended = 0;    // of those, products that also make the cache from Concat(past, new)
+  int appended = 0;    // products that also make their cache from Concat(past, new) (repeated or not)
   int shape_readers = 0;  // Shape nodes of such caches, made ConcatShape(past, new)
   int sibling_groups = 0, siblings = 0;  // SiblingMatMul nodes, and the MatMuls they replace
   int copy_groups = 0, copies = 0;        // FusedCopy nodes, and the operators they replace

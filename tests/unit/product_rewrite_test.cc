@@ -5,6 +5,8 @@
 // that something else reads, and constant operands, are left alone.
 #include <gtest/gtest.h>
 
+#include <array>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -173,6 +175,46 @@ TEST(ProductRewrite, ProductsMakeThePresentCacheFromThePastInTheSamePass) {
     EXPECT_EQ(testing::ProfiledCalls(fast, "Concat"), 0);
     EXPECT_EQ(testing::ProfiledCalls(fast, "MatMul"), 0);
     EXPECT_EQ(testing::ProfiledCalls(fast, "GroupedMatMul"), 2 * static_cast<int64_t>(shapes.size()));
+  }
+}
+
+// Multi-head attention (GPT-2's layout: as many cache heads as query heads, no repeat): q [B, 2, S,
+// d], y = softmax(q · Concat(kp, kn)ᵀ) · Concat(vp, vn), both caches graph outputs. Both products
+// make their present cache in the same pass, and the Concats are gone.
+TEST(ProductRewrite, MultiHeadProductsMakeThePresentCacheToo) {
+  for (int64_t d : {64, 8}) {
+    Graph g;
+    g.inputs = {testing::FloatValue("q", {-1, 2, -1, d}), testing::FloatValue("kp", {-1, 2, -1, d}),
+                testing::FloatValue("kn", {-1, 2, -1, d}), testing::FloatValue("vp", {-1, 2, -1, d}),
+                testing::FloatValue("vn", {-1, 2, -1, d})};
+    g.nodes = {MakeNode("Concat", {"kp", "kn"}, {"kc"}, "k_concat", {testing::IntAttr("axis", -2)}),
+               MakeNode("Concat", {"vp", "vn"}, {"vc"}, "v_concat", {testing::IntAttr("axis", 2)}),
+               MakeNode("Transpose", {"kc"}, {"kt"}, "k_transpose", {IntsAttr("perm", {0, 1, 3, 2})}),
+               MakeNode("MatMul", {"q", "kt"}, {"s"}, "qk"),
+               MakeNode("Softmax", {"s"}, {"p"}, "softmax", {testing::IntAttr("axis", -1)}),
+               MakeNode("MatMul", {"p", "vc"}, {"y"}, "pv")};
+    g.outputs = {ValueInfo{"y", DataType::kFloat}, ValueInfo{"kc", DataType::kFloat}, ValueInfo{"vc", DataType::kFloat}};
+    Model m = MakeModel(std::move(g), 17);
+    SessionOptions on{.profile = true}, off;
+    off.rewrite_products = false;
+    Session fast(m, on), plain(m, off);
+    ASSERT_EQ(fast.product_rewrites().appended, 2);
+    EXPECT_EQ(fast.product_rewrites().kv_grouped, 0);
+    uint32_t seed = 300;
+    for (const auto& [b, s, tp, tn] : std::vector<std::array<int64_t, 4>>{{1, 1, 16, 1}, {1, 5, 0, 5}, {2, 1, 300, 1}, {1, 20, 7, 20}}) {
+      const std::map<std::string, Tensor> feeds = {{"q", RandomFloat({b, 2, s, d}, seed += 5)},
+                                                   {"kp", RandomFloat({b, 2, tp, d}, seed + 1)},
+                                                   {"kn", RandomFloat({b, 2, tn, d}, seed + 2)},
+                                                   {"vp", RandomFloat({b, 2, tp, d}, seed + 3)},
+                                                   {"vn", RandomFloat({b, 2, tn, d}, seed + 4)}};
+      const std::vector<Tensor> x = fast.Run(feeds), y = plain.Run(feeds);
+      const std::string what = fmt::format("d={} b={} s={} past={} new={}", d, b, s, tp, tn);
+      ExpectClose(x, y, what);
+      EXPECT_EQ(x[1].ToDoubles(), y[1].ToDoubles()) << what;  // the present caches: copies, exactly
+      EXPECT_EQ(x[2].ToDoubles(), y[2].ToDoubles()) << what;
+    }
+    EXPECT_EQ(testing::ProfiledCalls(fast, "Concat"), 0);
+    EXPECT_EQ(testing::ProfiledCalls(fast, "MatMul"), 0);
   }
 }
 
