@@ -8,10 +8,10 @@
 
 #include "ir/half.h"
 #include "ir/simd.h"  // GAF_AVX512
-#include "ops/gemv.h"  // ConvertToHalf
 #include "ops/kernel_util.h"
 #include "ops/nn_internal.h"  // CeilDiv
 #include "ops/panel_gemm.h"
+#include "ops/panel_tiles.h"
 
 namespace gaf {
 using nn_detail::CeilDiv;
@@ -27,59 +27,10 @@ constexpr int64_t kMinParallel = int64_t{1} << 18;
 // Panels a task takes side by side for M rows: R * P * 4 accumulators fit the registers to 24.
 constexpr int64_t HalfPanelsPerTask(int64_t M) { return M <= 1 ? 4 : M <= 3 ? 2 : 1; }
 
-// out[r][p * W + j] = sum over k in order of x[r * ldx + k] * panel_p[k][j], for P panels
-// `stride` elements apart.
 template <int R, int P>
 void HalfTile(const float* x, int64_t ldx, const uint16_t* panels, int64_t K, int64_t stride, float* out,
               int64_t ldo) {
-#if GAF_AVX512
-  static_assert(R * P * 4 <= 24);
-  __m512 acc[R][P][4];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p)
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) acc[r][p][j] = _mm512_setzero_ps();
-  const uint16_t* q = panels;
-  for (int64_t k = 0; k < K; ++k, q += W) {
-    __m512 b[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) b[r] = _mm512_set1_ps(x[r * ldx + k]);
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) {
-      const uint16_t* w = q + p * stride;
-      const char* pf = reinterpret_cast<const char*>(w + kPrefetchRows * W);
-      _mm_prefetch(pf, _MM_HINT_T1);
-      _mm_prefetch(pf + 64, _MM_HINT_T1);
-      __m512 v[4];
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j)
-        v[j] = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(w + 16 * j)));
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; ++j) acc[r][p][j] = _mm512_fmadd_ps(b[r], v[j], acc[r][p][j]);
-    }
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p)
-#pragma GCC unroll 4
-      for (int j = 0; j < 4; ++j) _mm512_storeu_ps(out + r * ldo + p * W + 16 * j, acc[r][p][j]);
-#else
-  for (int r = 0; r < R; ++r)
-    for (int p = 0; p < P; ++p) {
-      float acc[W] = {};
-      for (int64_t k = 0; k < K; ++k) {
-        const float b = x[r * ldx + k];
-        const uint16_t* w = panels + p * stride + k * W;
-        for (int64_t j = 0; j < W; ++j) acc[j] = std::fma(b, HalfBitsToFloat(w[j]), acc[j]);
-      }
-      std::memcpy(out + r * ldo + p * W, acc, sizeof(acc));
-    }
-#endif
+  panel_detail::MultiPanelTile<uint16_t, 4, R, P>(x, ldx, panels, K, stride, kPrefetchRows, out, ldo);
 }
 
 using TileFn = void (*)(const float*, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t);
@@ -135,14 +86,7 @@ void HalfPanelGemmMany(const float* x, int64_t M, int64_t K, const HalfPanelProd
     const int64_t c0 = task.p * W, cols = std::min(task.n * W, w.N() - c0);
     for (int64_t m = 0; m < M; ++m) std::memcpy(ps[task.w].y + m * w.N() + c0, out + m * ldo, sizeof(float) * cols);
   };
-  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
-  const bool team = !omp_in_parallel() && n_tasks > 1 && weights * M >= kMinParallel && omp_get_max_threads() > 1;
-  if (!team) {
-    for (int64_t t = 0; t < n_tasks; ++t) run(t);
-    return;
-  }
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t t = 0; t < n_tasks; ++t) run(t);
+  panel_detail::RunPanelTasks(static_cast<int64_t>(tasks.size()), weights * M, kMinParallel, run);
 }
 
 }  // namespace gaf

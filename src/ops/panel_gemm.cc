@@ -12,6 +12,7 @@
 #include "ir/simd.h"  // GAF_AVX512
 #include "ops/kernel_util.h"
 #include "ops/nn_internal.h"  // CeilDiv
+#include "ops/panel_tiles.h"
 
 namespace gaf {
 using nn_detail::CeilDiv;
@@ -84,70 +85,17 @@ void Tile(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t k
 #endif
 }
 
-// Full panels a task of M rows takes at once (RowsTileMulti: that many streams; R * P * 3
-// accumulators fit the registers up to 24). bench/decode_gemv_bench at one row, 2 threads, an AMD
+// Full panels a task of M rows takes at once (ops/panel_tiles.h MultiPanelTile: that many streams;
+// R * P * 3 accumulators fit the registers up to 24). bench/decode_gemv_bench at one row, 2 threads, an AMD
 // EPYC with 70 GB/s of read bandwidth: one panel a task read a decode step's weights at 0.9-1.0x
 // the row-major GEMV's rate, 2-4 panels at 1.06-1.13x (3 and 4 the best), 6 at 1.05x; at 1 thread
 // 4 panels 1.07-1.11x.
 constexpr int64_t kMultiPanelMaxRows = 4;
 constexpr int64_t MultiPanels(int64_t M) { return M <= 2 ? 4 : M <= kMultiPanelMaxRows ? 2 : 1; }
 
-// R rows by P full panels (3 vectors each) at once: P streams per task instead of one. A single
-// sequential stream per core is held back by the hardware prefetchers (above); reading P panels
-// side by side keeps P streams going. Each column still sums over k in order, so the bits are the
-// same as one panel at a time (and as a row alone or in another batch).
 template <int R, int P>
 void RowsTileMulti(const float* x, int64_t ldx, const float* panels, int64_t K, float* out, int64_t ldo) {
-  constexpr int64_t W = kPanelCols;
-  const int64_t stride = K * W;  // floats from one panel to the next
-#if GAF_AVX512
-  static_assert(R * P * 3 <= 24);
-  __m512 acc[R][P][3];
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p)
-#pragma GCC unroll 3
-      for (int j = 0; j < 3; ++j) acc[r][p][j] = _mm512_setzero_ps();
-  const float* q = panels;
-  for (int64_t k = 0; k < K; ++k, q += W) {
-    __m512 b[R];
-#pragma GCC unroll 4
-    for (int r = 0; r < R; ++r) b[r] = _mm512_set1_ps(x[r * ldx + k]);
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p) {
-      const float* w = q + p * stride;
-      const char* pf = reinterpret_cast<const char*>(w + kKBlock * W);
-      _mm_prefetch(pf, _MM_HINT_T1);
-      _mm_prefetch(pf + 64, _MM_HINT_T1);
-      _mm_prefetch(pf + 128, _MM_HINT_T1);
-      const __m512 w0 = _mm512_load_ps(w), w1 = _mm512_load_ps(w + 16), w2 = _mm512_load_ps(w + 32);
-#pragma GCC unroll 4
-      for (int r = 0; r < R; ++r) {
-        acc[r][p][0] = _mm512_fmadd_ps(b[r], w0, acc[r][p][0]);
-        acc[r][p][1] = _mm512_fmadd_ps(b[r], w1, acc[r][p][1]);
-        acc[r][p][2] = _mm512_fmadd_ps(b[r], w2, acc[r][p][2]);
-      }
-    }
-  }
-#pragma GCC unroll 4
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int p = 0; p < P; ++p)
-#pragma GCC unroll 3
-      for (int j = 0; j < 3; ++j) _mm512_store_ps(out + r * ldo + p * W + 16 * j, acc[r][p][j]);
-#else
-  for (int r = 0; r < R; ++r)
-    for (int p = 0; p < P; ++p) {
-      float acc[W] = {};
-      for (int64_t k = 0; k < K; ++k) {
-        const float b = x[r * ldx + k];
-        const float* w = panels + p * stride + k * W;
-        for (int64_t j = 0; j < W; ++j) acc[j] = std::fma(b, w[j], acc[j]);
-      }
-      std::memcpy(out + r * ldo + p * W, acc, sizeof(acc));
-    }
-#endif
+  panel_detail::MultiPanelTile<float, 3, R, P>(x, ldx, panels, K, K * kPanelCols, kKBlock, out, ldo);
 }
 
 // y[0:M, c0:c0 + n * kPanelCols] = x * the n full panels from `panels` (M <= kMultiPanelMaxRows,
@@ -268,14 +216,7 @@ void PanelGemmMany(const float* x, int64_t M, int64_t K, const PanelProduct* ps,
     }
     MultiPanelTask(x, M, K, w.panel(task.p), task.n, ps[task.w].y, w.N(), c0);
   };
-  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
-  const bool team = !omp_in_parallel() && n_tasks > 1 && weights * M >= kPanelMinParallel && omp_get_max_threads() > 1;
-  if (!team) {
-    for (int64_t t = 0; t < n_tasks; ++t) run(t);
-    return;
-  }
-#pragma omp parallel for schedule(dynamic, 1)
-  for (int64_t t = 0; t < n_tasks; ++t) run(t);
+  panel_detail::RunPanelTasks(static_cast<int64_t>(tasks.size()), weights * M, kPanelMinParallel, run);
 }
 
 }  // namespace gaf

@@ -1,0 +1,111 @@
+// The register tile that streams several weight panels side by side, shared by the float32 panels
+// (ops/panel_gemm.cc) and the float16 ones (ops/half_panel_gemm.cc): R rows of x by P panels of V
+// vectors (16 V weights per k, of type T: float, or float16 bits widened while they stream).
+//
+// A single sequential stream per core is held back by the hardware prefetchers; reading P panels
+// side by side keeps P streams going, and each stream prefetches `pf_rows` rows ahead into L2.
+// Every output element sums over k in order, from zero, in float32, so the bits do not depend on P,
+// on R, or on how the rows and panels are split into tasks.
+#pragma once
+
+#include <omp.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "ir/half.h"
+#include "ir/simd.h"  // GAF_AVX512
+
+namespace gaf::panel_detail {
+
+template <class T>
+struct PanelElement;
+template <>
+struct PanelElement<float> {
+  static float Scalar(float v) { return v; }
+#if GAF_AVX512
+  static __m512 Load(const float* p) { return _mm512_load_ps(p); }
+#endif
+};
+template <>
+struct PanelElement<uint16_t> {  // IEEE float16 bits
+  static float Scalar(uint16_t v) { return HalfBitsToFloat(v); }
+#if GAF_AVX512
+  static __m512 Load(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+#endif
+};
+
+// out[r * ldo + p * 16V + j] = sum over k in [0, K) in order of x[r * ldx + k] * panel_p[k][j], for
+// the P panels at `panels`, `stride` elements apart, each [K][16 V], 64-byte aligned.
+template <class T, int V, int R, int P>
+void MultiPanelTile(const float* x, int64_t ldx, const T* panels, int64_t K, int64_t stride, int64_t pf_rows,
+                    float* out, int64_t ldo) {
+  constexpr int64_t W = 16 * V;
+#if GAF_AVX512
+  static_assert(R * P * V <= 24, "accumulators beyond the registers");
+  constexpr int kLines = static_cast<int>(W * sizeof(T) / 64);  // cache lines per panel row
+  __m512 acc[R][P][V];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p)
+#pragma GCC unroll 4
+      for (int j = 0; j < V; ++j) acc[r][p][j] = _mm512_setzero_ps();
+  const T* q = panels;
+  for (int64_t k = 0; k < K; ++k, q += W) {
+    __m512 b[R];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) b[r] = _mm512_set1_ps(x[r * ldx + k]);
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p) {
+      const T* w = q + p * stride;
+      const char* pf = reinterpret_cast<const char*>(w + pf_rows * W);
+#pragma GCC unroll 4
+      for (int l = 0; l < kLines; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
+      __m512 v[V];
+#pragma GCC unroll 4
+      for (int j = 0; j < V; ++j) v[j] = PanelElement<T>::Load(w + 16 * j);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+        for (int j = 0; j < V; ++j) acc[r][p][j] = _mm512_fmadd_ps(b[r], v[j], acc[r][p][j]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int p = 0; p < P; ++p)
+#pragma GCC unroll 4
+      for (int j = 0; j < V; ++j) _mm512_storeu_ps(out + r * ldo + p * W + 16 * j, acc[r][p][j]);
+#else
+  (void)pf_rows;
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) {
+      float acc[W] = {};
+      for (int64_t k = 0; k < K; ++k) {
+        const float b = x[r * ldx + k];
+        const T* w = panels + p * stride + k * W;
+        for (int64_t j = 0; j < W; ++j) acc[j] = std::fma(b, PanelElement<T>::Scalar(w[j]), acc[j]);
+      }
+      std::memcpy(out + r * ldo + p * W, acc, sizeof(acc));
+    }
+#endif
+}
+
+// fn(t) for every task t in [0, n): taken dynamically by the OpenMP team when there are several and
+// `work` (weight elements x rows) reaches `min_parallel`, else in order on the calling thread (also
+// inside a parallel region).
+template <class Fn>
+void RunPanelTasks(int64_t n, int64_t work, int64_t min_parallel, Fn&& fn) {
+  if (omp_in_parallel() || n < 2 || work < min_parallel || omp_get_max_threads() < 2) {
+    for (int64_t t = 0; t < n; ++t) fn(t);
+    return;
+  }
+#pragma omp parallel for schedule(dynamic, 1)
+  for (int64_t t = 0; t < n; ++t) fn(t);
+}
+
+}  // namespace gaf::panel_detail
