@@ -49,7 +49,7 @@ for m in "${models[@]}"; do
   echo "=== $m ($model)"
   for t in ${THREADS//,/ }; do
     "$BUILD/autofusion" bench "$model" -i "image=$MODELS/$m/input.npy" --preset cnn --threads "$t" --repeat "$REPEAT" \
-      --safe | sed -n '1,6p'
+      --safe | sed -n '/^fused kernels of/q;p'
     node bench/ort_run.js "$model" -i "image=$MODELS/$m/input.npy" -o "$out" --opt all --threads "$t" \
       --repeat "$REPEAT" | sed -n "s/^ort median ms: /  ONNX Runtime (all optimizations), $t thread(s): ms /p"
   done

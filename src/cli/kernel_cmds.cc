@@ -361,14 +361,16 @@ void RunBench(const BenchArgs& a) {
   }
   fmt::print("{} — {} thread(s), medians of {} interleaved runs{}\n", a.model, threads, a.repeat,
              decoder ? fmt::format(", decode of {} tokens after a {}-token prompt", a.tokens, a.prompt_len) : "");
-  fmt::print("  {:<24} {:>14} {:>12} {:>9} {:>7} {:>9}  {}\n", "stage", decoder ? "tokens/s" : "inferences/s",
-             decoder ? "ms/token" : "ms", "speedup", "noise", decoder ? "of floor" : "", "note");
+  fmt::print("  {:<24} {:>14} {:>12} {:>9} {:>7}{}  {}\n", "stage", decoder ? "tokens/s" : "inferences/s",
+             decoder ? "ms/token" : "ms", "speedup", "noise", decoder ? fmt::format(" {:>9}", "of floor") : "", "note");
   for (auto& st : stages) {
     double t = Median(st->samples);
     std::string note = st->note;
     if (decoder && st->tokens != stages[0]->tokens) note += " [TOKENS DIFFER from baseline]";
-    const std::string of_floor = decoder && t > 0 && floor_of(*st) > 0 ? fmt::format("{:.2f}", floor_of(*st) / t) : "";
-    fmt::print("  {:<24} {:>14.1f} {:>12.3f} {:>8.2f}x {:>6.0f}% {:>9}  {}\n", st->name, t > 0 ? 1 / t : 0.0, t * 1e3,
+    std::string of_floor;  // decoders: a column of its own
+    if (decoder)
+      of_floor = fmt::format(" {:>9}", t > 0 && floor_of(*st) > 0 ? fmt::format("{:.2f}", floor_of(*st) / t) : "");
+    fmt::print("  {:<24} {:>14.1f} {:>12.3f} {:>8.2f}x {:>6.0f}%{}  {}\n", st->name, t > 0 ? 1 / t : 0.0, t * 1e3,
                t > 0 ? base / t : 0.0, 100 * RelativeIqr(st->samples), of_floor, note);
   }
   if (decoder && bandwidth > 0) {
