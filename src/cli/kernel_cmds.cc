@@ -351,11 +351,6 @@ void RunBench(const BenchArgs& a) {
       j["read_bandwidth_gbs"] = bandwidth;
       j["read_bandwidth_gbs_rounds"] = gbs;
     }
-    if (decoder) {
-      j["decode_step_weight_bytes"] = step_bytes.total();
-      j["read_bandwidth_gbs"] = bandwidth;
-      j["read_bandwidth_gbs_rounds"] = gbs;
-    }
     fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return;
   }

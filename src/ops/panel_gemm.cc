@@ -87,9 +87,9 @@ void Tile(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t k
 
 // Full panels a task of M rows takes at once (ops/panel_tiles.h MultiPanelTile: that many streams;
 // R * P * 3 accumulators fit the registers up to 24). bench/decode_gemv_bench at one row, 2 threads, an AMD
-// EPYC with 70 GB/s of read bandwidth: one panel a task read a decode step's weights at 0.9-1.0x
-// the row-major GEMV's rate, 2-4 panels at 1.06-1.13x (3 and 4 the best), 6 at 1.05x; at 1 thread
-// 4 panels 1.07-1.11x.
+// EPYC with 70 GB/s of read bandwidth, against the row-major GEMV in the same run: one panel a task
+// 0.96x, 2 panels 1.07x, 3 1.12x, 4 1.06-1.22x (four runs), 6 1.05x, 8 1.03x; at 1 thread 2 panels
+// 1.04x, 3 1.13x, 4 1.07-1.11x, 6 0.99x.
 constexpr int64_t kMultiPanelMaxRows = 4;
 constexpr int64_t MultiPanels(int64_t M) { return M <= 2 ? 4 : M <= kMultiPanelMaxRows ? 2 : 1; }
 

@@ -62,7 +62,8 @@ void MultiPanelTile(const float* x, int64_t ldx, const T* panels, int64_t K, int
 #pragma GCC unroll 4
     for (int p = 0; p < P; ++p) {
       const T* w = q + p * stride;
-      const char* pf = reinterpret_cast<const char*>(w + pf_rows * W);
+      // Formed as an integer: the rows ahead may lie past the panel's end (a prefetch never faults).
+      const char* pf = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w) + pf_rows * W * sizeof(T));
 #pragma GCC unroll 4
       for (int l = 0; l < kLines; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
       __m512 v[V];
