@@ -18,7 +18,8 @@
 // kernel's exp of anything below -87 is 0), and only when V's rows are finite (0 * inf is NaN);
 // a block whose rows the bound does not clear is computed over the whole cache. So the skipped
 // terms are the original's exact zeros; the products' sums may round differently from the
-// library's larger products (as GroupedMatMul's decode kernels do). Decode steps and shapes or
+// library's larger products (as GroupedMatMul's decode kernels do). Decode steps (fewer query
+// positions) run the three parts per cache head in one parallel region (DecodeSteps); shapes or
 // types outside the form run the three nodes' kernels one after another, as before the rewrite.
 #include <omp.h>
 
@@ -39,11 +40,12 @@
 namespace gaf {
 namespace {
 
-constexpr int64_t kMinQueryRows = 16;   // fewer query positions (decode steps) run the three parts
+constexpr int64_t kMinQueryRows = 16;   // fewer query positions (decode steps): DecodeSteps
 constexpr int64_t kBlockRows = 32;     // query rows per task
 constexpr int64_t kColumnGrain = 16;    // computed key columns: a multiple of this (or all)
 constexpr float kMaskCandidate = -1e4f; // mask values at or below this may mark skipped columns
 constexpr float kZeroMargin = 100.f;    // below the row's maximum by more than 87: exp is 0
+constexpr int64_t kParallelMultiplyAdds = int64_t{1} << 15;  // fewer in a decode step: one thread
 
 // The fallback graph's nodes run one after another on the node's inputs with their registered
 // kernels (all tensors float32 or shapes): the plan as it was before the rewrite, without the
@@ -77,12 +79,19 @@ struct Cache {
   Tensor t;
   int64_t r = 0;
   bool appended = false;  // t is the present cache the part outputs
+  // With appended: the past and new rows, [b, g, tp, d] and [b, g, tn, d]; t holds their
+  // concatenation unless the cache was taken with copy = false (then t is only allocated).
+  const float* past = nullptr;
+  const float* cur = nullptr;
+  int64_t tp = 0, tn = 0;
 };
 
 // The cache a product part reads, from its inputs in ctx starting at `first` (the part's second
 // input): the appended Concat(past, new) (made here, appended), the repeated cache, or (r = 1) a
-// [b, heads, T, d] operand as it is. False when the shapes are not of the part's form.
-bool CacheOf(const Node& part, const KernelContext& ctx, size_t first, int64_t b, int64_t heads, Cache* c) {
+// [b, heads, T, d] operand as it is. False when the shapes are not of the part's form. With copy
+// false an appended cache's present is allocated but not filled (the caller copies each head).
+bool CacheOf(const Node& part, const KernelContext& ctx, size_t first, int64_t b, int64_t heads, Cache* c,
+             bool copy = true) {
   auto in = [&](size_t i) -> const Tensor* { return first + i < ctx.num_inputs() ? ctx.inputs[first + i] : nullptr; };
   const bool grouped = part.op_type == "GroupedMatMul";
   const bool kv = grouped && part.GetInt("kv_group", 0) != 0, append = grouped && part.GetInt("append", 0) != 0;
@@ -101,7 +110,11 @@ bool CacheOf(const Node& part, const KernelContext& ctx, size_t first, int64_t b
     const float* pp = past->data<float>();
     const float* cp = cur->data<float>();
     float* pr = c->t.data<float>();
-    for (int64_t i = 0; i < past->dim(0) * g; ++i) {
+    c->past = pp;
+    c->cur = cp;
+    c->tp = tp;
+    c->tn = tn;
+    for (int64_t i = 0; copy && i < past->dim(0) * g; ++i) {
       CopyBytes(pr + i * t * d, pp + i * tp * d, sizeof(float) * tp * d);
       CopyBytes(pr + i * t * d + tp * d, cp + i * tn * d, sizeof(float) * tn * d);
     }
@@ -135,6 +148,68 @@ void RowNorms(const float* k, int64_t t, int64_t d, float* max_norm, bool* finit
   *finite = fin;
 }
 
+// A decode step or a few query positions (fewer than kMinQueryRows): one task per cache head
+// (split among its query heads when there are fewer cache heads than threads) takes the r*S query
+// rows of that head, computes their scores over the cache into a buffer of the thread, scales,
+// masks and normalizes them there (MaskedSoftmax's row arithmetic) and multiplies them by V: one
+// parallel region for the three parts, the scores never leaving the thread. An appended cache is
+// read where its past and new rows are and copied into the present by the head's first task
+// (the past from cache, just read). The products sum through AttentionSegment, as the appending
+// GroupedMatMul's do.
+void DecodeSteps(const Tensor& Q, Cache& K, Cache& V, int64_t scale, float c, const float* mask, const int64_t* mst,
+                 Tensor* Y) {
+  const int64_t b = Q.dim(0), H = Q.dim(1), S = Q.dim(2), d = Q.dim(3);
+  const int64_t T = K.t.dim(2), dv = V.t.dim(3), g = K.t.dim(1), r = K.r;
+  const int64_t heads = b * g;
+  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int64_t parts = heads >= threads ? 1 : std::min<int64_t>(r, (threads + heads - 1) / heads);
+  const float* q = Q.data<float>();
+  float* y = Y->data<float>();
+  auto task = [&](int64_t t) {
+    const int64_t i = t / parts, p = t % parts, bi = i / g;
+    const int64_t h0 = i % g * r + r * p / parts, h1 = i % g * r + r * (p + 1) / parts, M = (h1 - h0) * S;
+    thread_local std::vector<float> scores;
+    if (static_cast<int64_t>(scores.size()) < M * T) scores.resize(static_cast<size_t>(M * T));
+    float* sb = scores.data();
+    const float* qb = q + (bi * H + h0) * S * d;
+    float* yb = y + (bi * H + h0) * S * dv;
+    if (K.appended) {
+      AttentionSegment(M, K.tp, d, true, qb, d, K.past + i * K.tp * d, sb, T, false);
+      AttentionSegment(M, K.tn, d, true, qb, d, K.cur + i * K.tn * d, sb + K.tp, T, false);
+    } else {
+      AttentionSegment(M, T, d, true, qb, d, K.t.data<float>() + i * T * d, sb, T, false);
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      float* row = sb + m * T;
+      const float* mr = mask != nullptr ? mask + bi * mst[0] + (h0 + m / S) * mst[1] + m % S * mst[2] : nullptr;
+      ScaleAndMaskRow(row, row, T, scale, c, mr, mst[3]);
+      SoftmaxRowF32(row, row, T);
+    }
+    if (V.appended) {
+      AttentionSegment(M, dv, V.tp, false, sb, T, V.past + i * V.tp * dv, yb, dv, false);
+      AttentionSegment(M, dv, V.tn, false, sb + V.tp, T, V.cur + i * V.tn * dv, yb, dv, true);
+    } else {
+      AttentionSegment(M, dv, T, false, sb, T, V.t.data<float>() + i * T * dv, yb, dv, false);
+    }
+    if (p != 0) return;
+    for (Cache* cache : {&K, &V}) {
+      if (!cache->appended) continue;
+      const int64_t w = cache->t.dim(3);
+      float* pr = cache->t.data<float>() + i * T * w;
+      CopyBytes(pr, cache->past + i * cache->tp * w, sizeof(float) * cache->tp * w);
+      CopyBytes(pr + cache->tp * w, cache->cur + i * cache->tn * w, sizeof(float) * cache->tn * w);
+    }
+  };
+  const int64_t tasks = heads * parts;
+  if (threads > 1 && tasks > 1 && heads * r * S * T * (d + dv) > kParallelMultiplyAdds) {
+    ParallelFor(tasks, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) task(t);
+    });
+  } else {
+    for (int64_t t = 0; t < tasks; ++t) task(t);
+  }
+}
+
 void FusedAttentionKernel(KernelContext& ctx) {
   const Graph* g = ctx.node.GetGraph("fallback");
   GAF_CHECK(g != nullptr && g->nodes.size() == 3, "{}: no attention parts", ctx.node.Describe());
@@ -149,14 +224,16 @@ void FusedAttentionKernel(KernelContext& ctx) {
   const int64_t scale = sm.GetInt("scale", 0);
   const bool has_mask = sm.GetInt("mask", 0) != 0;
   const int64_t axis = sm.GetInt("axis", -1);
-  if (Q.dtype() != DataType::kFloat || Q.rank() != 4 || Q.dim(2) < kMinQueryRows || qk.GetInt("trans_b", 0) == 0 ||
+  if (Q.dtype() != DataType::kFloat || Q.rank() != 4 || qk.GetInt("trans_b", 0) == 0 ||
       (pv.op_type == "GroupedMatMul" && pv.GetInt("trans_b", 0) != 0) || (axis != -1 && axis != 3) || scale < 0 ||
       scale > 2 || sm.inputs.size() != 1 + (scale != 0) + has_mask || ctx.num_inputs() != pv_first + pv.inputs.size() - 1)
     return RunParts(ctx, *g);
   const int64_t b = Q.dim(0), H = Q.dim(1), S = Q.dim(2), d = Q.dim(3);
   Cache K, V;
-  if (b == 0 || H == 0 || d == 0 || !CacheOf(qk, ctx, 1, b, H, &K) || !CacheOf(pv, ctx, pv_first, b, H, &V) ||
-      K.t.dim(3) != d || V.t.dim(2) != K.t.dim(2) || K.t.dim(2) == 0 || V.t.dim(3) == 0)
+  const bool decode = S < kMinQueryRows;
+  if (b == 0 || H == 0 || d == 0 || !CacheOf(qk, ctx, 1, b, H, &K, !decode) ||
+      !CacheOf(pv, ctx, pv_first, b, H, &V, !decode) || K.t.dim(3) != d || V.t.dim(2) != K.t.dim(2) ||
+      K.t.dim(2) == 0 || V.t.dim(3) == 0 || (decode && (K.t.dim(1) != V.t.dim(1) || K.r != V.r)))
     return RunParts(ctx, *g);
   const int64_t T = K.t.dim(2), dv = V.t.dim(3), gk = K.t.dim(1), gv = V.t.dim(1);
   float c = 1.f;
@@ -182,6 +259,17 @@ void FusedAttentionKernel(KernelContext& ctx) {
     mask = M->data<float>();
   }
   Tensor Y = Tensor::Uninitialized(DataType::kFloat, {b, H, S, dv});
+  auto finish = [&] {
+    ctx.outputs[0] = std::move(Y);
+    size_t o = 1;
+    for (const Cache* cache : {&K, &V})
+      if (cache->appended && o < ctx.num_outputs()) ctx.outputs[o++] = cache->t;
+    GAF_CHECK(o == ctx.num_outputs(), "{}: made {} of its {} outputs", ctx.node.Describe(), o, ctx.num_outputs());
+  };
+  if (decode) {
+    DecodeSteps(Q, K, V, scale, c, mask, mst, &Y);
+    return finish();
+  }
   const float* q = Q.data<float>();
   const float* kc = K.t.data<float>();
   const float* vc = V.t.data<float>();
@@ -317,11 +405,7 @@ void FusedAttentionKernel(KernelContext& ctx) {
       }
     }
   }
-  ctx.outputs[0] = std::move(Y);
-  size_t o = 1;
-  for (const Cache* cache : {&K, &V})
-    if (cache->appended && o < ctx.num_outputs()) ctx.outputs[o++] = cache->t;
-  GAF_CHECK(o == ctx.num_outputs(), "{}: made {} of its {} outputs", ctx.node.Describe(), o, ctx.num_outputs());
+  finish();
 }
 
 }  // namespace

@@ -165,8 +165,10 @@ void Products(int64_t batches, int64_t M, int64_t N, int64_t K, bool trans_b, co
   }
 }
 
+}  // namespace
+
 // C[M,N] (+)= A[M,K] * op(B) with A's rows lda apart and C's ldc apart (one segment of the cache rows).
-void Segment(int64_t M, int64_t N, int64_t K, bool trans_b, const float* A, int64_t lda, const float* B, float* C,
+void AttentionSegment(int64_t M, int64_t N, int64_t K, bool trans_b, const float* A, int64_t lda, const float* B, float* C,
              int64_t ldc, bool accumulate) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
@@ -177,6 +179,9 @@ void Segment(int64_t M, int64_t N, int64_t K, bool trans_b, const float* A, int6
   if (AttentionProduct(M, N, K, trans_b, A, lda, B, C, ldc, accumulate)) return;
   SgemmF32(false, trans_b, M, N, K, 1.f, A, lda, B, trans_b ? K : N, accumulate ? 1.f : 0.f, C, ldc);
 }
+
+namespace {
+
 
 // append: B is Concat(past, new) on the cache axis, the present cache, which is also this node's
 // second output; with kv_group a cache head serves several query heads (inputs 3 and 4: the repeat's
@@ -214,11 +219,11 @@ void AppendProducts(KernelContext& ctx, bool trans_b) {
     const float* ai = a + i * M * K;
     float* yi = y + i * M * N;
     if (trans_b) {
-      Segment(M, tp, d, true, ai, d, pp + i * tp * d, yi, t, false);
-      Segment(M, tn, d, true, ai, d, cp + i * tn * d, yi + tp, t, false);
+      AttentionSegment(M, tp, d, true, ai, d, pp + i * tp * d, yi, t, false);
+      AttentionSegment(M, tn, d, true, ai, d, cp + i * tn * d, yi + tp, t, false);
     } else {
-      Segment(M, d, tp, false, ai, t, pp + i * tp * d, yi, d, false);
-      Segment(M, d, tn, false, ai + tp, t, cp + i * tn * d, yi, d, true);
+      AttentionSegment(M, d, tp, false, ai, t, pp + i * tp * d, yi, d, false);
+      AttentionSegment(M, d, tn, false, ai + tp, t, cp + i * tn * d, yi, d, true);
     }
     CopyBytes(pr + i * t * d, pp + i * tp * d, sizeof(float) * tp * d);
     CopyBytes(pr + i * t * d + tp * d, cp + i * tn * d, sizeof(float) * tn * d);

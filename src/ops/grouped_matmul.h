@@ -12,4 +12,11 @@ namespace gaf {
 // with each cache head repeated r times (torch's repeat_kv); 0 otherwise.
 int64_t KvRepeat(const Shape& x, const std::vector<int64_t>& e, const std::vector<int64_t>& s);
 
+// C[M,N] (+)= A[M,K] * op(B) (op: transposed when trans_b), A's rows lda apart, C's ldc apart: one
+// segment of a cache's rows in an attention product (the decode kernels where this machine and
+// shape have them, the library otherwise). GroupedMatMul's appending products and FusedAttention's
+// decode steps sum in the same order through it.
+void AttentionSegment(int64_t M, int64_t N, int64_t K, bool trans_b, const float* A, int64_t lda, const float* B,
+                      float* C, int64_t ldc, bool accumulate);
+
 }  // namespace gaf

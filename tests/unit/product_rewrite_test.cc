@@ -757,6 +757,36 @@ TEST(ProductRewrite, AttentionRunsAsOneNodeAndSkipsOnlyKeysWhoseProbabilityIsZer
     }
 }
 
+// Decode steps and a few query positions (fewer than the prompt path's 16) run the three parts per
+// cache head in one region: at 1 thread, at 2 (a task per cache head) and at 4 (more threads than
+// cache heads: each head's query heads split between tasks, its present copied once).
+TEST(ProductRewrite, DecodeAttentionRunsEachCacheHeadInOneTask) {
+  const float lowest = std::numeric_limits<float>::lowest();
+  for (int threads : {1, 2, 4})
+    for (const auto& [gqa, append] : std::vector<std::pair<bool, bool>>{{true, true}, {false, true}, {true, false}})
+      for (int64_t d : {64, 48}) {
+        const std::string form = fmt::format("threads={} gqa={} append={} d={}", threads, gqa, append, d);
+        Model m = MaskedAttentionModel(d, gqa, append);
+        SessionOptions on{.profile = true}, off;
+        on.num_threads = threads;
+        off.rewrite_products = false;
+        Session fast(m, on), plain(m, off);
+        ASSERT_EQ(fast.product_rewrites().attention_blocks, 1) << form;
+        uint32_t seed = 1300;
+        int runs = 0;
+        for (const auto& [b, s, past] :
+             std::vector<std::array<int64_t, 3>>{{1, 1, 20}, {1, 1, 0}, {1, 3, 40}, {2, 1, 300}, {1, 15, 2}, {2, 2, 65}}) {
+          auto feeds = MaskedAttentionFeeds(d, gqa, append, b, s, past, lowest, seed += 7);
+          ExpectCloseWithNaNs(fast.Run(feeds), plain.Run(feeds), 1e-5,
+                              fmt::format("{} b={} s={} past={}", form, b, s, past));
+          ++runs;
+        }
+        EXPECT_EQ(testing::ProfiledCalls(fast, "FusedAttention"), runs) << form;
+        EXPECT_EQ(testing::ProfiledCalls(fast, "MatMul"), 0) << form;
+        EXPECT_EQ(testing::ProfiledCalls(fast, "Softmax"), 0) << form;
+      }
+}
+
 // RMSNorm as exporters write it, in the forms the rewrite takes: `form` 0 Div(1, s) then Mul,
 // 1 Reciprocal then Mul, 2 Div(X, s); `mul_square` squares by Mul(X, X); `opset` 18 gives the
 // axes as an input; `weight` [n] (or absent: empty).
