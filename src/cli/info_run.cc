@@ -188,7 +188,7 @@ struct RunArgs {
   int warmup = 0;
   unsigned seed = 0;
   bool json = false;
-  bool profile = false, no_prepared = false, reference_kernels = false, no_rewrites = false;
+  bool profile = false, no_prepared = false, reference_kernels = false, no_rewrites = false, no_memory_plan = false;
   bool half_weights = false, float32_weights = false;
 };
 
@@ -200,6 +200,7 @@ void RunRun(const RunArgs& a) {
   so.profile = a.profile;
   so.prepared_kernels = !a.no_prepared;
   so.rewrite_products = !a.no_rewrites;
+  so.memory_plan = !a.no_memory_plan;
   // Fused operators run with their generated kernels (compiled once, cached), as in generate;
   // --reference-kernels runs their function bodies instead. `--profile` then lists each fused
   // function as one op type.
@@ -301,6 +302,7 @@ void RunRun(const RunArgs& a) {
                r.transposed, r.kv_grouped, r.appended, r.siblings, r.sibling_groups, r.copies, r.copy_groups,
                r.softmax_epilogues, r.attention_blocks, r.silu_gates, r.silus, r.rms_norms, r.rotaries);
     for (const std::string& n : r.notes) fmt::print("  {}\n", n);
+    fmt::print("{}\n", DescribeMemoryPlan(session.memory_plan_stats()));
     if (kernels) fmt::print("fused kernels:\n{}", DescribeFusedKernels(*kernels));
   }
 }
@@ -338,6 +340,8 @@ void AddRunCommand(CLI::App& app) {
   cmd->add_flag("--no-plan-rewrites", a->no_rewrites,
                 "run MatMuls as written (no products reading a KV cache or transposed operand in place, no sibling "
                 "products in one pass)");
+  cmd->add_flag("--no-memory-plan", a->no_memory_plan,
+                "tensor buffers from the allocator's size-class pool only (no static memory plan by liveness)");
   cmd->add_flag("--reference-kernels", a->reference_kernels,
                 "run fused operators through their function bodies instead of generated kernels");
   cmd->add_flag("--half-weights", a->half_weights,

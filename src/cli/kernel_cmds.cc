@@ -226,6 +226,7 @@ void RunBench(const BenchArgs& a) {
     SessionOptions s = so;
     s.fold_shapes = fold;
     s.rewrite_products = fold;
+    s.memory_plan = reuse;
     if (kernels) {
       KernelCompiler compiler;
       st->kernels = Compile(st->model, compiler, o.workload, o.dims, half ? HalfWeights::kDecode : HalfWeights::kOff);
@@ -247,8 +248,8 @@ void RunBench(const BenchArgs& a) {
       fmt::format("{} groups ({} functions), generated kernels", f.fuse_summary().groups, f.fuse_summary().functions),
       false, false, false);
   add("+ memory reuse", fused, true,
-      "the same, tensor buffers of 64 KiB or more recycled by size class (no allocation or page faults for them in "
-      "a steady loop)", false, false);
+      "the same, tensor buffers from a static memory plan (placed once by liveness in one arena, re-planned when a "
+      "shape outgrows it) or recycled by size class", false, false);
   add("+ scheduling", fused, true,
       "the same, constants folded once, shape computation reused while the shapes it reads are unchanged, products "
       "reading the KV cache and transposed operands in place, sibling products in one pass");
@@ -323,12 +324,34 @@ void RunBench(const BenchArgs& a) {
   sweep = Tensor();
   const double bandwidth = decoder ? Median(gbs) : 0;
   // Seconds per token at the floor: all weight bytes, or the float16 stage's (MatMul weights halved).
+  auto floor_bytes = [&](const Stage& st) {
+    return static_cast<double>(st.half ? step_bytes.matmul / 2 + step_bytes.gather + step_bytes.other
+                                       : step_bytes.total());
+  };
   auto floor_of = [&](const Stage& st) {
     if (!decoder || bandwidth <= 0) return 0.0;
-    const double bytes = static_cast<double>(st.half ? step_bytes.matmul / 2 + step_bytes.gather + step_bytes.other
-                                                     : step_bytes.total());
-    return bytes / (bandwidth * 1e9);
+    return floor_bytes(st) / (bandwidth * 1e9);
   };
+  // A stage's share of the floor: the median over the rounds of each round's floor (the bandwidth
+  // read right after it) over the stage's step in that round, so a machine whose bandwidth drifts
+  // compares each step with the bandwidth of its own moment.
+  auto of_floor = [&](const Stage& st) {
+    std::vector<double> r;
+    for (size_t i = 0; decoder && i < gbs.size() && i < st.samples.size(); ++i)
+      if (gbs[i] > 0 && st.samples[i] > 0) r.push_back(floor_bytes(st) / (gbs[i] * 1e9) / st.samples[i]);
+    return r.empty() ? 0.0 : Median(r);
+  };
+  for (auto& st : stages)
+    if (st->reuse && st->session->memory_plan_stats().runs > 0) {
+      const MemoryPlanStats ms = st->session->memory_plan_stats();
+      if (ms.stopped) {
+        st->note += "; memory plan stopped (runs did not repeat)";
+      } else {
+        st->note += fmt::format("; last run: {} of {} buffers from a {:.1f} KiB arena, {} plan(s) in {} runs",
+                                ms.last_served, ms.last_requests, static_cast<double>(ms.arena_bytes) / 1024, ms.plans,
+                                ms.runs);
+      }
+    }
 
   const double base = Median(stages[0]->samples);
   if (a.json) {
@@ -341,7 +364,7 @@ void RunBench(const BenchArgs& a) {
       if (decoder) {
         s["same_tokens_as_baseline"] = st->tokens == stages[0]->tokens;
         s["floor_seconds"] = floor_of(*st);
-        s["of_floor"] = t > 0 ? floor_of(*st) / t : 0.0;
+        s["of_floor"] = of_floor(*st);
       }
       if (st->kernels) s["fused_calls"] = CallsJson(FusedCallSummary(*st->kernels));
       j["stages"].push_back(s);
@@ -362,18 +385,19 @@ void RunBench(const BenchArgs& a) {
     double t = Median(st->samples);
     std::string note = st->note;
     if (decoder && st->tokens != stages[0]->tokens) note += " [TOKENS DIFFER from baseline]";
-    std::string of_floor;  // decoders: a column of its own
+    std::string of_floor_col;  // decoders: a column of its own
     if (decoder)
-      of_floor = fmt::format(" {:>9}", t > 0 && floor_of(*st) > 0 ? fmt::format("{:.2f}", floor_of(*st) / t) : "");
+      of_floor_col = fmt::format(" {:>9}", of_floor(*st) > 0 ? fmt::format("{:.2f}", of_floor(*st)) : "");
     fmt::print("  {:<24} {:>14.1f} {:>12.3f} {:>8.2f}x {:>6.0f}%{}  {}\n", st->name, t > 0 ? 1 / t : 0.0, t * 1e3,
-               t > 0 ? base / t : 0.0, 100 * RelativeIqr(st->samples), of_floor, note);
+               t > 0 ? base / t : 0.0, 100 * RelativeIqr(st->samples), of_floor_col, note);
   }
   if (decoder && bandwidth > 0) {
     const Stage* half = nullptr;
     for (auto& st : stages)
       if (st->half) half = st.get();
     fmt::print("floor: {:.3f} ms/token = {:.2f} MB of weights a decode step reads / {:.1f} GB/s read bandwidth (median "
-               "of {} sweeps of 512 MiB, one after each round){}\n",
+               "of {} sweeps of 512 MiB, one after each round; a stage's share of it is the median of its rounds' "
+               "shares, each round against its own sweep){}\n",
                floor_of(*stages[0]) * 1e3, step_bytes.total() / 1e6, bandwidth, gbs.size(),
                half ? fmt::format("; float16 weights: {:.3f} ms/token", floor_of(*half) * 1e3) : "");
   }

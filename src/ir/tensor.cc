@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "ir/limits.h"
+#include "ir/memory_plan.h"
 
 namespace gaf {
 
@@ -182,6 +183,22 @@ BufferPool& Pool() {
   return *pool;
 }
 
+// A buffer of `bytes` (rounded to its size class) from the pool, returned to it when freed.
+std::shared_ptr<void> PoolBuffer(size_t bytes) {
+  const size_t alloc = BufferPool::SizeClass(bytes);
+  void* p = Pool().Get(alloc);
+  if (p == nullptr) throw Error(fmt::format("out of memory allocating {} bytes", alloc));
+  return std::shared_ptr<void>(p, [alloc](void* q) { Pool().Put(q, alloc); });
+}
+
+// A tensor's buffer: from the memory plan active on this thread (ir/memory_plan.h), else the pool.
+std::shared_ptr<void> NewBuffer(size_t bytes, void** data) {
+  if (MemoryPlan* plan = MemoryPlan::Active()) return plan->Allocate((std::max<size_t>(bytes, 1) + 63) / 64 * 64, &PoolBuffer, data);
+  std::shared_ptr<void> b = PoolBuffer(bytes);
+  *data = b.get();
+  return b;
+}
+
 }  // namespace
 
 void SetBufferReuse(bool on) { Pool().SetReuse(on); }
@@ -193,11 +210,7 @@ Tensor Tensor::Uninitialized(DataType dt, Shape shape) {
   t.shape_ = std::move(shape);
   const size_t bytes = static_cast<size_t>(TensorBytes(dt, t.shape_));
   t.numel_ = NumElements(t.shape_);
-  const size_t alloc = BufferPool::SizeClass(bytes);
-  void* p = Pool().Get(alloc);
-  if (p == nullptr) throw Error(fmt::format("out of memory allocating {} bytes", alloc));
-  t.storage_ = std::shared_ptr<void>(p, [alloc](void* q) { Pool().Put(q, alloc); });
-  t.data_ = p;
+  t.storage_ = NewBuffer(bytes, &t.data_);
   return t;
 }
 
@@ -212,12 +225,8 @@ Tensor::Tensor(DataType dt, Shape shape) : dtype_(dt), shape_(std::move(shape)) 
     data_ = v->data();
     return;
   }
-  size_t alloc = BufferPool::SizeClass(bytes);
-  void* p = Pool().Get(alloc);
-  if (p == nullptr) throw Error(fmt::format("out of memory allocating {} bytes", alloc));
-  std::memset(p, 0, bytes);
-  storage_ = std::shared_ptr<void>(p, [alloc](void* q) { Pool().Put(q, alloc); });
-  data_ = p;
+  storage_ = NewBuffer(bytes, &data_);
+  std::memset(data_, 0, bytes);
 }
 
 Tensor Tensor::Wrap(DataType dt, Shape shape, void* data, std::shared_ptr<void> keep_alive) {

@@ -740,6 +740,24 @@ std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,
     ~RestoreThreads() { omp_set_num_threads(n); }
   } restore;
   omp_set_num_threads(threads);
+  MemoryPlan* plan = nullptr;
+  if (options_.memory_plan) {
+    std::string key;
+    for (const auto& [name, t] : feeds) {
+      key += fmt::format("{}:{}:", name, static_cast<int>(t.dtype()));
+      for (int64_t d : t.shape()) key += fmt::format("{},", d <= 1 ? d : int64_t{1} << (64 - __builtin_clzll(d - 1)));
+      key += ';';
+    }
+    constexpr size_t kMaxPlans = 16;
+    auto it = memory_plans_.find(key);
+    if (it == memory_plans_.end()) {
+      if (memory_plans_.size() >= kMaxPlans) memory_plans_.erase(memory_plans_.begin());
+      it = memory_plans_.emplace(key, std::make_unique<MemoryPlan>()).first;
+    }
+    plan = it->second.get();
+    last_memory_plan_ = plan;
+  }
+  MemoryPlan::Scope buffers(plan);
   std::vector<Tensor> all = Execute(PlanFor(model_.graph), nullptr, {}, &feeds);
   if (output_names.empty()) return all;
   std::vector<Tensor> out;
@@ -750,6 +768,10 @@ std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,
     out.push_back(all[i]);
   }
   return out;
+}
+
+MemoryPlanStats Session::memory_plan_stats() const {
+  return last_memory_plan_ != nullptr ? last_memory_plan_->stats() : MemoryPlanStats{};
 }
 
 void Session::ResetProfile() {

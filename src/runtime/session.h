@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "ir/memory_plan.h"
 #include "ops/kernel.h"
 #include "runtime/plan_rewrite.h"
 
@@ -53,6 +54,10 @@ struct SessionOptions {
   // are instead of through the copies the graph makes (runtime/plan_rewrite.h). Off while an
   // observer is set (it sees the graph's values as written).
   bool rewrite_products = true;
+  // Runs of the main graph take their tensor buffers from a static memory plan (ir/memory_plan.h):
+  // recorded on a run, placed in one arena by liveness, reused by later runs (re-planned when a
+  // run asks for what the plan does not hold, e.g. a grown shape).
+  bool memory_plan = true;
 };
 
 struct OpProfile {
@@ -85,6 +90,8 @@ class Session {
   void ResetProfile();
   // What the plan rewrote (SessionOptions::rewrite_products).
   const ProductRewrites& product_rewrites() const { return rewrites_; }
+  // The counts of the memory plan the last run used (SessionOptions::memory_plan; all 0 when off).
+  MemoryPlanStats memory_plan_stats() const;
 
   struct Plan;      // compiled form of one graph
   struct PlanStep;  // one node of a plan
@@ -111,6 +118,11 @@ class Session {
   ProductRewrites rewrites_;
   std::deque<KernelInfo> call_kernels_;                 // kernels of kept function calls
   std::unordered_map<const Node*, const KernelInfo*> call_kernel_of_;
+  // Memory plans by the feeds' shapes with each dimension rounded up to a power of two (a prompt
+  // and the decode steps after it have plans of their own; a cache's length moves between plans
+  // as it doubles); the plan of the last run.
+  std::map<std::string, std::unique_ptr<MemoryPlan>> memory_plans_;
+  const MemoryPlan* last_memory_plan_ = nullptr;
 };
 
 // Replaces every call of a model-local function (in the graph and its subgraphs) with the
