@@ -7,11 +7,13 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "cli/commands.h"
 #include "cli/inputs.h"
+#include "cli/ort_compare.h"
 #include "codegen/fused_session.h"
 #include "codegen/half_weights.h"
 #include "codegen/verify.h"
@@ -184,7 +186,7 @@ struct BenchArgs {
   std::string model, preset = "transformer", rules;
   std::vector<std::string> dims, inputs;
   int threads = 0, repeat = 5, tokens = 30, prompt_len = 8;
-  bool safe = false, json = false, half_weights = false;
+  bool safe = false, json = false, half_weights = false, no_ort = false;
 };
 
 struct Stage {
@@ -302,9 +304,20 @@ void RunBench(const BenchArgs& a) {
       st.tokens = g.tokens;
       return g.MedianStepSeconds();
     }
-    auto t0 = std::chrono::steady_clock::now();
-    for (const Feeds& feeds : samples) st.session->Run(feeds);
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // Per sample: one untimed run (the caches the other stages left), then the median of three,
+    // as ONNX Runtime's row is timed (bench/ort_run.js).
+    double total = 0;
+    for (const Feeds& feeds : samples) {
+      st.session->Run(feeds);
+      std::vector<double> t;
+      for (int i = 0; i < 3; ++i) {
+        auto t0 = std::chrono::steady_clock::now();
+        st.session->Run(feeds);
+        t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      }
+      total += Median(t);
+    }
+    return total;
   };
   // Decoders: the bandwidth floor of a decode step (the bytes of weights it reads over the
   // machine's read bandwidth), the bandwidth measured between the rounds.
@@ -315,11 +328,56 @@ void RunBench(const BenchArgs& a) {
     step_bytes = CountDecodeStepBytes(original.graph);
     sweep = Tensor(DataType::kFloat, {int64_t{128} << 20});  // 512 MiB, far larger than the caches
   }
+  // ONNX Runtime on the same model where it is installed (cli/ort_compare.h): a row of its own,
+  // one fresh process a round between ours.
+  std::optional<OrtComparison> ort;
+  std::string ort_note;
+  std::vector<double> ort_samples;
+  std::vector<int64_t> ort_tokens;
+  if (a.no_ort) {
+    ort_note = "not compared (--no-ort)";
+  } else if (IsTorchScriptFile(a.model)) {
+    ort_note = "not compared (the model is a TorchScript file)";
+  } else {
+    ort.emplace(threads);
+    if (!ort->available()) {
+      ort_note = "not compared: " + ort->why();
+      ort.reset();
+    }
+  }
+  auto ort_once = [&] {
+    double t = 0;
+    std::string why;
+    const bool ok = decoder ? ort->TimeDecode(a.model, gen.prompt_ids, a.tokens, &t, &ort_tokens, &why)
+                            : ort->TimeRuns(a.model, samples, 3, &t, &why);
+    if (ok) {
+      ort_samples.push_back(t);
+      return;
+    }
+    ort_note = "failed: " + why;
+    ort_samples.clear();
+    ort.reset();
+  };
   for (auto& st : stages) run_once(*st);  // warm-up
   for (int r = 0; r < std::max(1, a.repeat); ++r) {  // interleaved, so load changes hit every stage alike
     for (auto& st : stages) st->samples.push_back(run_once(*st));
+    if (ort) ort_once();
     if (decoder) gbs.push_back(ReadBandwidthGbs(sweep, 3));
   }
+  if (ort)
+    ort_note = fmt::format("onnxruntime-node {}, all graph optimizations, a fresh process a round ({}){}", ort->version(),
+                           decoder ? "bench/ort_generate.js: the same greedy loop after a warm-up generation, each step from its feeds to the argmax"
+                                   : "bench/ort_run.js: median of 3 session.run calls per sample",
+                           decoder ? (ort_tokens == stages[0]->tokens ? "; same tokens as the baseline"
+                                                                      : "; [TOKENS DIFFER from the baseline]")
+                                   : "");
+  // Each stage against ONNX Runtime: the median of the rounds' ratios.
+  auto vs_ort = [&](const Stage& st) {
+    std::vector<double> r;
+    for (size_t i = 0; i < ort_samples.size() && i < st.samples.size(); ++i)
+      if (st.samples[i] > 0) r.push_back(ort_samples[i] / st.samples[i]);
+    return r.empty() ? 0.0 : Median(r);
+  };
   SetBufferReuse(true);
   sweep = Tensor();
   const double bandwidth = decoder ? Median(gbs) : 0;
@@ -335,12 +393,13 @@ void RunBench(const BenchArgs& a) {
   // A stage's share of the floor: the median over the rounds of each round's floor (the bandwidth
   // read right after it) over the stage's step in that round, so a machine whose bandwidth drifts
   // compares each step with the bandwidth of its own moment.
-  auto of_floor = [&](const Stage& st) {
+  auto share_of_floor = [&](double bytes, const std::vector<double>& samples) {
     std::vector<double> r;
-    for (size_t i = 0; decoder && i < gbs.size() && i < st.samples.size(); ++i)
-      if (gbs[i] > 0 && st.samples[i] > 0) r.push_back(floor_bytes(st) / (gbs[i] * 1e9) / st.samples[i]);
+    for (size_t i = 0; decoder && i < gbs.size() && i < samples.size(); ++i)
+      if (gbs[i] > 0 && samples[i] > 0) r.push_back(bytes / (gbs[i] * 1e9) / samples[i]);
     return r.empty() ? 0.0 : Median(r);
   };
+  auto of_floor = [&](const Stage& st) { return share_of_floor(floor_bytes(st), st.samples); };
   for (auto& st : stages)
     if (st->reuse && st->session->memory_plan_stats().runs > 0) {
       const MemoryPlanStats ms = st->session->memory_plan_stats();
@@ -367,8 +426,19 @@ void RunBench(const BenchArgs& a) {
         s["of_floor"] = of_floor(*st);
       }
       if (st->kernels) s["fused_calls"] = CallsJson(FusedCallSummary(*st->kernels));
+      if (!ort_samples.empty()) s["vs_onnxruntime"] = vs_ort(*st);
       j["stages"].push_back(s);
     }
+    json oj{{"note", ort_note}, {"rounds_seconds", ort_samples}};
+    if (!ort_samples.empty()) {
+      oj["seconds"] = Median(ort_samples);
+      oj["noise"] = RelativeIqr(ort_samples);
+      if (decoder) {
+        oj["same_tokens_as_baseline"] = ort_tokens == stages[0]->tokens;
+        oj["of_floor"] = share_of_floor(static_cast<double>(step_bytes.total()), ort_samples);
+      }
+    }
+    j["onnxruntime"] = oj;
     if (decoder) {
       j["decode_step_weight_bytes"] = step_bytes.total();
       j["read_bandwidth_gbs"] = bandwidth;
@@ -390,6 +460,18 @@ void RunBench(const BenchArgs& a) {
       of_floor_col = fmt::format(" {:>9}", of_floor(*st) > 0 ? fmt::format("{:.2f}", of_floor(*st)) : "");
     fmt::print("  {:<24} {:>14.1f} {:>12.3f} {:>8.2f}x {:>6.0f}%{}  {}\n", st->name, t > 0 ? 1 / t : 0.0, t * 1e3,
                t > 0 ? base / t : 0.0, 100 * RelativeIqr(st->samples), of_floor_col, note);
+  }
+  if (!ort_samples.empty()) {
+    const double t = Median(ort_samples);
+    const double share = share_of_floor(static_cast<double>(step_bytes.total()), ort_samples);
+    fmt::print("  {:<24} {:>14.1f} {:>12.3f} {:>8.2f}x {:>6.0f}%{}  {}\n", "ONNX Runtime (all)", t > 0 ? 1 / t : 0.0,
+               t * 1e3, t > 0 ? base / t : 0.0, 100 * RelativeIqr(ort_samples),
+               decoder ? fmt::format(" {:>9}", share > 0 ? fmt::format("{:.2f}", share) : "") : "", ort_note);
+    std::string ratios;
+    for (auto& st : stages) ratios += fmt::format("{}{} {:.2f}x", ratios.empty() ? "" : ", ", st->name, vs_ort(*st));
+    fmt::print("against ONNX Runtime (median of the rounds' ratios, higher is faster than it): {}\n", ratios);
+  } else {
+    fmt::print("ONNX Runtime: {}\n", ort_note);
   }
   if (decoder && bandwidth > 0) {
     const Stage* half = nullptr;
@@ -453,6 +535,9 @@ void AddKernelCommands(CLI::App& app) {
     cmd->add_option("-n,--tokens", a->tokens, "decoders: new tokens per generation (default 30)");
     cmd->add_flag("--safe", a->safe, "add the safe-fusion stage (precision and speed gates with rollback)");
     cmd->add_flag("--half-weights", a->half_weights, "add a stage with float16 storage of constant MatMul weights");
+    cmd->add_flag("--no-ort", a->no_ort,
+                  "do not time ONNX Runtime on the same model (by default it is, where node and onnxruntime-node are "
+                  "installed in bench/ or $GAF_BENCH_DIR)");
     cmd->add_flag("--json", a->json, "machine-readable output");
     cmd->callback([a] { RunBench(*a); });
   }
