@@ -406,9 +406,9 @@ void RunBench(const BenchArgs& a) {
       if (ms.stopped) {
         st->note += "; memory plan stopped (runs did not repeat)";
       } else {
-        st->note += fmt::format("; last run: {} of {} buffers from a {:.1f} KiB arena, {} plan(s) in {} runs",
+        st->note += fmt::format("; last run: {} of {} buffers from a {:.1f} KiB arena, {} plan(s) and {} arena(s) in {} runs",
                                 ms.last_served, ms.last_requests, static_cast<double>(ms.arena_bytes) / 1024, ms.plans,
-                                ms.runs);
+                                ms.arenas, ms.runs);
       }
     }
 

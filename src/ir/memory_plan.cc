@@ -146,9 +146,9 @@ std::string DescribeMemoryPlan(const MemoryPlanStats& s) {
                        "allocator's pool serves every buffer",
                        s.plans);
   return fmt::format("memory plan: {} of the last run's {} tensor buffers from a {:.2f} MiB arena placed by liveness "
-                     "({} buffers planned; the rest outlive a run: outputs, cached values); {} plan(s) in {} runs",
+                     "({} buffers planned; the rest outlive a run: outputs, cached values); {} plan(s) and {} arena(s) in {} runs",
                      s.last_served, s.last_requests, static_cast<double>(s.arena_bytes) / (1 << 20), s.planned, s.plans,
-                     s.runs);
+                     s.arenas, s.runs);
 }
 
 MemoryPlan::MemoryPlan() : impl_(std::make_shared<Impl>()) {}
@@ -181,7 +181,10 @@ void MemoryPlan::Begin() {
     return;
   }
   // The arena, unless a tensor of an earlier run still holds it (then a fresh one).
-  if (m.arena_bytes > 0 && (m.arena == nullptr || m.arena.use_count() > 1)) m.arena = std::make_shared<Arena>(m.arena_bytes);
+  if (m.arena_bytes > 0 && (m.arena == nullptr || m.arena.use_count() > 1)) {
+    m.arena = std::make_shared<Arena>(m.arena_bytes);
+    m.stats.arenas++;
+  }
 }
 
 void MemoryPlan::End() {

@@ -26,6 +26,7 @@ struct MemoryPlanStats {
   int64_t runs = 0;            // runs begun with the plan
   int64_t plans = 0;           // times the offsets were computed (recordings)
   int64_t arena_bytes = 0;     // the arena's size in the current plan
+  int64_t arenas = 0;          // arenas allocated (a new one when tensors still hold the last)
   int64_t planned = 0;         // buffers the current plan places in the arena
   int64_t last_requests = 0;   // buffers the last run allocated on its thread
   int64_t last_served = 0;     // of them from the arena

@@ -235,6 +235,11 @@ void FusedAttentionKernel(KernelContext& ctx) {
       !CacheOf(pv, ctx, pv_first, b, H, &V, !decode) || K.t.dim(3) != d || V.t.dim(2) != K.t.dim(2) ||
       K.t.dim(2) == 0 || V.t.dim(3) == 0 || (decode && (K.t.dim(1) != V.t.dim(1) || K.r != V.r)))
     return RunParts(ctx, *g);
+  // A decode task's scores buffer holds r x S rows of the cache's length: past 64M floats the parts
+  // run instead (their scores tensor goes through the memory limit's check).
+  int64_t decode_scores = 0;
+  if (decode && (__builtin_mul_overflow(K.r * S, K.t.dim(2), &decode_scores) || decode_scores > (int64_t{1} << 26)))
+    return RunParts(ctx, *g);
   const int64_t T = K.t.dim(2), dv = V.t.dim(3), gk = K.t.dim(1), gv = V.t.dim(1);
   float c = 1.f;
   if (scale != 0) {
