@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Real CNN architectures (bench/make_cnn_models.py: exported by torch.onnx.export with random
 # weights): our stage table (baseline unfused, + fusion, + safe fusion; medians of interleaved runs
-# in one process) and ONNX Runtime with all optimizations on the same input.
+# in one process, with ONNX Runtime's row: all optimizations, on the same input), then the model
+# fused by `fuse --safe` and ONNX Runtime side by side, each in its own processes, alternating.
 #
 #   bench/cnn_bench.sh [MODEL...]
 #     models: resnet18 mobilenetv2 resnet50 densenet121 (1x3xSIZExSIZE), yolox_nano (1x3x416x416),
@@ -48,10 +49,10 @@ for m in "${models[@]}"; do
   echo
   echo "=== $m ($model)"
   for t in ${THREADS//,/ }; do
+    # The stage table with ONNX Runtime's row (bench runs bench/ort_run.js itself); the fused
+    # kernels' lists after it are left out (read to the end: quitting early would cut bench off).
     "$BUILD/autofusion" bench "$model" -i "image=$MODELS/$m/input.npy" --preset cnn --threads "$t" --repeat "$REPEAT" \
-      --safe | sed -n '/^fused kernels of/q;p'
-    node bench/ort_run.js "$model" -i "image=$MODELS/$m/input.npy" -o "$out" --opt all --threads "$t" \
-      --repeat "$REPEAT" | sed -n "s/^ort median ms: /  ONNX Runtime (all optimizations), $t thread(s): ms /p"
+      --safe | sed '/^fused kernels of/,$d'
   done
   # Side by side with ONNX Runtime on equal terms: the model fused by `fuse --safe` and ORT, each
   # timed back to back in its own process after one untimed run (warm caches for both), processes alternating for
