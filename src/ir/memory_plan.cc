@@ -9,6 +9,17 @@
 
 #include "ir/error.h"
 
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+// Under AddressSanitizer a slot no tensor holds is poisoned, so reading a freed tensor's buffer in
+// the arena is reported as it is for the allocator's buffers.
+#define GAF_ARENA_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define GAF_ARENA_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define GAF_ARENA_POISON(p, n) ((void)(p), (void)(n))
+#define GAF_ARENA_UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 namespace gaf {
 namespace {
 
@@ -39,8 +50,12 @@ struct Arena {
     mem = std::aligned_alloc(align, (n + align - 1) / align * align);
     if (mem == nullptr) throw Error(fmt::format("out of memory allocating a {}-byte memory plan arena", n));
     if (align == kHuge) ::madvise(mem, n, MADV_HUGEPAGE);
+    GAF_ARENA_POISON(mem, bytes);
   }
-  ~Arena() { std::free(mem); }
+  ~Arena() {
+    GAF_ARENA_UNPOISON(mem, bytes);
+    std::free(mem);
+  }
 
   // Takes [offset, offset + size) when no live range overlaps it: the id, or -1.
   int64_t Take(size_t offset, size_t size) {
@@ -48,12 +63,14 @@ struct Arena {
     for (const Range& r : live)
       if (offset < r.offset + r.size && r.offset < offset + size) return -1;
     live.push_back({offset, size, next_id});
+    GAF_ARENA_UNPOISON(static_cast<char*>(mem) + offset, size);
     return next_id++;
   }
   void Release(int64_t id) {
     std::lock_guard<std::mutex> lock(mu);
     for (size_t i = 0; i < live.size(); ++i)
       if (live[i].id == id) {
+        GAF_ARENA_POISON(static_cast<char*>(mem) + live[i].offset, live[i].size);
         live[i] = live.back();
         live.pop_back();
         return;

@@ -39,7 +39,8 @@ std::string DescribeMemoryPlan(const MemoryPlanStats& s);
 class MemoryPlan {
  public:
   static constexpr int kMaxReplans = 6;
-  static constexpr size_t kMaxRequests = size_t{1} << 16;  // a run's requests beyond: not planned
+  // A run's requests beyond this many are not planned (placing n buffers costs up to n^2 steps).
+  static constexpr size_t kMaxRequests = size_t{1} << 12;
 
   MemoryPlan();
   ~MemoryPlan();

@@ -745,7 +745,8 @@ std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,
     std::string key;
     for (const auto& [name, t] : feeds) {
       key += fmt::format("{}:{}:", name, static_cast<int>(t.dtype()));
-      for (int64_t d : t.shape()) key += fmt::format("{},", d <= 1 ? d : int64_t{1} << (64 - __builtin_clzll(d - 1)));
+      for (int64_t d : t.shape())  // rounded up to a power of two (absurd sizes of empty tensors as they are)
+        key += fmt::format("{},", d <= 1 || d > (int64_t{1} << 40) ? d : int64_t{1} << (64 - __builtin_clzll(d - 1)));
       key += ';';
     }
     constexpr size_t kMaxPlans = 16;

@@ -109,6 +109,27 @@ TEST(MemoryPlan, AGrownRequestReplansAndRunsThatNeverRepeatStopIt) {
   EXPECT_EQ(wild.stats().last_served, 0);
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+// Under AddressSanitizer an arena slot no tensor holds is poisoned: reading a freed tensor's
+// buffer is reported as it is for the allocator's buffers.
+TEST(MemoryPlanDeathTest, AFreedArenaBufferIsPoisonedUnderAddressSanitizer) {
+  MemoryPlan plan;
+  FakeRun(&plan, {100, 100}, 1);  // records
+  EXPECT_DEATH(
+      {
+        const float* p = nullptr;
+        {
+          MemoryPlan::Scope scope(&plan);
+          Tensor t = Tensor::Uninitialized(DataType::kFloat, {100});
+          if (plan.stats().runs == 2) p = t.data<float>();
+        }
+        volatile float x = p[0];
+        (void)x;
+      },
+      "use-after-poison");
+}
+#endif
+
 TEST(MemoryPlan, SessionResultsAreTheSameWithAndWithoutIt) {
   // x -> Relu -> Mul(x) -> Add(x) -> Sigmoid: intermediates freed within the run.
   Graph g;
