@@ -104,6 +104,9 @@ struct MemoryPlan::Impl {
   std::shared_ptr<Arena> arena;
   std::shared_ptr<Recording> recording;  // non-null while a run records
   bool record_next = true;
+  bool seen = false;      // a run with this plan happened: the next one records (a session run
+                          // once, as shape recording and analysis do, pays nothing)
+  bool idle_run = false;  // the current run neither records nor replays
   int misses_in_a_row = 0;  // plans whose first run missed, one after another
   bool first_run_of_plan = false;
   // The current run.
@@ -192,7 +195,9 @@ void MemoryPlan::Begin() {
   m.stats.runs++;
   m.next = 0;
   m.requests = m.served = m.unplanned = 0;
-  if (m.stats.stopped) return;
+  m.idle_run = !m.seen;
+  m.seen = true;
+  if (m.stats.stopped || m.idle_run) return;
   if (m.record_next) {
     m.recording = std::make_shared<Recording>();
     return;
@@ -208,7 +213,7 @@ void MemoryPlan::End() {
   Impl& m = *impl_;
   m.stats.last_requests = m.requests;
   m.stats.last_served = m.served;
-  if (m.stats.stopped) return;
+  if (m.stats.stopped || m.idle_run) return;
   if (m.recording != nullptr) {
     std::shared_ptr<Recording> rec = std::move(m.recording);
     {

@@ -1,5 +1,6 @@
 // A static memory plan for the repeated runs of one graph (a session's decode steps, a service's
-// inferences): the tensor buffers a run allocates on its thread are recorded once (size, when each
+// inferences): the first run takes its buffers from the allocator as usual (a graph run once pays
+// nothing); the tensor buffers the second run allocates on its thread are recorded (size, when each
 // is allocated and when freed), given offsets in one arena by their lifetimes (two buffers share
 // memory only when their lifetimes do not overlap: greedy by size, as TFLite's and ONNX Runtime's
 // planners do), and later runs take their k-th buffer at the k-th offset instead of from the

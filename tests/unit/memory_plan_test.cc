@@ -41,7 +41,10 @@ std::vector<Tensor> FakeRun(MemoryPlan* plan, const std::vector<int64_t>& sizes,
 TEST(MemoryPlan, LaterRunsTakeTheirBuffersFromTheArena) {
   MemoryPlan plan;
   const std::vector<int64_t> sizes = {1000, 20, 5000, 300, 300, 70000, 16, 1000, 4096};
-  FakeRun(&plan, sizes, 2);
+  FakeRun(&plan, sizes, 2);  // the first run: the allocator's, nothing recorded
+  EXPECT_EQ(plan.stats().plans, 0);
+  EXPECT_EQ(plan.stats().last_served, 0);
+  FakeRun(&plan, sizes, 2);  // records
   MemoryPlanStats s = plan.stats();
   EXPECT_EQ(s.plans, 1);
   EXPECT_EQ(s.last_served, 0);  // the recording run: the allocator's
@@ -64,6 +67,7 @@ TEST(MemoryPlan, KeptTensorsKeepTheirContentsAndRandomLifetimesNeverShareMemory)
   for (int i = 0; i < 60; ++i) sizes.push_back(1 + static_cast<int64_t>(rng() % 20000));
   for (size_t life : {1u, 3u, 9u}) {
     MemoryPlan plan;
+    FakeRun(&plan, sizes, life);  // the allocator's
     FakeRun(&plan, sizes, life);  // records
     // Tensors kept from a served run: the next runs must not write into them.
     std::vector<Tensor> kept = FakeRun(&plan, sizes, life, {0, 7, 33, 59});
@@ -88,6 +92,7 @@ TEST(MemoryPlan, AGrownRequestReplansAndRunsThatNeverRepeatStopIt) {
   std::vector<int64_t> sizes = {100, 200, 100};
   FakeRun(&plan, sizes, 1);
   FakeRun(&plan, sizes, 1);
+  FakeRun(&plan, sizes, 1);
   EXPECT_EQ(plan.stats().last_served, 3);
   sizes[1] = 400;  // past the slot's headroom: served by the allocator, re-planned next run
   FakeRun(&plan, sizes, 1);
@@ -103,7 +108,7 @@ TEST(MemoryPlan, AGrownRequestReplansAndRunsThatNeverRepeatStopIt) {
 
   MemoryPlan wild;
   int64_t n = 100;
-  for (int run = 0; run < 2 * MemoryPlan::kMaxReplans + 2; ++run) FakeRun(&wild, {n *= 2, 10}, 1);
+  for (int run = 0; run < 2 * MemoryPlan::kMaxReplans + 4; ++run) FakeRun(&wild, {n *= 2, 10}, 1);
   EXPECT_TRUE(wild.stats().stopped);
   EXPECT_LE(wild.stats().plans, MemoryPlan::kMaxReplans + 1);
   EXPECT_EQ(wild.stats().last_served, 0);
@@ -114,6 +119,7 @@ TEST(MemoryPlan, AGrownRequestReplansAndRunsThatNeverRepeatStopIt) {
 // buffer is reported as it is for the allocator's buffers.
 TEST(MemoryPlanDeathTest, AFreedArenaBufferIsPoisonedUnderAddressSanitizer) {
   MemoryPlan plan;
+  FakeRun(&plan, {100, 100}, 1);  // the allocator's
   FakeRun(&plan, {100, 100}, 1);  // records
   EXPECT_DEATH(
       {
@@ -121,7 +127,7 @@ TEST(MemoryPlanDeathTest, AFreedArenaBufferIsPoisonedUnderAddressSanitizer) {
         {
           MemoryPlan::Scope scope(&plan);
           Tensor t = Tensor::Uninitialized(DataType::kFloat, {100});
-          if (plan.stats().runs == 2) p = t.data<float>();
+          if (plan.stats().runs == 3) p = t.data<float>();
         }
         volatile float x = p[0];
         (void)x;
