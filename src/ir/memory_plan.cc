@@ -256,8 +256,8 @@ std::shared_ptr<void> MemoryPlan::Allocate(size_t bytes, Fallback fallback, void
       rec->Freed(index);
       inner.reset();
     });
-  } else if (m.recording == nullptr && k < m.slot_size.size() && m.slot_size[k] == 0) {
-    m.unplanned++;  // outlived the recorded run: the allocator's, as planned
+  } else if (m.recording == nullptr && (k >= kMaxRequests || (k < m.slot_size.size() && m.slot_size[k] == 0))) {
+    m.unplanned++;  // outlived the recorded run, or past the planned count: the allocator's, as planned
   } else if (m.recording == nullptr && !m.stats.stopped && m.arena != nullptr && k < m.slot_size.size() &&
              bytes <= m.slot_size[k]) {
     std::shared_ptr<Arena> arena = m.arena;

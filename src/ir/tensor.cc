@@ -193,7 +193,8 @@ std::shared_ptr<void> PoolBuffer(size_t bytes) {
 
 // A tensor's buffer: from the memory plan active on this thread (ir/memory_plan.h), else the pool.
 std::shared_ptr<void> NewBuffer(size_t bytes, void** data) {
-  if (MemoryPlan* plan = MemoryPlan::Active()) return plan->Allocate((std::max<size_t>(bytes, 1) + 63) / 64 * 64, &PoolBuffer, data);
+  if (MemoryPlan* plan = MemoryPlan::Active())
+    return plan->Allocate((std::max<size_t>(bytes, 1) + 63) / 64 * 64, &PoolBuffer, data);
   std::shared_ptr<void> b = PoolBuffer(bytes);
   *data = b.get();
   return b;

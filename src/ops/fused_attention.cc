@@ -114,10 +114,8 @@ bool CacheOf(const Node& part, const KernelContext& ctx, size_t first, int64_t b
     c->cur = cp;
     c->tp = tp;
     c->tn = tn;
-    for (int64_t i = 0; copy && i < past->dim(0) * g; ++i) {
-      CopyBytes(pr + i * t * d, pp + i * tp * d, sizeof(float) * tp * d);
-      CopyBytes(pr + i * t * d + tp * d, cp + i * tn * d, sizeof(float) * tn * d);
-    }
+    for (int64_t i = 0; copy && i < past->dim(0) * g; ++i)
+      CopyAppendedHead(pr + i * t * d, pp + i * tp * d, tp, cp + i * tn * d, tn, d);
   } else {
     if (in(0) == nullptr || in(0)->rank() != 4) return false;
     c->t = *in(0);
@@ -195,9 +193,8 @@ void DecodeSteps(const Tensor& Q, Cache& K, Cache& V, int64_t scale, float c, co
     for (Cache* cache : {&K, &V}) {
       if (!cache->appended) continue;
       const int64_t w = cache->t.dim(3);
-      float* pr = cache->t.data<float>() + i * T * w;
-      CopyBytes(pr, cache->past + i * cache->tp * w, sizeof(float) * cache->tp * w);
-      CopyBytes(pr + cache->tp * w, cache->cur + i * cache->tn * w, sizeof(float) * cache->tn * w);
+      CopyAppendedHead(cache->t.data<float>() + i * T * w, cache->past + i * cache->tp * w, cache->tp,
+                       cache->cur + i * cache->tn * w, cache->tn, w);
     }
   };
   const int64_t tasks = heads * parts;

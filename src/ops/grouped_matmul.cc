@@ -180,8 +180,12 @@ void AttentionSegment(int64_t M, int64_t N, int64_t K, bool trans_b, const float
   SgemmF32(false, trans_b, M, N, K, 1.f, A, lda, B, trans_b ? K : N, accumulate ? 1.f : 0.f, C, ldc);
 }
 
-namespace {
+void CopyAppendedHead(float* present, const float* past, int64_t tp, const float* cur, int64_t tn, int64_t w) {
+  CopyBytes(present, past, sizeof(float) * tp * w);
+  CopyBytes(present + tp * w, cur, sizeof(float) * tn * w);
+}
 
+namespace {
 
 // append: B is Concat(past, new) on the cache axis, the present cache, which is also this node's
 // second output; with kv_group a cache head serves several query heads (inputs 3 and 4: the repeat's
@@ -225,8 +229,7 @@ void AppendProducts(KernelContext& ctx, bool trans_b) {
       AttentionSegment(M, d, tp, false, ai, t, pp + i * tp * d, yi, d, false);
       AttentionSegment(M, d, tn, false, ai + tp, t, cp + i * tn * d, yi, d, true);
     }
-    CopyBytes(pr + i * t * d, pp + i * tp * d, sizeof(float) * tp * d);
-    CopyBytes(pr + i * t * d + tp * d, cp + i * tn * d, sizeof(float) * tn * d);
+    CopyAppendedHead(pr + i * t * d, pp + i * tp * d, tp, cp + i * tn * d, tn, d);
   };
   const int64_t heads = b * g;
   if (heads > 1 && M * N * K < (int64_t{1} << 22) && heads * M * N * K > kParallelWork) {

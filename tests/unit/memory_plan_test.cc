@@ -114,6 +114,15 @@ TEST(MemoryPlan, AGrownRequestReplansAndRunsThatNeverRepeatStopIt) {
   EXPECT_EQ(wild.stats().last_served, 0);
 }
 
+TEST(MemoryPlan, RunsOfMoreBuffersThanItPlansKeepThePlan) {
+  MemoryPlan plan;
+  const std::vector<int64_t> sizes(MemoryPlan::kMaxRequests + 50, 16);
+  for (int run = 0; run < 5; ++run) FakeRun(&plan, sizes, 1);
+  EXPECT_FALSE(plan.stats().stopped);
+  EXPECT_EQ(plan.stats().plans, 1);
+  EXPECT_EQ(plan.stats().last_served, static_cast<int64_t>(MemoryPlan::kMaxRequests));
+}
+
 #if defined(__SANITIZE_ADDRESS__)
 // Under AddressSanitizer an arena slot no tensor holds is poisoned: reading a freed tensor's
 // buffer is reported as it is for the allocator's buffers.
