@@ -522,7 +522,11 @@ TEST(GraphAutoFusion, AnalysisOfThousandsOfNodesIsFast) {
   f.EstimateFusionBenefit();
   const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_GT(cands.size(), 400u);
+#if !defined(__SANITIZE_ADDRESS__)
+  // Not under AddressSanitizer: its 2-3x slowdown, with another test beside it (ctest -j), put a
+  // 1.7 s analysis at 3.9 s on this 2-core machine; the sanitizer run checks memory, not speed.
   EXPECT_LT(sec, 2.0) << "analysis of " << m.graph.nodes.size() << " nodes";
+#endif
   std::printf("analysis of %zu nodes: %.3f s\n", m.graph.nodes.size(), sec);
 }
 
