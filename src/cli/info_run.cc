@@ -19,6 +19,7 @@
 #include "ir/output_file.h"
 #include "codegen/fused_session.h"
 #include "codegen/half_weights.h"
+#include "ops/blocked_chain.h"
 #include "runtime/session.h"
 
 namespace gaf::cli {
@@ -26,6 +27,8 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
+
+void PrintChainSteps();
 
 std::string DomainName(const std::string& d) { return d.empty() ? "ai.onnx" : d; }
 
@@ -240,11 +243,14 @@ void RunRun(const RunArgs& a) {
   GAF_CHECK(a.warmup >= 0, "run: --warmup must be at least 0, got {}", a.warmup);
   for (int r = 0; r < a.warmup; ++r) session.Run(feeds);
   if (a.warmup > 0) session.ResetProfile();
+  // The oneDNN chains' steps are timed in the same runs (listed after the fused kernels).
+  if (a.profile) BlockedChain::SetStepProfiling(true);
   for (int r = 0; r < std::max(1, a.repeat); ++r) {
     auto t0 = std::chrono::steady_clock::now();
     outs = session.Run(feeds);
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
+  BlockedChain::SetStepProfiling(false);
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
   double median = sorted[sorted.size() / 2];
@@ -304,7 +310,23 @@ void RunRun(const RunArgs& a) {
     for (const std::string& n : r.notes) fmt::print("  {}\n", n);
     fmt::print("{}\n", DescribeMemoryPlan(session.memory_plan_stats()));
     if (kernels) fmt::print("fused kernels:\n{}", DescribeFusedKernels(*kernels));
+    PrintChainSteps();
   }
+}
+
+// The slowest steps of the oneDNN chains timed by `run --profile` (each chain is one node in the
+// per-op-type table): a step's milliseconds a call and its share of all chain steps' time.
+void PrintChainSteps() {
+  constexpr size_t kShown = 15;
+  const std::vector<BlockedChain::StepTime> all = BlockedChain::StepProfile(SIZE_MAX);
+  if (all.empty()) return;
+  double total = 0;
+  for (const auto& t : all) total += t.seconds;
+  fmt::print("slowest steps of the oneDNN chains ({} of {}; the timed runs, ms a call, share of the chains' time):\n",
+             std::min(kShown, all.size()), all.size());
+  for (size_t i = 0; i < all.size() && i < kShown; ++i)
+    fmt::print("  {:>8.3f} ms {:>5.1f}%  {}\n", all[i].seconds * 1e3 / static_cast<double>(std::max<int64_t>(1, all[i].calls)),
+               total > 0 ? 100.0 * all[i].seconds / total : 0.0, all[i].step);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -35,6 +36,21 @@ using blocked_chain_internal::LayoutName;
 using blocked_chain_internal::NearestFactors;
 using blocked_chain_internal::ScalarOrPerChannel;
 using blocked_chain_internal::tag;
+
+// Step profiling (SetStepProfiling) and the plans it has timed (weak: a plan dropped with its
+// chain leaves the profile).
+std::atomic<bool>& StepProfiling() {
+  static std::atomic<bool> on{false};
+  return on;
+}
+std::mutex& ProfiledPlansMutex() {
+  static std::mutex mu;
+  return mu;
+}
+std::vector<std::weak_ptr<blocked_chain_internal::Plan>>& ProfiledPlans() {
+  static std::vector<std::weak_ptr<blocked_chain_internal::Plan>> plans;
+  return plans;
+}
 
 tag BlockTag() {
   static const tag t = __builtin_cpu_supports("avx512f") ? tag::nChw16c : tag::nChw8c;
@@ -496,9 +512,53 @@ std::vector<Tensor> BlockedChain::Run(const std::vector<const Tensor*>& inputs) 
     if (p.input_mem[i]) p.input_mem[i].set_data_handle(const_cast<float*>(inputs[i]->data<float>()));
   for (size_t i = 0; i < outs.size(); ++i) p.output_mem[i].set_data_handle(outs[i].data<float>());
   dnnl::stream s(DnnlEngine());
-  for (Impl::Step& st : p.steps) st.Execute(s);
-  s.wait();
+  if (!StepProfiling().load(std::memory_order_relaxed)) {
+    for (Impl::Step& st : p.steps) st.Execute(s);
+    s.wait();
+    return outs;
+  }
+  std::vector<double> seconds(p.steps.size());
+  for (size_t k = 0; k < p.steps.size(); ++k) {
+    const auto t0 = std::chrono::steady_clock::now();
+    p.steps[k].Execute(s);
+    s.wait();
+    seconds[k] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  bool first;
+  {
+    std::lock_guard<std::mutex> profile_lock(p.profile_mu);
+    for (size_t k = 0; k < seconds.size(); ++k) p.step_seconds[k] += seconds[k];
+    first = p.profiled_calls++ == 0;
+  }
+  if (first) {
+    std::lock_guard<std::mutex> registry_lock(ProfiledPlansMutex());
+    ProfiledPlans().push_back(plan);
+  }
   return outs;
+}
+
+void BlockedChain::SetStepProfiling(bool on) { StepProfiling().store(on); }
+
+std::vector<BlockedChain::StepTime> BlockedChain::StepProfile(size_t max) {
+  std::vector<StepTime> all;
+  {
+    std::lock_guard<std::mutex> registry_lock(ProfiledPlansMutex());
+    auto& plans = ProfiledPlans();
+    for (auto it = plans.begin(); it != plans.end();) {
+      std::shared_ptr<Impl::Plan> p = it->lock();
+      if (!p) {
+        it = plans.erase(it);
+        continue;
+      }
+      std::lock_guard<std::mutex> profile_lock(p->profile_mu);
+      for (size_t k = 0; k < p->steps.size() && k < p->step_seconds.size(); ++k)
+        all.push_back({p->steps[k].label, p->profiled_calls, p->step_seconds[k]});
+      ++it;
+    }
+  }
+  std::stable_sort(all.begin(), all.end(), [](const StepTime& a, const StepTime& b) { return a.seconds > b.seconds; });
+  if (all.size() > max) all.resize(max);
+  return all;
 }
 
 BlockedChain::Stats BlockedChain::stats() const {

@@ -88,6 +88,18 @@ class BlockedChain {
   std::vector<Tensor> Run(const std::vector<const Tensor*>& inputs);
   Stats stats() const;  // of the last plan
   std::string Describe() const;
+
+  // Step timing (`run --profile`): while on, every chain's Run times each of its steps (two clock
+  // reads a step). Process-wide: a chain's steps are oneDNN primitives and passes of our own that
+  // the session's per-node profile sees as one node.
+  static void SetStepProfiling(bool on);
+  struct StepTime {
+    std::string step;   // the node it runs and its kernel, e.g. "node 'conv1' (Conv) [convolution jit_1x1:avx512_core]"
+    int64_t calls = 0;  // timed calls of its chain
+    double seconds = 0;  // their total
+  };
+  // The timed steps of every plan still alive, slowest first, at most `max`.
+  static std::vector<StepTime> StepProfile(size_t max);
   ~BlockedChain();
   struct Impl;
 

@@ -89,6 +89,7 @@ std::shared_ptr<Plan> ChainPlanner::Build(const std::vector<Shape>& in_shapes) {
   EmitOutputs();
   Bind();
   plan_->stats.steps = static_cast<int>(plan_->steps.size());
+  plan_->step_seconds.assign(plan_->steps.size(), 0.0);
   return plan_;
 }
 
@@ -494,8 +495,32 @@ const dnnl::memory::desc& ChainPlanner::MdOf(const std::string& v) const {
 }
 
 int ChainPlanner::AddStep(dnnl::primitive p, std::unordered_map<int, dnnl::memory> args) {
-  plan_->steps.push_back({std::move(p), std::move(args)});
+  const char* impl = nullptr;
+  if (dnnl_primitive_desc_query(p.get_primitive_desc(), dnnl_query_impl_info_str, 0, &impl) != dnnl_success) impl = nullptr;
+  std::string kind;
+  switch (p.get_kind()) {
+    case dnnl::primitive::kind::convolution: kind = "convolution"; break;
+    case dnnl::primitive::kind::reorder: kind = "reorder"; break;
+    case dnnl::primitive::kind::eltwise: kind = "eltwise"; break;
+    case dnnl::primitive::kind::binary: kind = "binary"; break;
+    case dnnl::primitive::kind::pooling: kind = "pooling"; break;
+    case dnnl::primitive::kind::concat: kind = "concat"; break;
+    case dnnl::primitive::kind::resampling: kind = "resampling"; break;
+    case dnnl::primitive::kind::batch_normalization: kind = "batch normalization"; break;
+    default: kind = "primitive";
+  }
+  std::string out;  // the destination's dims
+  if (const dnnl_memory_desc_t* md = dnnl_primitive_desc_query_md(p.get_primitive_desc(), dnnl_query_dst_md, 0))
+    out = fmt::format(" to {}", fmt::join(md->dims, md->dims + md->ndims, "x"));
+  Step st{std::move(p), std::move(args)};
+  st.label = StepLabel(kind + " " + (impl != nullptr ? impl : "?") + out);
+  plan_->steps.push_back(std::move(st));
   return static_cast<int>(plan_->steps.size()) - 1;
+}
+
+std::string ChainPlanner::StepLabel(const std::string& kernel) const {
+  const std::string what = emitting_ >= 0 ? nodes_[ops_[static_cast<size_t>(emitting_)].node].Describe() : "the chain's outputs";
+  return fmt::format("{} [{}]", what, kernel);
 }
 
 // The blocked form of a value for reading: produced values are blocked; a chain input gets one
@@ -559,6 +584,7 @@ void ChainPlanner::EmitSteps() {
       if (input_index_.count(in) && !(op.kind == Op::kConv)) EnsureBlockedInput(in);
     if (!op.residual.empty() && input_index_.count(op.residual)) EnsureBlockedInput(op.residual);
     const int ki = static_cast<int>(k);
+    emitting_ = ki;
     switch (op.kind) {
       case Op::kConv: EmitConv(op, ki); break;
       case Op::kBatchNorm: EmitBatchNorm(op, ki); break;
@@ -571,6 +597,7 @@ void ChainPlanner::EmitSteps() {
     }
     Release(ki);
   }
+  emitting_ = -1;
 }
 
 void ChainPlanner::EmitConv(const Op& op, int k) {
@@ -699,6 +726,7 @@ void ChainPlanner::EmitConv(const Op& op, int k) {
     // Swish over the convolution's destination, in place, once it is written.
     Plan* plan = plan_.get();
     Step pass;
+    pass.label = StepLabel("Swish pass after the convolution");
     pass.pass = [plan, st, dst_elements]() {
       SwishInPlace(static_cast<float*>(plan->steps[static_cast<size_t>(st)].args.at(DNNL_ARG_DST).get_data_handle()),
                    dst_elements);

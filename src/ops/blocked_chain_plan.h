@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -55,6 +56,7 @@ struct Step {
   dnnl::primitive prim;
   std::unordered_map<int, dnnl::memory> args;
   std::function<void()> pass;  // a pass of our own instead of a primitive (SwishInPlace)
+  std::string label;           // the node it runs and its kernel (BlockedChain::StepTime::step)
   void Execute(dnnl::stream& s) {
     if (pass) pass();
     else prim.execute(s, args);
@@ -74,6 +76,10 @@ struct Plan {
   // The oneDNN implementation of each convolution, in plan order (ConvCandidate::name).
   std::vector<std::string> conv_impls;
   double measured_ms = 0;  // the median of its timed runs when the layout was chosen by measurement
+  // Step profiling (BlockedChain::SetStepProfiling): seconds per step over `profiled_calls` calls.
+  std::vector<double> step_seconds;
+  int64_t profiled_calls = 0;
+  std::mutex profile_mu;  // guards the two above (Run adds, BlockedChain::StepProfile reads)
   std::string choice;      // how its layout was chosen, for Describe ("" when it was fixed)
 };
 
@@ -148,6 +154,7 @@ class ChainPlanner {
   int NewBuffer(size_t bytes);
   const dnnl::memory::desc& MdOf(const std::string& v) const;
   int AddStep(dnnl::primitive p, std::unordered_map<int, dnnl::memory> args);
+  std::string StepLabel(const std::string& kernel) const;
   void ReadBlocked(const std::string& v, int step, int arg);
   void EnsureBlockedInput(const std::string& v);
   void Release(int k);
@@ -193,6 +200,7 @@ class ChainPlanner {
   // 2. Operators.
   std::vector<bool> absorbed_;
   std::vector<Op> ops_;
+  int emitting_ = -1;  // the op whose steps are being added (-1: the chain's outputs)
   // 3. Memory.
   std::map<std::string, int> last_use_;  // op index
   std::map<std::string, int> buffer_of_;

@@ -519,6 +519,54 @@ TEST(BlockedChain, RejectsWhatItDoesNotRun) {
   EXPECT_NE(chain->Prepare({{1, 16, 8}}), "");
 }
 
+// Step profiling (`run --profile`): each step of a chain's plan is timed over the calls made while
+// it is on, named by its node and kernel; calls made while it is off add nothing; a plan dropped
+// with its chain leaves the profile.
+TEST(BlockedChain, StepProfileTimesEachStepByNodeAndKernel) {
+  Net n;
+  const std::string a = n.Op("Relu", {n.Conv("x", 16, 32, 3)});
+  const std::string y = n.Conv(a, 32, 16, 1);
+  Model m = n.Finish({1, 16, 12, 12}, {y});
+  std::map<std::string, Tensor> constants;
+  for (const auto& [name, t] : m.graph.initializers) constants[name] = t;
+  auto chain = BlockedChain::Create(m.graph.nodes, {"x"}, {y}, constants, nullptr);
+  ASSERT_TRUE(chain);
+  chain->SetLayout(BlockedChain::Layout::kBlocked);
+  chain->SetConvKernels(BlockedChain::ConvKernels::kLibrary);
+  Tensor x(DataType::kFloat, {1, 16, 12, 12});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>(i % 7) - 3.f;
+  chain->Run({&x});  // planned, not profiled
+  auto steps_of_this_chain = [&] {
+    std::vector<BlockedChain::StepTime> mine;
+    for (const auto& t : BlockedChain::StepProfile(SIZE_MAX))
+      if (t.step.find(m.graph.nodes[0].name) != std::string::npos || t.step.find(m.graph.nodes.back().name) != std::string::npos)
+        mine.push_back(t);
+    return mine;
+  };
+  EXPECT_TRUE(steps_of_this_chain().empty());
+  BlockedChain::SetStepProfiling(true);
+  for (int r = 0; r < 3; ++r) chain->Run({&x});
+  BlockedChain::SetStepProfiling(false);
+  chain->Run({&x});
+  const auto mine = steps_of_this_chain();
+  // The two convolutions (the Relu is the first one's post-op), and the reorder of the chain's
+  // input where the first one reads the blocked layout.
+  int convolutions = 0;
+  for (const auto& t : mine) {
+    EXPECT_EQ(t.calls, 3) << t.step;
+    EXPECT_GT(t.seconds, 0) << t.step;
+    convolutions += t.step.find("(Conv) [convolution ") != std::string::npos;
+    EXPECT_NE(t.step.find(" to 1x"), std::string::npos) << t.step;  // the destination's dims
+  }
+  EXPECT_EQ(convolutions, 2);
+  EXPECT_LE(mine.size(), 3u);
+  const auto all = BlockedChain::StepProfile(SIZE_MAX);
+  for (size_t i = 1; i < all.size(); ++i) EXPECT_GE(all[i - 1].seconds, all[i].seconds);  // slowest first
+  EXPECT_LE(BlockedChain::StepProfile(1).size(), 1u);
+  chain.reset();
+  EXPECT_TRUE(steps_of_this_chain().empty());
+}
+
 TEST(LayoutChains, FuserGroupsTheNetworkAndTheFusedModelMatches) {
   Net n;
   Model m = DenseNet(1, n);
