@@ -232,6 +232,12 @@ std::string BlockedChainRejects(const Node& n, const std::function<const Tensor*
   } else if (op == "Resize" || op == "Upsample") {
     int64_t fh = 0, fw = 0;
     if (!NearestFactors(n, constant, shape_of(n.inputs[0]), &fh, &fw, &why)) return why;
+  } else if (op == "Transpose") {
+    // NCHW <-> NHWC only; where it may sit (after a chain input, before a chain output) is checked
+    // when the chain is made (BlockedChain::Create folds it into the input's or output's format).
+    const std::vector<int64_t> perm = n.GetInts("perm");
+    if (perm != std::vector<int64_t>{0, 3, 1, 2} && perm != std::vector<int64_t>{0, 2, 3, 1})
+      return n.Describe() + ": a Transpose other than NHWC to NCHW or back";
   } else if (op == "ConvTranspose") {
     // oneDNN 2.6's deconvolution ran the PP-OCR-like head's 2x2 stride-2 upsampling 10-100x slower
     // than our ConvTranspose kernel: it stays outside chains.
@@ -250,6 +256,15 @@ struct BlockedChain::Impl {
   std::vector<Node> nodes;
   std::vector<std::string> inputs, outputs;
   std::map<std::string, Tensor> constants;
+  // Inputs and outputs in NHWC, by position: the Transposes at the chain's boundary, folded.
+  blocked_chain_internal::Boundary boundary;
+
+  // The NCHW shapes the plans are made for: an NHWC input's dims permuted.
+  std::vector<Shape> Logical(std::vector<Shape> shapes) const {
+    for (size_t i = 0; i < shapes.size() && i < boundary.nhwc_in.size(); ++i)
+      if (boundary.nhwc_in[i] && shapes[i].size() == 4) shapes[i] = {shapes[i][0], shapes[i][3], shapes[i][1], shapes[i][2]};
+    return shapes;
+  }
 
   const Tensor* Constant(const std::string& v) const {
     auto it = constants.find(v);
@@ -269,6 +284,7 @@ struct BlockedChain::Impl {
     std::string k = fmt::format("blocked-chain v3 dnnl {}.{}.{} threads {} inputs", DNNL_VERSION_MAJOR,
                                 DNNL_VERSION_MINOR, DNNL_VERSION_PATCH, threads);
     for (const Shape& sh : in_shapes) k += " " + ShapeToString(sh);
+    k += fmt::format(" nhwc in {} out {}", fmt::join(boundary.nhwc_in, ","), fmt::join(boundary.nhwc_out, ","));
     for (const Node& n : nodes) {
       k += "\n" + n.op_type + "(";
       for (const auto& in : n.inputs) {
@@ -309,7 +325,8 @@ std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::Build(const std::v
   choice.measure = conv_kernels != ConvKernels::kLibrary;
   choice.winograd = conv_kernels == ConvKernels::kMeasured;
   choice.stored = std::move(stored);
-  return ChainPlanner(nodes, inputs, outputs, constants, binary_post_ops, layout, std::move(choice)).Build(in_shapes);
+  return ChainPlanner(nodes, inputs, outputs, constants, binary_post_ops, layout, std::move(choice), boundary)
+      .Build(in_shapes);
 }
 
 std::shared_ptr<BlockedChain> BlockedChain::Create(std::vector<Node> nodes, std::vector<std::string> inputs,
@@ -331,8 +348,49 @@ std::shared_ptr<BlockedChain> BlockedChain::Create(std::vector<Node> nodes, std:
     if (why) *why = "no outputs";
     return nullptr;
   }
+  // Transposes at the boundary (tf2onnx's NHWC models: one to NCHW after the image input, one back
+  // to NHWC before an output) are folded into how the chain reads that input and writes that
+  // output: an NHWC tensor is the NCHW value in oneDNN's nhwc format, so the chain's reorder in or
+  // out does the transposition and the Transpose's own pass over the data goes.
+  blocked_chain_internal::Boundary boundary;
+  boundary.nhwc_in.assign(inputs.size(), false);
+  boundary.nhwc_out.assign(outputs.size(), false);
+  std::vector<Node> kept;
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    const Node& n = nodes[i];
+    if (n.op_type != "Transpose") {
+      kept.push_back(n);
+      continue;
+    }
+    const std::string &x = n.inputs[0], &y = n.outputs[0];
+    auto read_elsewhere = [&](const std::string& v) {
+      for (size_t j = 0; j < nodes.size(); ++j)
+        if (j != i && std::find(nodes[j].inputs.begin(), nodes[j].inputs.end(), v) != nodes[j].inputs.end()) return true;
+      return false;
+    };
+    const auto in_at = std::find(inputs.begin(), inputs.end(), x);
+    const bool y_is_output = std::find(outputs.begin(), outputs.end(), y) != outputs.end();
+    if (n.GetInts("perm") == std::vector<int64_t>{0, 3, 1, 2} && in_at != inputs.end() && constant(x) == nullptr &&
+        !read_elsewhere(x) && !y_is_output && std::count(inputs.begin(), inputs.end(), x) == 1) {
+      boundary.nhwc_in[static_cast<size_t>(in_at - inputs.begin())] = true;
+      *in_at = y;  // the chain reads the Transpose's output: the input, seen as NCHW
+      continue;
+    }
+    if (n.GetInts("perm") == std::vector<int64_t>{0, 2, 3, 1} && y_is_output && !read_elsewhere(y) &&
+        std::find(inputs.begin(), inputs.end(), x) == inputs.end()) {
+      for (size_t o = 0; o < outputs.size(); ++o)
+        if (outputs[o] == y) outputs[o] = x, boundary.nhwc_out[o] = true;  // written as NHWC
+      continue;
+    }
+    if (why)
+      *why = n.Describe() + ": a Transpose inside the chain (only one after a chain input, to NCHW, or before a "
+                            "chain output, to NHWC, is folded into the chain)";
+    return nullptr;
+  }
+  nodes = std::move(kept);
   auto c = std::shared_ptr<BlockedChain>(new BlockedChain());
   c->impl_ = std::make_unique<Impl>();
+  c->impl_->boundary = std::move(boundary);
   c->impl_->nodes = std::move(nodes);
   c->impl_->inputs = std::move(inputs);
   c->impl_->outputs = std::move(outputs);
@@ -401,7 +459,7 @@ struct TimedRun {
 
 std::string BlockedChain::Prepare(const std::vector<Shape>& input_shapes) {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->PlanFor(input_shapes) ? "" : impl_->plan_error;
+  return impl_->PlanFor(impl_->Logical(input_shapes)) ? "" : impl_->plan_error;
 }
 
 std::shared_ptr<BlockedChain::Impl::Plan> BlockedChain::Impl::PlanFor(const std::vector<Shape>& input_shapes) {
@@ -501,6 +559,7 @@ std::vector<Tensor> BlockedChain::Run(const std::vector<const Tensor*>& inputs) 
               "blocked chain: input '{}' must be a float32 tensor", impl_->inputs[i]);
     shapes[i] = inputs[i]->shape();
   }
+  shapes = impl_->Logical(std::move(shapes));
   // Planned and run under one lock: another thread's call of other shapes cannot swap the plan.
   std::lock_guard<std::mutex> lock(impl_->mu);
   std::shared_ptr<Impl::Plan> plan = impl_->PlanFor(shapes);

@@ -14,7 +14,10 @@
 //   - the activations above and Add/Mul of two values of the chain (one may broadcast as
 //     [N,C,1,1]: SE gating) or of a scalar / per-channel constant;
 //   - MaxPool, AveragePool, GlobalAveragePool, GlobalMaxPool; Concat along channels;
-//     Resize / Upsample nearest by integer factors; Identity.
+//     Resize / Upsample nearest by integer factors; Identity;
+//   - at its boundary only, a Transpose NHWC -> NCHW of an input and NCHW -> NHWC of an output
+//     (tf2onnx's NHWC models): folded into how it reads that input and writes that output (the
+//     NHWC tensor is the NCHW value in oneDNN's nhwc format; Create rejects one anywhere else).
 // Every value is float32 and 4-D. Each input-shape signature gets a plan, built once: the
 // primitives, the weights reordered into their layouts, and a memory plan (buffers assigned by
 // liveness, reused across calls: no allocation in the steady state).

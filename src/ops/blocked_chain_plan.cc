@@ -52,7 +52,7 @@ dnnl::post_ops EltwisePostOps(const std::vector<Act>& acts) {
 
 ChainPlanner::ChainPlanner(const std::vector<Node>& nodes, const std::vector<std::string>& inputs,
                            const std::vector<std::string>& outputs, const std::map<std::string, Tensor>& constants,
-                           bool binary_post_ops, tag layout, ConvImplChoice conv_choice)
+                           bool binary_post_ops, tag layout, ConvImplChoice conv_choice, Boundary boundary)
     : nodes_(nodes),
       inputs_(inputs),
       outputs_(outputs),
@@ -62,7 +62,8 @@ ChainPlanner::ChainPlanner(const std::vector<Node>& nodes, const std::vector<std
       eng_(DnnlEngine()),
       bt_(layout),
       channel_blocked_(layout == tag::nChw16c || layout == tag::nChw8c),
-      conv_choice_(std::move(conv_choice)) {}
+      conv_choice_(std::move(conv_choice)),
+      boundary_(std::move(boundary)) {}
 
 const Tensor* ChainPlanner::Constant(const std::string& v) const {
   auto it = constants_.find(v);
@@ -405,7 +406,14 @@ void ChainPlanner::DefineInputs() {
   for (size_t i = 0; i < inputs_.size(); ++i)
     if (!Constant(inputs_[i])) input_index_[inputs_[i]] = static_cast<int>(i);
   plan_->input_mem.resize(inputs_.size());
-  for (const auto& [name, i] : input_index_) plan_->input_mem[i] = dnnl::memory(PlainMd(ShapeOf(name)), eng_, nullptr);
+  for (const auto& [name, i] : input_index_) plan_->input_mem[i] = dnnl::memory(InputMd(name), eng_, nullptr);
+}
+
+dnnl::memory::desc ChainPlanner::InputMd(const std::string& v) const {
+  auto it = input_index_.find(v);
+  const bool nhwc = it != input_index_.end() && static_cast<size_t>(it->second) < boundary_.nhwc_in.size() &&
+                    boundary_.nhwc_in[static_cast<size_t>(it->second)];
+  return nhwc ? dnnl::memory::desc(Dims(ShapeOf(v)), dt::f32, tag::nhwc) : PlainMd(ShapeOf(v));
 }
 
 // Concat without copies (batch 1): in the blocked layout a channel range that starts on a block
@@ -532,7 +540,7 @@ void ChainPlanner::EnsureBlockedInput(const std::string& v) {
   const Shape& s = ShapeOf(v);
   value_md_[v] = BlockedMd(s);
   buffer_of_[v] = assigned_[v] = NewBuffer(value_md_[v].get_size());
-  auto r = dnnl::reorder(dnnl::reorder::primitive_desc(eng_, PlainMd(s), eng_, value_md_[v]));
+  auto r = dnnl::reorder(dnnl::reorder::primitive_desc(eng_, InputMd(v), eng_, value_md_[v]));
   const int st = AddStep(r, {{DNNL_ARG_FROM, plan_->input_mem[input_index_.at(v)]}});
   ReadBlocked(v, st, DNNL_ARG_TO);
   plan_->stats.reorders_in++;
@@ -677,16 +685,36 @@ void ChainPlanner::EmitConv(const Op& op, int k) {
     // The chain's input as given (NCHW), as oneDNN's first-layer kernels read it, unless only
     // the reference implementation takes it.
     try {
-      pd = make_pd(PlainMd(x));
+      pd = make_pd(InputMd(op.in[0]));
       src_plain = std::string(pd.impl_info_str()).find("ref") == std::string::npos;
     } catch (const dnnl::error&) {
     }
-    if (!src_plain) {
-      EnsureBlockedInput(op.in[0]);
-    }
   }
   std::string conv_src = op.in[0];
-  if (!src_plain) {
+  bool src_direct = false;
+  if (plain_src && !src_plain) {
+    // The input reordered once, straight into the layout oneDNN's kernel takes for it, where that
+    // is not the chain's (a few channels, or an NHWC image for a first-layer kernel that reads
+    // NCHW): not into the chain's layout and then again.
+    try {
+      const dnnl::convolution_forward::primitive_desc any = make_pd(dnnl::memory::desc(Dims(x), dt::f32, tag::any));
+      if (std::string(any.impl_info_str()).find("ref") == std::string::npos && any.src_desc() != BlockedMd(x)) {
+        pd = any;
+        src_direct = true;
+        conv_src = op.out + "#src";
+        value_md_[conv_src] = pd.src_desc();
+        buffer_of_[conv_src] = assigned_[conv_src] = NewBuffer(pd.src_desc().get_size());
+        last_use_[conv_src] = k;
+        auto r = dnnl::reorder(dnnl::reorder::primitive_desc(eng_, InputMd(op.in[0]), eng_, pd.src_desc()));
+        const int rs = AddStep(r, {{DNNL_ARG_FROM, plan_->input_mem[input_index_.at(op.in[0])]}});
+        ReadBlocked(conv_src, rs, DNNL_ARG_TO);
+        plan_->stats.reorders_in++;
+      }
+    } catch (const dnnl::error&) {
+    }
+    if (!src_direct) EnsureBlockedInput(op.in[0]);
+  }
+  if (!src_plain && !src_direct) {
     pd = make_pd(MdOf(op.in[0]));
     if (std::string(pd.impl_info_str()).find("ref") != std::string::npos) {
       // No optimized kernel reads this source in the blocked layout (few channels, padded):
@@ -939,7 +967,7 @@ void ChainPlanner::EmitConcat(const Op& op, int k) {
           place_[slot] = {root, off};
           value_md_[slot] = BlockedMd(ShapeOf(in));
           const bool plain = input_index_.count(in) && !value_md_.count(in);
-          auto r = dnnl::reorder(dnnl::reorder::primitive_desc(eng_, plain ? PlainMd(ShapeOf(in)) : MdOf(in), eng_,
+          auto r = dnnl::reorder(dnnl::reorder::primitive_desc(eng_, plain ? InputMd(in) : MdOf(in), eng_,
                                                                value_md_[slot]));
           std::unordered_map<int, dnnl::memory> args;
           if (plain) args[DNNL_ARG_FROM] = plan_->input_mem[input_index_.at(in)];
@@ -988,13 +1016,17 @@ void ChainPlanner::EmitIdentity(const Op& op, int k) {
 
 // Outputs back to NCHW.
 void ChainPlanner::EmitOutputs() {
-  for (const auto& o : outputs_) {
+  for (size_t j = 0; j < outputs_.size(); ++j) {
+    const std::string& o = outputs_[j];
     GAF_CHECK(value_md_.count(o) && !input_index_.count(o), "blocked chain: output '{}' is not produced by the chain", o);
     const Shape& s = ShapeOf(o);
-    plan_->out_shapes.push_back(s);
-    dnnl::memory user(PlainMd(s), eng_, nullptr);
+    // An NHWC output (a Transpose folded): the tensor [N,H,W,C] holds the value in nhwc format.
+    const bool nhwc = j < boundary_.nhwc_out.size() && boundary_.nhwc_out[j];
+    plan_->out_shapes.push_back(nhwc ? Shape{s[0], s[2], s[3], s[1]} : s);
+    const dnnl::memory::desc md = nhwc ? dnnl::memory::desc(Dims(s), dt::f32, tag::nhwc) : PlainMd(s);
+    dnnl::memory user(md, eng_, nullptr);
     plan_->output_mem.push_back(user);
-    auto r = dnnl::reorder(dnnl::reorder::primitive_desc(eng_, MdOf(o), eng_, PlainMd(s)));
+    auto r = dnnl::reorder(dnnl::reorder::primitive_desc(eng_, MdOf(o), eng_, md));
     const int st = AddStep(r, {{DNNL_ARG_TO, user}});
     ReadBlocked(o, st, DNNL_ARG_FROM);
     plan_->stats.reorders_out++;

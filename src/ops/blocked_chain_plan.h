@@ -110,6 +110,13 @@ struct ConvImplChoice {
   std::vector<std::string> stored;
 };
 
+// The chain's inputs and outputs in NHWC, by position (BlockedChain::Create folds the Transposes
+// at the boundary into them): such an input's tensor is read, and such an output's written, as the
+// NCHW value in oneDNN's nhwc format. Empty: all NCHW.
+struct Boundary {
+  std::vector<bool> nhwc_in, nhwc_out;
+};
+
 // Builds the plan of one input-shape signature of a chain (BlockedChain::Impl::Build), in the four
 // passes blocked_chain_plan.cc describes; what the passes share is its state. One Build per planner.
 class ChainPlanner {
@@ -120,7 +127,7 @@ class ChainPlanner {
   // chain (a channel-blocked tag, or nhwc).
   ChainPlanner(const std::vector<Node>& nodes, const std::vector<std::string>& inputs,
                const std::vector<std::string>& outputs, const std::map<std::string, Tensor>& constants,
-               bool binary_post_ops, tag layout, ConvImplChoice conv_choice = {});
+               bool binary_post_ops, tag layout, ConvImplChoice conv_choice = {}, Boundary boundary = {});
   // The plan for these input shapes (by input; constants' entries ignored). Throws (Error,
   // dnnl::error) where oneDNN cannot run the chain so.
   std::shared_ptr<Plan> Build(const std::vector<Shape>& in_shapes);
@@ -151,6 +158,7 @@ class ChainPlanner {
   bool Placed(const std::string& v) const;
   dnnl::memory::desc BlockedMd(const Shape& s) const;
   dnnl::memory::desc PlainMd(const Shape& s) const;
+  dnnl::memory::desc InputMd(const std::string& v) const;  // a chain input's, as its tensor holds it
   int NewBuffer(size_t bytes);
   const dnnl::memory::desc& MdOf(const std::string& v) const;
   int AddStep(dnnl::primitive p, std::unordered_map<int, dnnl::memory> args);
@@ -190,6 +198,7 @@ class ChainPlanner {
   const tag bt_;
   const bool channel_blocked_;
   const ConvImplChoice conv_choice_;
+  const Boundary boundary_;
   std::shared_ptr<Plan> plan_;
 
   // 1. Shapes.

@@ -519,6 +519,45 @@ TEST(BlockedChain, RejectsWhatItDoesNotRun) {
   EXPECT_NE(chain->Prepare({{1, 16, 8}}), "");
 }
 
+// tf2onnx's NHWC models: a Transpose to NCHW after the image input and one back to NHWC before
+// the output fold into the chain's reorders in and out (the input read as nhwc, the output
+// written as nhwc), in both layouts, with 3 input channels (the first convolution reads the image
+// reordered once, straight into its kernel's layout) and with 16.
+TEST(BlockedChain, TransposesAtTheBoundaryFoldIntoItsInputAndOutput) {
+  for (int64_t c : {3, 16}) {
+    Net n;
+    const std::string nchw = n.Op("Transpose", {"x"}, {IntsAttr("perm", {0, 3, 1, 2})});
+    std::string y = n.Op("Relu", {n.Conv(nchw, c, 32, 3, 2)});
+    y = n.Op("Add", {y, n.Conv(n.Op("Relu", {n.Conv(y, 32, 32, 1)}), 32, 32, 3)});
+    const std::string nhwc = n.Op("Transpose", {y}, {IntsAttr("perm", {0, 2, 3, 1})});
+    Model m = n.Finish({1, 14, 10, c}, {nhwc});
+    for (auto layout : {BlockedChain::Layout::kBlocked, BlockedChain::Layout::kNhwc}) {
+      SCOPED_TRACE(fmt::format("{} channels, layout {}", c, layout == BlockedChain::Layout::kBlocked ? "blocked" : "nhwc"));
+      const Outcome r = RunAsChain(m, layout);  // output [1, 7, 5, 32], against the reference
+      EXPECT_LT(r.worst, 1e-4);
+      EXPECT_EQ(r.stats.convs, 3);
+      EXPECT_EQ(r.stats.reorders_in + r.stats.reorders_inside, layout == BlockedChain::Layout::kNhwc ? r.stats.reorders_in : 1)
+          << r.described;  // the image is reordered at most once
+      EXPECT_EQ(r.stats.reorders_out, 1);
+    }
+  }
+  // A Transpose between two of its operators is not folded: the chain is not made.
+  Net n;
+  const std::string t = n.Op("Transpose", {n.Conv("x", 16, 16, 3)}, {IntsAttr("perm", {0, 2, 3, 1})});
+  const std::string y = n.Conv(n.Op("Transpose", {t}, {IntsAttr("perm", {0, 3, 1, 2})}), 16, 16, 3);
+  Model m = n.Finish({1, 16, 8, 8}, {y});
+  std::map<std::string, Tensor> constants;
+  for (const auto& [name, v] : m.graph.initializers) constants[name] = v;
+  std::string why;
+  EXPECT_FALSE(BlockedChain::Create(m.graph.nodes, {"x"}, {y}, constants, &why));
+  EXPECT_NE(why.find("a Transpose inside the chain"), std::string::npos) << why;
+  // Neither is another permutation.
+  Node other = MakeNode("Transpose", {"a"}, {"b"}, "t", {IntsAttr("perm", {0, 1, 3, 2})});
+  EXPECT_NE(BlockedChainRejects(other, [](const std::string&) -> const Tensor* { return nullptr; },
+                                [](const std::string&) -> const Shape* { return nullptr; }),
+            "");
+}
+
 // Step profiling (`run --profile`): each step of a chain's plan is timed over the calls made while
 // it is on, named by its node and kernel; calls made while it is off add nothing; a plan dropped
 // with its chain leaves the profile.
@@ -565,6 +604,46 @@ TEST(BlockedChain, StepProfileTimesEachStepByNodeAndKernel) {
   EXPECT_LE(BlockedChain::StepProfile(1).size(), 1u);
   chain.reset();
   EXPECT_TRUE(steps_of_this_chain().empty());
+}
+
+// The fuser takes the Transposes at a chain's boundary into it (tf2onnx's NHWC image in, NHWC
+// features out to a ReduceMean head) and the fused model has none left, with the same outputs.
+TEST(LayoutChains, BoundaryTransposesJoinTheChain) {
+  Net n;
+  const std::string nchw = n.Op("Transpose", {"x"}, {IntsAttr("perm", {0, 3, 1, 2})});
+  std::string y = n.Op("Relu", {n.Conv(nchw, 3, 16, 3, 2)});
+  y = n.Op("Relu", {n.Conv(y, 16, 32, 1)});
+  const std::string nhwc = n.Op("Transpose", {y}, {IntsAttr("perm", {0, 2, 3, 1})});
+  const std::string pooled = n.Op("ReduceMean", {nhwc}, {IntsAttr("axes", {1, 2}), IntAttr("keepdims", 0)});
+  Model m = n.Finish({1, 16, 12, 3}, {pooled});
+  GraphAutoFusion fusion(m, FusionOptions{});
+  Model fused = fusion.Fuse();
+  int chains = 0, transposes = 0;
+  for (const Node& node : fused.graph.nodes) {
+    chains += node.op_type.rfind("FusedBlockedChain", 0) == 0;
+    transposes += node.op_type == "Transpose";
+  }
+  EXPECT_EQ(chains, 1);
+  EXPECT_EQ(transposes, 0);
+  KernelCompiler compiler;
+  FusedRuntime rt = MakeFusedRuntime(fused, {}, compiler);
+  Tensor x = testing::RandomFloat({1, 16, 12, 3}, 4, -1.f, 1.f);
+  std::vector<Tensor> got = rt.session->Run({{"x", x}});
+  Session ref(m);
+  std::vector<Tensor> want = ref.Run({{"x", x}});
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_EQ(got[0].shape(), want[0].shape());
+  double worst = 0;
+  for (int64_t k = 0; k < want[0].numel(); ++k)
+    worst = std::max(worst, std::abs(double(got[0].data<float>()[k]) - want[0].data<float>()[k]));
+  EXPECT_LT(worst, 1e-4);
+  int64_t calls = 0, fallbacks = 0;
+  for (const auto& e : rt.kernels->entries()) {
+    calls += e.calls->load();
+    fallbacks += e.fallbacks->load();
+  }
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(fallbacks, 0);
 }
 
 TEST(LayoutChains, FuserGroupsTheNetworkAndTheFusedModelMatches) {
