@@ -5,8 +5,9 @@
 # fused by `fuse --safe` and ONNX Runtime side by side, each in its own processes, alternating.
 #
 #   bench/cnn_bench.sh [MODEL...]
-#     models: resnet18 mobilenetv2 resnet50 densenet121 (1x3xSIZExSIZE), yolox_nano (1x3x416x416),
-#     ppocr_det (1x3x640x640, height and width dynamic); default: all six
+#     models: resnet18 mobilenetv2 resnet50 densenet121 (1x3xSIZExSIZE), mobilenetv2_nhwc (1xSIZExSIZEx3,
+#     laid out as tf2onnx exports), yolox_nano (1x3x416x416),
+#     ppocr_det (1x3x640x640, height and width dynamic); default: all seven
 #
 # Environment: BUILD (build dir, default build), MODELS (default /tmp/gaf-cnn-models), SIZE (224;
 # the input side of the classifiers when they are exported), THREADS (1,2), REPEAT (11),
@@ -23,7 +24,7 @@ THREADS=${THREADS:-1,2}
 REPEAT=${REPEAT:-11}
 ROUNDS=${ROUNDS:-3}
 models=("$@")
-[ ${#models[@]} -gt 0 ] || models=(resnet18 mobilenetv2 resnet50 yolox_nano densenet121 ppocr_det)
+[ ${#models[@]} -gt 0 ] || models=(resnet18 mobilenetv2 resnet50 yolox_nano densenet121 ppocr_det mobilenetv2_nhwc)
 
 if [ -z "${SKIP_BUILD:-}" ]; then
   log=$(mktemp)

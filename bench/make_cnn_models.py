@@ -18,6 +18,10 @@ seeded weights (no downloads), for `bench/cnn_bench.sh`, one folder per model un
                           [6,12,24,16], bn_size 4, BN-ReLU-Conv1x1-BN-ReLU-Conv3x3 layers on the
                           concat of all previous features, BN-ReLU-Conv1x1-AvgPool transitions),
                           1x3xSxS input; its pre-activation BatchNorms stay BatchNormalization nodes
+  mobilenetv2_nhwc/model.onnx  MobileNetV2 on NHWC images, laid out as tf2onnx exports TensorFlow
+                          models: a Transpose to NCHW after the input, one back to NHWC after the
+                          features, the mean over height and width (ReduceMean), the classifier;
+                          1xSxSx3 input
   ppocr_det/model.onnx    PP-OCR-like DB text detector (PaddleOCR's det_mobilenet_v3 at scale 0.5
                           with SE blocks, HardSwish; DBFPN neck of 96 channels; DB head: 3x3
                           conv+BN+ReLU, 2x2/2 ConvTranspose+BN+ReLU, 2x2/2 ConvTranspose, Sigmoid),
@@ -34,7 +38,7 @@ its own, so each model's files are the same whichever models are asked for.
 
 Run: /usr/bin/python3 bench/make_cnn_models.py OUT_DIR [SIZE] [MODEL...]
      SIZE (default 224) is the input side of resnet18, mobilenetv2, resnet50 and densenet121;
-     yolox_nano (416) and ppocr_det (640) keep theirs. MODEL...: a subset of the six above
+     yolox_nano (416) and ppocr_det (640) keep theirs. MODEL...: a subset of the seven above
      (default: all), e.g. `bench/make_cnn_models.py /tmp/gaf-cnn-models 224 resnet50 ppocr_det`.
 """
 import os
@@ -44,7 +48,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-ALL_MODELS = ["resnet18", "mobilenetv2", "resnet50", "yolox_nano", "densenet121", "ppocr_det"]
+ALL_MODELS = ["resnet18", "mobilenetv2", "resnet50", "yolox_nano", "densenet121", "ppocr_det", "mobilenetv2_nhwc"]
 torch.manual_seed(0)
 OUT = sys.argv[1] if len(sys.argv) > 1 else "/tmp/gaf-cnn-models"
 _args = sys.argv[2:]
@@ -124,6 +128,19 @@ class MobileNetV2(nn.Module):
     def forward(self, x):
         x = nn.functional.adaptive_avg_pool2d(self.features(x), 1)
         return self.classifier(torch.flatten(x, 1))
+
+
+class NhwcMobileNetV2(nn.Module):
+    """MobileNetV2 on NHWC images as tf2onnx writes a TensorFlow model: Transpose in, Transpose
+    back to NHWC after the features, ReduceMean over height and width, the classifier."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = MobileNetV2()
+
+    def forward(self, x):
+        f = self.net.features(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)
+        return self.net.classifier(f.mean((1, 2)))
 
 
 class Bottleneck(nn.Module):
@@ -523,10 +540,10 @@ def calibrate_bn(model, size):
             m.momentum = momentum
 
 
-def export(name, model, size, dynamic=False, init_bn=randomize_bn):
+def export(name, model, size, dynamic=False, init_bn=randomize_bn, nhwc=False):
     model.eval()
     init_bn(model)
-    x = torch.randn(1, 3, size, size)
+    x = torch.randn(1, size, size, 3) if nhwc else torch.randn(1, 3, size, size)
     if name not in SELECTED:  # drawn all the same, so that MobileNetV2 is the same without ResNet-18
         return
     folder = os.path.join(OUT, name)
@@ -539,7 +556,7 @@ def export(name, model, size, dynamic=False, init_bn=randomize_bn):
                       opset_version=13, do_constant_folding=True, dynamic_axes=axes)
     np.save(os.path.join(folder, "input.npy"), x.numpy())
     np.save(os.path.join(folder, "expected_output.npy"), y.numpy())
-    print(f"{path}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, input 1x3x{size}x{size}"
+    print(f"{path}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, input {'x'.join(map(str, x.shape))}"
           f"{' (height, width dynamic)' if dynamic else ''}, output {'x'.join(map(str, y.shape))}")
 
 
@@ -554,3 +571,6 @@ for seed, (name, make, size, dynamic) in enumerate([
     if name in SELECTED:
         torch.manual_seed(seed)
         export(name, make(), size, dynamic, lambda model: calibrate_bn(model, size))
+if "mobilenetv2_nhwc" in SELECTED:
+    torch.manual_seed(5)
+    export("mobilenetv2_nhwc", NhwcMobileNetV2(), SIZE, nhwc=True)
