@@ -74,6 +74,7 @@ class Canonicalizer {
       while (Forward()) changed = true;
       while (Cse()) changed = true;
       changed |= MergeSlices();
+      changed |= FoldPadsIntoConvs();
       changed |= RemoveDeadNodes();
       if (!changed) break;
     }
@@ -624,6 +625,64 @@ class Canonicalizer {
       n.inputs = std::move(ins);
       merged.insert(static_cast<int>(i));
       changed = true;
+    }
+    return changed;
+  }
+
+  // ---- 5b. a zero Pad in front of a Conv ----
+  // Pad(x, constant 0, height and width only) read only by a Conv (explicit pads or VALID) is the
+  // Conv reading x with those pads added to its own: the padded copy goes, and the Conv can join a
+  // chain of its neighbours. Keras' ZeroPadding2D before stride-2 convolutions (tf2onnx) and the
+  // "same" padding of TensorFlow-ported PyTorch models (F.pad before the Conv) write one.
+  bool FoldPadsIntoConvs() {
+    Reindex();
+    bool changed = false;
+    for (size_t i = 0; i < g_.nodes.size(); ++i) {
+      const Node& pad = g_.nodes[i];
+      if (pad.op_type != "Pad" || !DefaultDomain(pad) || !pad.HasInput(0) || !pad.HasOutput(0) ||
+          pad.GetString("mode", "constant") != "constant")
+        continue;
+      std::optional<std::vector<int64_t>> pads;
+      if (pad.HasAttr("pads")) pads = pad.GetInts("pads");  // before opset 11
+      else if (pad.HasInput(1) && IsConstant(pad.inputs[1])) pads = ConstInts(pad.inputs[1]);
+      if (!pads || pads->size() != 8 || (pad.inputs.size() > 3 && pad.HasInput(3))) continue;  // no axes input
+      if ((*pads)[0] != 0 || (*pads)[1] != 0 || (*pads)[4] != 0 || (*pads)[5] != 0 ||
+          std::any_of(pads->begin(), pads->end(), [](int64_t p) { return p < 0 || p > (int64_t{1} << 20); }))
+        continue;
+      if (pad.HasAttr("value") && pad.GetFloat("value", 0.f) != 0.f) continue;
+      if (pad.HasInput(2)) {
+        const Tensor* v = FindInit(pad.inputs[2]);
+        if (v == nullptr || !IsConstant(pad.inputs[2]) || v->numel() != 1 || v->ScalarAsDouble() != 0) continue;
+      }
+      const std::string& y = pad.outputs[0];
+      if (IsGraphOutput(y) || subgraph_reads_.count(y) || readers_[y].size() != 1) continue;
+      Node& conv = g_.nodes[static_cast<size_t>(readers_[y][0])];
+      if (conv.op_type != "Conv" || !DefaultDomain(conv) || conv.inputs.empty() || conv.inputs[0] != y ||
+          std::count(conv.inputs.begin(), conv.inputs.end(), y) != 1)
+        continue;
+      const std::string auto_pad = conv.GetString("auto_pad", "NOTSET");
+      if (auto_pad != "NOTSET" && auto_pad != "VALID" && !auto_pad.empty()) continue;
+      std::vector<int64_t> cp = auto_pad == "VALID" ? std::vector<int64_t>{} : conv.GetInts("pads");
+      if (cp.empty()) cp.assign(4, 0);
+      if (cp.size() != 4) continue;  // a 2-D convolution
+      const std::vector<int64_t> merged{cp[0] + (*pads)[2], cp[1] + (*pads)[3], cp[2] + (*pads)[6], cp[3] + (*pads)[7]};
+      log_.push_back(fmt::format("{} (zeros around height and width) -> pads {} of {}", pad.Describe(),
+                                 fmt::join(merged, ","), conv.Describe()));
+      Attribute a;
+      a.name = "pads";
+      a.type = Attribute::Type::kInts;
+      a.ints = merged;
+      conv.SetAttr(a);
+      if (conv.HasAttr("auto_pad")) {
+        Attribute ap;
+        ap.name = "auto_pad";
+        ap.type = Attribute::Type::kString;
+        ap.s = "NOTSET";
+        conv.SetAttr(ap);
+      }
+      conv.inputs[0] = pad.inputs[0];
+      changed = true;
+      Reindex();
     }
     return changed;
   }

@@ -355,6 +355,58 @@ TEST(Canonicalize, PadByZeroGoesOtherPadsStay) {
   EXPECT_EQ(RunOne(m, {{"x", x}}), RunOne(before, {{"x", x}}));
 }
 
+// A zero Pad of height and width in front of a Conv becomes the Conv's own pads (Keras'
+// ZeroPadding2D before a stride-2 convolution, asymmetric; a Conv with pads of its own, one with
+// VALID); a Pad of the channels, by another value, read by two nodes, or reflecting, stays.
+TEST(Canonicalize, ZeroPadInFrontOfAConvBecomesItsPads) {
+  Graph g;
+  g.inputs = {FloatValue("x", {1, 4, 9, 9})};
+  g.initializers.emplace_back("hw", Tensor::FromInt64s({0, 0, 0, 1, 0, 0, 1, 0}));  // left 1, bottom 1
+  g.initializers.emplace_back("chan", Tensor::FromInt64s({0, 1, 0, 0, 0, 1, 0, 0}));
+  g.initializers.emplace_back("one", Tensor::FromVector<float>({1.f}, {}));
+  auto weight = [&](const std::string& name, int64_t cin) {
+    Tensor w(DataType::kFloat, {4, cin, 3, 3});
+    for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = static_cast<float>((i * 7) % 11) / 11.f - 0.4f;
+    g.initializers.emplace_back(name, w);
+  };
+  weight("w", 4);
+  weight("w6", 6);
+  g.nodes.push_back(MakeNode("Pad", {"x", "hw"}, {"p1"}, "pad_keras"));
+  g.nodes.push_back(MakeNode("Conv", {"p1", "w"}, {"c1"}, "conv_s2", {IntsAttr("strides", {2, 2})}));
+  g.nodes.push_back(MakeNode("Pad", {"c1", "hw"}, {"p2"}, "pad_before_padded"));
+  g.nodes.push_back(MakeNode("Conv", {"p2", "w"}, {"c2"}, "conv_padded", {IntsAttr("pads", {1, 1, 1, 1})}));
+  g.nodes.push_back(MakeNode("Pad", {"c2", "hw"}, {"p3"}, "pad_before_valid"));
+  g.nodes.push_back(MakeNode("Conv", {"p3", "w"}, {"c3"}, "conv_valid", {testing::StringAttr("auto_pad", "VALID")}));
+  // These stay: the channels padded, a value other than zero, a second reader, reflect mode.
+  g.nodes.push_back(MakeNode("Pad", {"c3", "chan"}, {"q1"}, "pad_channels"));
+  g.nodes.push_back(MakeNode("Conv", {"q1", "w6"}, {"d1"}, "conv_after_channels", {IntsAttr("pads", {1, 1, 1, 1})}));
+  g.nodes.push_back(MakeNode("Pad", {"d1", "hw", "one"}, {"q2"}, "pad_ones"));
+  g.nodes.push_back(MakeNode("Conv", {"q2", "w"}, {"d2"}, "conv_after_ones"));
+  g.nodes.push_back(MakeNode("Pad", {"d2", "hw"}, {"q3"}, "pad_two_readers"));
+  g.nodes.push_back(MakeNode("Conv", {"q3", "w"}, {"d3"}, "conv_a"));
+  g.nodes.push_back(MakeNode("Relu", {"q3"}, {"d4"}, "relu_b"));
+  g.nodes.push_back(MakeNode("Pad", {"d3", "hw"}, {"q4"}, "pad_reflect", {testing::StringAttr("mode", "reflect")}));
+  g.nodes.push_back(MakeNode("Conv", {"q4", "w"}, {"y"}, "conv_after_reflect"));
+  g.outputs = {FloatValue("y", {}), FloatValue("d4", {})};
+  g.outputs[0].has_shape = g.outputs[1].has_shape = false;
+  Model m = MakeModel(g, 13);
+  Model before = m;
+  std::vector<std::string> log = Canonicalize(m);
+  const std::string all = fmt::format("{}", fmt::join(log, "\n"));
+  EXPECT_TRUE(LogMentions(log, "node 'pad_keras' (Pad) (zeros around height and width) -> pads 0,1,1,0 of node 'conv_s2' (Conv)")) << all;
+  EXPECT_TRUE(LogMentions(log, "-> pads 1,2,2,1 of node 'conv_padded' (Conv)")) << all;
+  EXPECT_TRUE(LogMentions(log, "-> pads 0,1,1,0 of node 'conv_valid' (Conv)")) << all;
+  int pads = 0;
+  for (const Node& n : m.graph.nodes) pads += n.op_type == "Pad";
+  EXPECT_EQ(pads, 4) << all;
+  for (const Node& n : m.graph.nodes)
+    if (n.name == "conv_valid") EXPECT_EQ(n.GetString("auto_pad", "NOTSET"), "NOTSET");
+  EXPECT_TRUE(VerifyModel(m).empty());
+  Tensor x(DataType::kFloat, {1, 4, 9, 9});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = static_cast<float>((i * 13) % 17) / 17.f - 0.5f;
+  EXPECT_EQ(RunOne(m, {{"x", x}}), RunOne(before, {{"x", x}}));
+}
+
 TEST(Canonicalize, SliceOfASliceOnOtherAxesBecomesOneSlice) {
   // The Focus stem as torch.onnx.export writes it: rows then columns, each by a Slice of its own;
   // negative axes, an end past the extent, and an inner Slice read by two outer ones.
