@@ -6,7 +6,7 @@
 #
 #   bench/cnn_bench.sh [MODEL...]
 #     models: resnet18 mobilenetv2 resnet50 densenet121 (1x3xSIZExSIZE), mobilenetv2_nhwc (1xSIZExSIZEx3,
-#     laid out as tf2onnx exports), yolox_nano (1x3x416x416),
+#     Keras-style: NHWC, ZeroPadding2D, as tf2onnx exports), yolox_nano (1x3x416x416),
 #     ppocr_det (1x3x640x640, height and width dynamic); default: all seven
 #
 # Environment: BUILD (build dir, default build), MODELS (default /tmp/gaf-cnn-models), SIZE (224;

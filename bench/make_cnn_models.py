@@ -18,9 +18,10 @@ seeded weights (no downloads), for `bench/cnn_bench.sh`, one folder per model un
                           [6,12,24,16], bn_size 4, BN-ReLU-Conv1x1-BN-ReLU-Conv3x3 layers on the
                           concat of all previous features, BN-ReLU-Conv1x1-AvgPool transitions),
                           1x3xSxS input; its pre-activation BatchNorms stay BatchNormalization nodes
-  mobilenetv2_nhwc/model.onnx  MobileNetV2 on NHWC images, laid out as tf2onnx exports TensorFlow
-                          models: a Transpose to NCHW after the input, one back to NHWC after the
-                          features, the mean over height and width (ReduceMean), the classifier;
+  mobilenetv2_nhwc/model.onnx  MobileNetV2 laid out as Keras builds it and tf2onnx exports it: NHWC
+                          images (a Transpose to NCHW after the input), a ZeroPadding2D (Pad) before
+                          each stride-2 convolution, which is unpadded, a Transpose back to NHWC
+                          after the features, ReduceMean over height and width, the classifier;
                           1xSxSx3 input
   ppocr_det/model.onnx    PP-OCR-like DB text detector (PaddleOCR's det_mobilenet_v3 at scale 0.5
                           with SE blocks, HardSwish; DBFPN neck of 96 channels; DB head: 3x3
@@ -131,12 +132,19 @@ class MobileNetV2(nn.Module):
 
 
 class NhwcMobileNetV2(nn.Module):
-    """MobileNetV2 on NHWC images as tf2onnx writes a TensorFlow model: Transpose in, Transpose
-    back to NHWC after the features, ReduceMean over height and width, the classifier."""
+    """MobileNetV2 as Keras builds it and tf2onnx exports it: NHWC images (a Transpose in), each
+    stride-2 3x3 convolution unpadded after a ZeroPadding2D of one row at the bottom and one column
+    at the right (Keras' correct_pad for even sizes), a Transpose back to NHWC after the features,
+    ReduceMean over height and width, the classifier."""
 
     def __init__(self):
         super().__init__()
         self.net = MobileNetV2()
+        for seq in [m for m in self.net.modules() if isinstance(m, nn.Sequential)]:
+            for i, m in enumerate(seq):
+                if isinstance(m, nn.Conv2d) and m.stride == (2, 2) and m.kernel_size == (3, 3):
+                    m.padding = (0, 0)
+                    seq[i] = nn.Sequential(nn.ZeroPad2d((0, 1, 0, 1)), m)
 
     def forward(self, x):
         f = self.net.features(x.permute(0, 3, 1, 2)).permute(0, 2, 3, 1)

@@ -230,6 +230,19 @@ class Canonicalizer {
   }
 
   // ---- 2. constant folding ----
+  // The elements ConstantOfShape(shape) would make, from its constant shape; past
+  // kMaxFoldedElements (also for a negative or overflowing dim, or a shape that is not constant).
+  int64_t ConstantOfShapeElements(const Node& n) const {
+    std::optional<std::vector<int64_t>> dims = n.HasInput(0) && IsConstant(n.inputs[0]) ? ConstInts(n.inputs[0]) : std::nullopt;
+    if (!dims) return kMaxFoldedElements + 1;
+    int64_t count = 1;
+    for (int64_t d : *dims) {
+      if (d < 0 || (d > 0 && count > kMaxFoldedElements / d)) return kMaxFoldedElements + 1;
+      count *= d;
+    }
+    return count;
+  }
+
   std::optional<std::vector<Tensor>> Evaluate(const Node& n) {
     if (n.op_type == "Shape" || n.op_type == "Size") {
       if (!n.HasInput(0)) return std::nullopt;
@@ -253,7 +266,11 @@ class Canonicalizer {
     }
     if (!any) return std::nullopt;
     const KernelInfo* k = OpRegistry::Global().Find("", n.op_type);
-    if (!k || k->kind == OpKind::kOpaque) return std::nullopt;
+    // ConstantOfShape is opaque to fusion (its shape comes from a value) but folds like any other
+    // once that value is a constant of few enough elements: torch.onnx.export computes a Pad's
+    // pads from one (F.pad, nn.ZeroPad2d).
+    const bool small_fill = n.op_type == "ConstantOfShape" && ConstantOfShapeElements(n) <= kMaxFoldedElements;
+    if (!k || (k->kind == OpKind::kOpaque && !small_fill)) return std::nullopt;
     KernelContext ctx{n, m_.OpsetVersion(""), {}, {}, nullptr, 1};
     std::vector<Tensor> ins;
     ins.reserve(n.inputs.size());

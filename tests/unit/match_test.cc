@@ -407,6 +407,47 @@ TEST(Canonicalize, ZeroPadInFrontOfAConvBecomesItsPads) {
   EXPECT_EQ(RunOne(m, {{"x", x}}), RunOne(before, {{"x", x}}));
 }
 
+// torch.onnx.export computes nn.ZeroPad2d's pads at run time from constants (ConstantOfShape,
+// Concat, Reshape, Slice backwards, Transpose, Reshape, Cast): it all folds, and the Pad then
+// folds into the Conv. A ConstantOfShape too large to materialize stays.
+TEST(Canonicalize, PadsComputedFromConstantsFoldAndTheConvTakesThem) {
+  Graph g;
+  g.inputs = {FloatValue("x", {1, 2, 6, 6})};
+  g.initializers.emplace_back("given", Tensor::FromInt64s({0, 1, 0, 1}));  // F.pad's (left, right, top, bottom)
+  g.initializers.emplace_back("missing", Tensor::FromInt64s({4}));
+  g.initializers.emplace_back("pairs", Tensor::FromInt64s({-1, 2}));
+  g.initializers.emplace_back("start", Tensor::FromInt64s({-1}));
+  g.initializers.emplace_back("stop", Tensor::FromInt64s({-(int64_t{1} << 62)}));
+  g.initializers.emplace_back("axis0", Tensor::FromInt64s({0}));
+  g.initializers.emplace_back("back", Tensor::FromInt64s({-1}));
+  g.initializers.emplace_back("flat", Tensor::FromInt64s({-1}));
+  g.initializers.emplace_back("huge", Tensor::FromInt64s({int64_t{1} << 40}));
+  Tensor w(DataType::kFloat, {3, 2, 3, 3});
+  for (int64_t i = 0; i < w.numel(); ++i) w.data<float>()[i] = static_cast<float>(i % 5) - 2.f;
+  g.initializers.emplace_back("w", w);
+  g.nodes.push_back(MakeNode("ConstantOfShape", {"missing"}, {"zeros"}, "fill",
+                             {testing::TensorAttr("value", Tensor::FromInt64s({0}))}));
+  g.nodes.push_back(MakeNode("Concat", {"given", "zeros"}, {"cat"}, "cat", {IntAttr("axis", 0)}));
+  g.nodes.push_back(MakeNode("Reshape", {"cat", "pairs"}, {"r"}, "pairs"));
+  g.nodes.push_back(MakeNode("Slice", {"r", "start", "stop", "axis0", "back"}, {"rev"}, "reverse"));
+  g.nodes.push_back(MakeNode("Transpose", {"rev"}, {"t"}, "swap", {IntsAttr("perm", {1, 0})}));
+  g.nodes.push_back(MakeNode("Reshape", {"t", "flat"}, {"pads"}, "flatten"));
+  g.nodes.push_back(MakeNode("Cast", {"pads"}, {"pads64"}, "cast", {IntAttr("to", 7)}));
+  g.nodes.push_back(MakeNode("Pad", {"x", "pads64"}, {"p"}, "zero_pad"));
+  g.nodes.push_back(MakeNode("Conv", {"p", "w"}, {"y"}, "conv", {IntsAttr("strides", {2, 2})}));
+  g.nodes.push_back(MakeNode("ConstantOfShape", {"huge"}, {"big"}, "huge_fill"));
+  g.nodes.push_back(MakeNode("Relu", {"big"}, {"big_relu"}, "big_relu"));
+  g.outputs = {FloatValue("y", {}), FloatValue("big_relu", {})};
+  g.outputs[0].has_shape = g.outputs[1].has_shape = false;
+  Model m = MakeModel(g, 13);
+  std::vector<std::string> log = Canonicalize(m);
+  const std::string all = fmt::format("{}", fmt::join(log, "\n"));
+  EXPECT_TRUE(LogMentions(log, "node 'zero_pad' (Pad) (zeros around height and width) -> pads 0,0,1,1 of node 'conv' (Conv)")) << all;
+  std::vector<std::string> ops;
+  for (const Node& n : m.graph.nodes) ops.push_back(n.op_type);
+  EXPECT_EQ(ops, (std::vector<std::string>{"Conv", "ConstantOfShape", "Relu"})) << all;
+}
+
 TEST(Canonicalize, SliceOfASliceOnOtherAxesBecomesOneSlice) {
   // The Focus stem as torch.onnx.export writes it: rows then columns, each by a Slice of its own;
   // negative axes, an end past the extent, and an inner Slice read by two outer ones.
