@@ -606,6 +606,34 @@ TEST(BlockedChain, StepProfileTimesEachStepByNodeAndKernel) {
   EXPECT_TRUE(steps_of_this_chain().empty());
 }
 
+// Runs the fused model with its kernels and the original by the reference runtime on input `x`:
+// the largest difference of the (single) output, and the fused kernels' calls and fallbacks.
+struct FusedOutcome {
+  double worst = 0;
+  int64_t calls = 0, fallbacks = 0;
+  std::string described;
+};
+FusedOutcome RunFusedAgainstReference(const Model& fused, const Model& original, const Tensor& x) {
+  FusedOutcome r;
+  KernelCompiler compiler;
+  FusedRuntime rt = MakeFusedRuntime(fused, {}, compiler);
+  std::vector<Tensor> got = rt.session->Run({{"x", x}});
+  Session ref(original);
+  std::vector<Tensor> want = ref.Run({{"x", x}});
+  EXPECT_EQ(got.size(), 1u);
+  if (got.size() != 1 || want.size() != 1) return r;
+  EXPECT_EQ(got[0].shape(), want[0].shape());
+  if (got[0].shape() != want[0].shape()) return r;
+  for (int64_t k = 0; k < want[0].numel(); ++k)
+    r.worst = std::max(r.worst, std::abs(double(got[0].data<float>()[k]) - want[0].data<float>()[k]));
+  for (const auto& e : rt.kernels->entries()) {
+    r.calls += e.calls->load();
+    r.fallbacks += e.fallbacks->load();
+  }
+  r.described = DescribeFusedKernels(*rt.kernels);
+  return r;
+}
+
 // The fuser takes the Transposes at a chain's boundary into it (tf2onnx's NHWC image in, NHWC
 // features out to a ReduceMean head) and the fused model has none left, with the same outputs.
 TEST(LayoutChains, BoundaryTransposesJoinTheChain) {
@@ -625,25 +653,10 @@ TEST(LayoutChains, BoundaryTransposesJoinTheChain) {
   }
   EXPECT_EQ(chains, 1);
   EXPECT_EQ(transposes, 0);
-  KernelCompiler compiler;
-  FusedRuntime rt = MakeFusedRuntime(fused, {}, compiler);
-  Tensor x = testing::RandomFloat({1, 16, 12, 3}, 4, -1.f, 1.f);
-  std::vector<Tensor> got = rt.session->Run({{"x", x}});
-  Session ref(m);
-  std::vector<Tensor> want = ref.Run({{"x", x}});
-  ASSERT_EQ(got.size(), 1u);
-  ASSERT_EQ(got[0].shape(), want[0].shape());
-  double worst = 0;
-  for (int64_t k = 0; k < want[0].numel(); ++k)
-    worst = std::max(worst, std::abs(double(got[0].data<float>()[k]) - want[0].data<float>()[k]));
-  EXPECT_LT(worst, 1e-4);
-  int64_t calls = 0, fallbacks = 0;
-  for (const auto& e : rt.kernels->entries()) {
-    calls += e.calls->load();
-    fallbacks += e.fallbacks->load();
-  }
-  EXPECT_EQ(calls, 1);
-  EXPECT_EQ(fallbacks, 0);
+  const FusedOutcome r = RunFusedAgainstReference(fused, m, testing::RandomFloat({1, 16, 12, 3}, 4, -1.f, 1.f));
+  EXPECT_LT(r.worst, 1e-4);
+  EXPECT_EQ(r.calls, 1);
+  EXPECT_EQ(r.fallbacks, 0);
 }
 
 TEST(LayoutChains, FuserGroupsTheNetworkAndTheFusedModelMatches) {
@@ -686,28 +699,12 @@ TEST(LayoutChains, FuserGroupsTheNetworkAndTheFusedModelMatches) {
     report += c.rule + ": " + VerdictName(c.verdict) + " " + c.reason + "\n";
   EXPECT_EQ(fused_nodes, 2) << report;
 
-  KernelCompiler compiler;
-  FusedRuntime rt = MakeFusedRuntime(fused, {}, compiler);
-  Tensor x = testing::RandomFloat({1, 8, 16, 16}, 9, -1.f, 1.f);
-  std::vector<Tensor> got = rt.session->Run({{"x", x}});
-  Session ref(m);
-  std::vector<Tensor> want = ref.Run({{"x", x}});
-  ASSERT_EQ(got.size(), 1u);
-  ASSERT_EQ(got[0].shape(), want[0].shape());
-  double worst = 0;
-  for (int64_t k = 0; k < want[0].numel(); ++k)
-    worst = std::max(worst, std::abs(double(got[0].data<float>()[k]) - want[0].data<float>()[k]));
-  EXPECT_LT(worst, 1e-4);
+  const FusedOutcome run = RunFusedAgainstReference(fused, m, testing::RandomFloat({1, 8, 16, 16}, 9, -1.f, 1.f));
+  EXPECT_LT(run.worst, 1e-4);
   // Both chains ran as kernels (no call fell back to the function body).
-  int64_t calls = 0, fallbacks = 0;
-  for (const auto& e : rt.kernels->entries()) {
-    calls += e.calls->load();
-    fallbacks += e.fallbacks->load();
-  }
-  EXPECT_EQ(calls, 2);
-  EXPECT_EQ(fallbacks, 0);
-  std::string described = DescribeFusedKernels(*rt.kernels);
-  EXPECT_NE(described.find("library BlockedChain (oneDNN "), std::string::npos) << described;
+  EXPECT_EQ(run.calls, 2);
+  EXPECT_EQ(run.fallbacks, 0);
+  EXPECT_NE(run.described.find("library BlockedChain (oneDNN "), std::string::npos) << run.described;
 
   // --no-blocked-chains: none.
   FusionOptions off;
