@@ -682,6 +682,8 @@ class Canonicalizer {
       std::vector<int64_t> cp = auto_pad == "VALID" ? std::vector<int64_t>{} : conv.GetInts("pads");
       if (cp.empty()) cp.assign(4, 0);
       if (cp.size() != 4) continue;  // a 2-D convolution
+      // Pads from the file: bounded before they are added (the Conv reports unreasonable ones).
+      if (std::any_of(cp.begin(), cp.end(), [](int64_t p) { return p < 0 || p > (int64_t{1} << 20); })) continue;
       const std::vector<int64_t> merged{cp[0] + (*pads)[2], cp[1] + (*pads)[3], cp[2] + (*pads)[6], cp[3] + (*pads)[7]};
       log_.push_back(fmt::format("{} (zeros around height and width) -> pads {} of {}", pad.Describe(),
                                  fmt::join(merged, ","), conv.Describe()));
