@@ -699,9 +699,12 @@ class Canonicalizer {
         ap.s = "NOTSET";
         conv.SetAttr(ap);
       }
+      // The index goes stale only for the Pad's output (now unread) and its input (one more
+      // reader); a later Pad's fold looks only at the readers of its own output, which a Pad
+      // earlier in the order cannot be, so no re-index per fold (many Pads would make that
+      // quadratic); the next sweep re-indexes.
       conv.inputs[0] = pad.inputs[0];
       changed = true;
-      Reindex();
     }
     return changed;
   }
