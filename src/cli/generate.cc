@@ -31,6 +31,7 @@ struct GenerateArgs {
   int max_new_tokens = 50;
   int threads = 0;
   bool reference_kernels = false;
+  bool no_cache_in_place = false;
   bool half_weights = false, float32_weights = false;
   int repeat = 1;
   uint32_t seed = 0;
@@ -77,6 +78,7 @@ void RunGenerate(const GenerateArgs& a) {
     so.function_kernels = kernels->Provider();
   }
   UseHalfWeights(so, half);
+  so.cache_in_place = !a.no_cache_in_place;
   Session session(m, so);
   DecoderSignature sig = DecoderSignature::Discover(session.inputs(), session.outputs());
   const int64_t vocab = DecoderVocabSize(m, sig);
@@ -142,6 +144,7 @@ void RunGenerate(const GenerateArgs& a) {
     j["decode_tokens_per_second"] = tps;
     j["prefill_tokens_per_second"] = prefill_s > 0 ? static_cast<double>(opt.prompt_ids.size()) / prefill_s : 0.0;
     j["deterministic"] = deterministic;
+    j["cache_in_place"] = so.cache_in_place;
     json per_run = json::array();
     for (const GenerateResult& r : runs)
       per_run.push_back({{"prefill_ms", r.prefill_seconds * 1e3},
@@ -158,6 +161,8 @@ void RunGenerate(const GenerateArgs& a) {
   if (!first.step_seconds.empty())
     fmt::print("decode   {:.3f} ms/token (median of {} steps), {:.1f} tokens/s\n", step_s * 1e3,
                first.step_seconds.size(), tps);
+  fmt::print("kv cache {}\n", so.cache_in_place ? "appended in place where the attention is one fused node (storage with room)"
+                                                 : "copied into a new present every step (--no-cache-in-place)");
   if (repeats > 1)
     fmt::print("timings are medians over {} generations after one warm-up{}\n", repeats,
                deterministic ? "" : " (WARNING: the generated tokens differed between runs)");
@@ -183,6 +188,9 @@ void AddGenerateCommand(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "seed of the random prompt")->capture_default_str();
   cmd->add_option("--eos", a->eos, "stop after generating this token id");
   cmd->add_flag("--json", a->json, "machine-readable output");
+  cmd->add_flag("--no-cache-in-place", a->no_cache_in_place,
+                "copy each step's key/value cache into a new present tensor instead of appending the new rows in "
+                "place (for comparison)");
   cmd->add_flag("--half-weights", a->half_weights,
                 "float16 storage of constant MatMul weights (half the bytes; changes numerics slightly)");
   cmd->add_flag("--float32-weights", a->float32_weights,

@@ -229,6 +229,7 @@ void RunBench(const BenchArgs& a) {
     s.fold_shapes = fold;
     s.rewrite_products = fold;
     s.memory_plan = reuse;
+    s.cache_in_place = reuse;
     if (kernels) {
       KernelCompiler compiler;
       st->kernels = Compile(st->model, compiler, o.workload, o.dims, half ? HalfWeights::kDecode : HalfWeights::kOff);
@@ -251,7 +252,8 @@ void RunBench(const BenchArgs& a) {
       false, false, false);
   add("+ memory reuse", fused, true,
       "the same, tensor buffers from a static memory plan (placed once by liveness in one arena, re-planned when a "
-      "shape outgrows it) or recycled by size class", false, false);
+      "shape outgrows it) or recycled by size class; KV caches appended in place once the attention is one node "
+      "(from the next stage)", false, false);
   add("+ scheduling", fused, true,
       "the same, constants folded once, shape computation reused while the shapes it reads are unchanged, products "
       "reading the KV cache and transposed operands in place, sibling products in one pass");

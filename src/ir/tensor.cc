@@ -251,7 +251,50 @@ void Tensor::CheckType(DataType want) const {
   }
 }
 
+void Tensor::CheckDense() const {
+  if (padded())
+    throw Error(fmt::format("a key/value cache {} with room for {} rows per head was read as a contiguous tensor "
+                            "(an operator that does not read padded caches was handed one)",
+                            ShapeToString(shape_), room_->capacity));
+}
+
+Tensor Tensor::WithCacheRoom(DataType dt, Shape shape, int64_t capacity) {
+  GAF_CHECK(shape.size() == 4 && capacity >= shape[2] && shape[2] >= 0 && dt != DataType::kString,
+            "a cache with room needs rank 4 and capacity ({}) >= rows (shape {})", capacity, ShapeToString(shape));
+  Shape storage = shape;
+  storage[2] = capacity;
+  Tensor t = Uninitialized(dt, storage);
+  t.shape_ = std::move(shape);
+  t.numel_ = NumElements(t.shape_);
+  t.room_ = std::make_shared<CacheRoom>();
+  t.room_->capacity = capacity;
+  t.room_->used.store(t.shape_[2]);
+  return t;
+}
+
+Tensor Tensor::AppendInPlace(int64_t rows) const {
+  if (room_ == nullptr || rows < 0 || rows > room_->capacity - shape_[2]) return Tensor();
+  int64_t expected = shape_[2];
+  if (!room_->used.compare_exchange_strong(expected, shape_[2] + rows)) return Tensor();
+  Tensor t = *this;
+  t.shape_[2] += rows;
+  t.numel_ = NumElements(t.shape_);
+  return t;
+}
+
+Tensor Tensor::Dense() const {
+  if (!padded()) return *this;
+  Tensor t = Uninitialized(dtype_, shape_);
+  const size_t es = DataTypeSize(dtype_), head = static_cast<size_t>(shape_[2] * shape_[3]) * es;
+  const size_t stride = static_cast<size_t>(head_stride()) * es;
+  const auto* src = static_cast<const char*>(data_);
+  auto* dst = static_cast<char*>(t.data_);
+  for (int64_t h = 0; h < shape_[0] * shape_[1]; ++h) std::memcpy(dst + h * head, src + h * stride, head);
+  return t;
+}
+
 Tensor Tensor::Reshaped(Shape shape) const {
+  CheckDense();
   GAF_CHECK(NumElements(shape) == numel_, "cannot reshape {} to {}", ShapeToString(shape_), ShapeToString(shape));
   Tensor t = *this;
   t.shape_ = std::move(shape);
@@ -260,6 +303,7 @@ Tensor Tensor::Reshaped(Shape shape) const {
 
 Tensor Tensor::Clone() const {
   if (!defined()) return Tensor();
+  if (padded()) return Dense();
   Tensor t(dtype_, shape_);
   if (dtype_ == DataType::kString) {
     for (int64_t i = 0; i < numel_; ++i) t.data<std::string>()[i] = data<std::string>()[i];
@@ -307,29 +351,37 @@ void StoreFromDouble(void* p, int64_t i, double v) {
 }  // namespace
 
 std::vector<int64_t> Tensor::ToInt64s() const {
+  CheckDense();
   std::vector<int64_t> out(static_cast<size_t>(numel_));
   for (int64_t i = 0; i < numel_; ++i) out[i] = ElementAsInt64(dtype_, data_, i);
   return out;
 }
 
 std::vector<double> Tensor::ToDoubles() const {
+  CheckDense();
   std::vector<double> out(static_cast<size_t>(numel_));
   for (int64_t i = 0; i < numel_; ++i) out[i] = ElementAsDouble(dtype_, data_, i);
   return out;
 }
 
-double Tensor::DoubleAt(int64_t i) const { return ElementAsDouble(dtype_, data_, i); }
+double Tensor::DoubleAt(int64_t i) const {
+  CheckDense();
+  return ElementAsDouble(dtype_, data_, i);
+}
 
 double Tensor::ScalarAsDouble() const {
+  CheckDense();
   GAF_CHECK(numel_ == 1, "expected a single value, got shape {}", ShapeToString(shape_));
   return ElementAsDouble(dtype_, data_, 0);
 }
 int64_t Tensor::ScalarAsInt64() const {
+  CheckDense();
   GAF_CHECK(numel_ == 1, "expected a single value, got shape {}", ShapeToString(shape_));
   return ElementAsInt64(dtype_, data_, 0);
 }
 
 Tensor Tensor::CastTo(DataType dt) const {
+  CheckDense();
   if (dt == dtype_) return *this;
   Tensor out(dt, shape_);
   if (dtype_ == DataType::kFloat && dt == DataType::kFloat16) {

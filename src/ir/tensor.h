@@ -1,6 +1,7 @@
 // Tensors: a data type, a shape and a reference-counted, 64-byte aligned buffer.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -126,20 +127,62 @@ class Tensor {
   int64_t numel() const { return numel_; }
   size_t nbytes() const { return static_cast<size_t>(numel_) * DataTypeSize(dtype_); }
 
-  void* raw() { return data_; }
-  const void* raw() const { return data_; }
+  // The elements, contiguous in row-major order. Throws gaf::Error for a padded cache (below).
+  void* raw() {
+    if (room_) CheckDense();
+    return data_;
+  }
+  const void* raw() const {
+    if (room_) CheckDense();
+    return data_;
+  }
   template <class T>
   T* data() {
     CheckType(DataTypeOf<T>());
+    if (room_) CheckDense();
     return static_cast<T*>(data_);
   }
   template <class T>
   const T* data() const {
     CheckType(DataTypeOf<T>());
+    if (room_) CheckDense();
     return static_cast<const T*>(data_);
   }
 
-  // Same buffer, new shape (element count must match).
+  // Key/value caches with room to grow, so that a generation appends each step's rows in place
+  // instead of copying the whole cache into a new present tensor (ONNX Runtime's shared past and
+  // present buffers): storage for [d0, d1, capacity, d3] holding a rank-4 tensor [d0, d1, rows, d3]
+  // as the first `rows` rows of each of its d0*d1 heads. Such a tensor is padded when it has more
+  // than one head and rows < capacity: its elements are then not contiguous, raw() and data()
+  // throw, and only kernels that say they read padded caches (KernelInfo::reads_padded_caches) get
+  // it; the session gives the others a Dense() copy, and its callers too unless they asked for
+  // caches with room (Session::Run's cache_room, which Generate sets).
+  static Tensor WithCacheRoom(DataType dt, Shape shape, int64_t capacity);
+  bool padded() const { return room_ != nullptr && room_->capacity != shape_[2] && shape_[0] * shape_[1] > 1; }
+  // Rows of storage per head: the capacity for a cache with room, else dim(2) (rank 4 only).
+  int64_t cache_capacity() const { return room_ != nullptr ? room_->capacity : shape_[2]; }
+  // Elements from one head's first element to the next's: cache_capacity() * dim(3).
+  int64_t head_stride() const { return cache_capacity() * shape_[3]; }
+  // The storage of a rank-4 tensor, padded or not: head h starts h * head_stride() elements in.
+  template <class T>
+  const T* cache_data() const {
+    CheckType(DataTypeOf<T>());
+    return static_cast<const T*>(data_);
+  }
+  template <class T>
+  T* cache_data() {
+    CheckType(DataTypeOf<T>());
+    return static_cast<T*>(data_);
+  }
+  // This cache with `rows` more rows per head, in the same storage, when it has that much room
+  // left and no other tensor has taken the rows after its own yet (claimed atomically, so two
+  // appends to one past never write the same rows); an undefined tensor otherwise. The new rows'
+  // contents are the caller's to write, before anyone else reads the result.
+  Tensor AppendInPlace(int64_t rows) const;
+  // The same values in contiguous storage: *this when it is not padded, else a copy.
+  Tensor Dense() const;
+
+  // Same buffer, new shape (element count must match; not for a padded cache).
   Tensor Reshaped(Shape shape) const;
   // Deep copy.
   Tensor Clone() const;
@@ -159,12 +202,19 @@ class Tensor {
 
  private:
   void CheckType(DataType want) const;
+  void CheckDense() const;  // throws for a padded cache
+
+  struct CacheRoom {
+    int64_t capacity = 0;
+    std::atomic<int64_t> used{0};  // rows per head some tensor on this storage has taken
+  };
 
   DataType dtype_ = DataType::kUndefined;
   Shape shape_;
   int64_t numel_ = 0;
   std::shared_ptr<void> storage_;  // owns the buffer (or keeps external memory alive)
   void* data_ = nullptr;
+  std::shared_ptr<CacheRoom> room_;  // caches with room only
 };
 
 }  // namespace gaf

@@ -193,7 +193,9 @@ GenerateResult Generate(Session& session, const DecoderSignature& sig, const Gen
   auto t0 = Clock::now();
   SetTokenFeeds(session, sig, options.prompt_ids, 0, feeds);
   for (const auto& [past, present] : sig.cache) feeds[past] = EmptyPast(*InfoOf(session, past));
-  std::vector<Tensor> outs = session.Run(feeds, output_names);
+  // The present caches come back as caches with room where the attention appends in place
+  // (SessionOptions::cache_in_place): fed back as they are, never read here.
+  std::vector<Tensor> outs = session.Run(feeds, output_names, /*cache_room=*/true);
   int64_t token = ArgmaxLastPosition(outs[0]);
   result.prefill_seconds = Since(t0);
   result.tokens.push_back(token);
@@ -204,7 +206,7 @@ GenerateResult Generate(Session& session, const DecoderSignature& sig, const Gen
     auto ts = Clock::now();
     SetTokenFeeds(session, sig, {token}, past_len, feeds);
     for (size_t i = 0; i < sig.cache.size(); ++i) feeds[sig.cache[i].first] = std::move(outs[1 + i]);
-    outs = session.Run(feeds, output_names);
+    outs = session.Run(feeds, output_names, /*cache_room=*/true);
     token = ArgmaxLastPosition(outs[0]);
     result.step_seconds.push_back(Since(ts));
     result.tokens.push_back(token);

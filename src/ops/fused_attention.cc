@@ -49,10 +49,15 @@ constexpr int64_t kParallelMultiplyAdds = int64_t{1} << 15;  // fewer in a decod
 
 // The fallback graph's nodes run one after another on the node's inputs with their registered
 // kernels (all tensors float32 or shapes): the plan as it was before the rewrite, without the
-// subgraph runner's per-call work.
+// subgraph runner's per-call work. Caches with room are handed to them as contiguous copies.
 void RunParts(KernelContext& ctx, const Graph& g) {
   std::unordered_map<std::string, const Tensor*> env;
-  for (size_t i = 0; i < g.inputs.size() && i < ctx.num_inputs(); ++i) env[g.inputs[i].name] = ctx.inputs[i];
+  std::vector<Tensor> dense(ctx.num_inputs());  // contiguous copies of caches with room: the parts read them whole
+  for (size_t i = 0; i < g.inputs.size() && i < ctx.num_inputs(); ++i) {
+    const Tensor* t = ctx.inputs[i];
+    if (t != nullptr && t->padded()) t = &(dense[i] = t->Dense());
+    env[g.inputs[i].name] = t;
+  }
   std::vector<std::unique_ptr<std::vector<Tensor>>> made;
   for (const Node& n : g.nodes) {
     const KernelInfo* k = OpRegistry::Global().Find(n.domain, n.op_type);
@@ -74,22 +79,33 @@ void RunParts(KernelContext& ctx, const Graph& g) {
   }
 }
 
-// A key or value cache [b, g, T, d] in one piece, read by r consecutive query heads per cache head.
+// A key or value cache [b, g, T, d], read by r consecutive query heads per cache head.
 struct Cache {
   Tensor t;
   int64_t r = 0;
   bool appended = false;  // t is the present cache the part outputs
   // With appended: the past and new rows, [b, g, tp, d] and [b, g, tn, d]; t holds their
-  // concatenation unless the cache was taken with copy = false (then t is only allocated).
+  // concatenation unless the cache was taken with copy = false (then t is only allocated, or with
+  // in_place it is the past's storage with room, past rows already there, new rows not yet).
+  // The past's heads and t's are past_stride and t_stride elements apart (caches with room:
+  // Tensor::head_stride); t is contiguous unless the run makes caches with room.
   const float* past = nullptr;
   const float* cur = nullptr;
-  int64_t tp = 0, tn = 0;
+  int64_t tp = 0, tn = 0, past_stride = 0, t_stride = 0;
+  bool in_place = false;
 };
+
+// Rows per head of a new cache with room for a present of t rows: half again, at least 64 more
+// (the copies of a generation amortized over the steps that append in place).
+int64_t RoomFor(int64_t t) { return t + std::max<int64_t>(t / 2, 64); }
 
 // The cache a product part reads, from its inputs in ctx starting at `first` (the part's second
 // input): the appended Concat(past, new) (made here, appended), the repeated cache, or (r = 1) a
 // [b, heads, T, d] operand as it is. False when the shapes are not of the part's form. With copy
-// false an appended cache's present is allocated but not filled (the caller copies each head).
+// false an appended cache's present is allocated but not filled (the caller copies each head);
+// then, in a run that makes caches with room (KernelContext::cache_room), the present is the
+// past's own storage with the new rows taken in place where it has room (Tensor::AppendInPlace),
+// else new storage with room. A past with room is read where it is.
 bool CacheOf(const Node& part, const KernelContext& ctx, size_t first, int64_t b, int64_t heads, Cache* c,
              bool copy = true) {
   auto in = [&](size_t i) -> const Tensor* { return first + i < ctx.num_inputs() ? ctx.inputs[first + i] : nullptr; };
@@ -105,20 +121,35 @@ bool CacheOf(const Node& part, const KernelContext& ctx, size_t first, int64_t b
     const int64_t g = past->dim(1), tp = past->dim(2), tn = cur->dim(2), d = past->dim(3);
     const int64_t t = CheckedAdd(tp, tn, "present cache length");
     if (past->dtype() != DataType::kFloat || cur->dtype() != DataType::kFloat) return false;
-    c->t = Tensor::Uninitialized(DataType::kFloat, {past->dim(0), g, t, d});
+    const Shape shape{past->dim(0), g, t, d};
+    if (!copy && ctx.cache_room) {
+      c->t = past->AppendInPlace(tn);
+      c->in_place = c->t.defined();
+      if (!c->in_place) {
+        try {
+          c->t = Tensor::WithCacheRoom(DataType::kFloat, shape, RoomFor(t));
+        } catch (const Error&) {  // the room past the memory limit: a cache without room
+          c->t = Tensor::Uninitialized(DataType::kFloat, shape);
+        }
+      }
+    } else {
+      c->t = Tensor::Uninitialized(DataType::kFloat, shape);
+    }
     c->appended = true;
-    const float* pp = past->data<float>();
+    const float* pp = past->cache_data<float>();
     const float* cp = cur->data<float>();
-    float* pr = c->t.data<float>();
     c->past = pp;
     c->cur = cp;
     c->tp = tp;
     c->tn = tn;
+    c->past_stride = past->head_stride();
+    c->t_stride = c->t.head_stride();
+    float* pr = c->t.cache_data<float>();
     for (int64_t i = 0; copy && i < past->dim(0) * g; ++i)
-      CopyAppendedHead(pr + i * t * d, pp + i * tp * d, tp, cp + i * tn * d, tn, d);
+      CopyAppendedHead(pr + i * c->t_stride, pp + i * c->past_stride, tp, cp + i * tn * d, tn, d);
   } else {
     if (in(0) == nullptr || in(0)->rank() != 4) return false;
-    c->t = *in(0);
+    c->t = in(0)->Dense();
   }
   if (c->t.dtype() != DataType::kFloat) return false;
   if (kv) {
@@ -172,7 +203,7 @@ void DecodeSteps(const Tensor& Q, Cache& K, Cache& V, int64_t scale, float c, co
     const float* qb = q + (bi * H + h0) * S * d;
     float* yb = y + (bi * H + h0) * S * dv;
     if (K.appended) {
-      AttentionSegment(M, K.tp, d, true, qb, d, K.past + i * K.tp * d, sb, T, false);
+      AttentionSegment(M, K.tp, d, true, qb, d, K.past + i * K.past_stride, sb, T, false);
       AttentionSegment(M, K.tn, d, true, qb, d, K.cur + i * K.tn * d, sb + K.tp, T, false);
     } else {
       AttentionSegment(M, T, d, true, qb, d, K.t.data<float>() + i * T * d, sb, T, false);
@@ -184,7 +215,7 @@ void DecodeSteps(const Tensor& Q, Cache& K, Cache& V, int64_t scale, float c, co
       SoftmaxRowF32(row, row, T);
     }
     if (V.appended) {
-      AttentionSegment(M, dv, V.tp, false, sb, T, V.past + i * V.tp * dv, yb, dv, false);
+      AttentionSegment(M, dv, V.tp, false, sb, T, V.past + i * V.past_stride, yb, dv, false);
       AttentionSegment(M, dv, V.tn, false, sb + V.tp, T, V.cur + i * V.tn * dv, yb, dv, true);
     } else {
       AttentionSegment(M, dv, T, false, sb, T, V.t.data<float>() + i * T * dv, yb, dv, false);
@@ -193,8 +224,12 @@ void DecodeSteps(const Tensor& Q, Cache& K, Cache& V, int64_t scale, float c, co
     for (Cache* cache : {&K, &V}) {
       if (!cache->appended) continue;
       const int64_t w = cache->t.dim(3);
-      CopyAppendedHead(cache->t.data<float>() + i * T * w, cache->past + i * cache->tp * w, cache->tp,
-                       cache->cur + i * cache->tn * w, cache->tn, w);
+      float* dst = cache->t.cache_data<float>() + i * cache->t_stride;
+      const float* cur = cache->cur + i * cache->tn * w;
+      if (cache->in_place)  // the past rows are there already
+        std::copy(cur, cur + cache->tn * w, dst + cache->tp * w);
+      else
+        CopyAppendedHead(dst, cache->past + i * cache->past_stride, cache->tp, cur, cache->tn, w);
     }
   };
   const int64_t tasks = heads * parts;
@@ -414,7 +449,8 @@ void FusedAttentionKernel(KernelContext& ctx) {
 
 void RegisterAttentionKernels(OpRegistry& r) {
   // Not upcast: float16/bfloat16 attention runs the fallback, whose operators round in their type.
-  r.Register({"ai.graph_autofusion.plan", "FusedAttention", OpKind::kContraction, FusedAttentionKernel, false});
+  r.Register({"ai.graph_autofusion.plan", "FusedAttention", OpKind::kContraction, FusedAttentionKernel, false,
+              /*reads_padded_caches=*/true});
 }
 
 }  // namespace gaf

@@ -354,7 +354,8 @@ void ConcatShapeKernel(KernelContext& ctx) {
 }
 
 void RegisterPlanKernels(OpRegistry& r) {
-  r.Register({"ai.graph_autofusion.plan", "ConcatShape", OpKind::kOpaque, ConcatShapeKernel, false});
+  r.Register({"ai.graph_autofusion.plan", "ConcatShape", OpKind::kOpaque, ConcatShapeKernel, false,
+              /*reads_padded_caches=*/true});
   r.Register({"ai.graph_autofusion.plan", "GroupedMatMul", OpKind::kContraction, GroupedMatMulKernel, true});
   r.Register({"ai.graph_autofusion.plan", "SiblingMatMul", OpKind::kContraction, SiblingMatMulKernel, true});
 }

@@ -31,6 +31,10 @@ struct KernelContext {
   std::vector<Tensor> outputs;  // sized to node.outputs.size()
   SubgraphRunner* subgraphs = nullptr;
   int num_threads = 1;
+  // The caller feeds the outputs back (a generation's present caches become the next past): a
+  // kernel that appends to a key/value cache may make it a cache with room (Tensor::WithCacheRoom)
+  // and append to such a cache in place.
+  bool cache_room = false;
 
   size_t num_inputs() const { return inputs.size(); }
   bool has_input(size_t i) const { return i < inputs.size() && inputs[i] != nullptr; }
@@ -61,6 +65,9 @@ struct KernelInfo {
   // When true the runtime converts float16/bfloat16 inputs to float before calling fn and
   // converts float outputs back to the half type afterwards ("computed in float32").
   bool upcast_half = true;
+  // When true the kernel reads key/value caches with room where they are (Tensor::padded); the
+  // runtime hands other kernels a contiguous copy of such an input.
+  bool reads_padded_caches = false;
 };
 
 class OpRegistry {

@@ -1773,8 +1773,8 @@ void RegisterTensorKernels(OpRegistry& r) {
   r.Register({"", "Expand", kInj, ExpandKernel, false});
   r.Register({"", "Tile", kInj, TileKernel, false});
   r.Register({"", "Pad", kInj, PadKernel, false});
-  r.Register({"", "Shape", OpKind::kOpaque, ShapeKernel, false});
-  r.Register({"", "Size", OpKind::kOpaque, SizeKernel, false});
+  r.Register({"", "Shape", OpKind::kOpaque, ShapeKernel, false, /*reads_padded_caches=*/true});
+  r.Register({"", "Size", OpKind::kOpaque, SizeKernel, false, /*reads_padded_caches=*/true});
   r.Register({"", "ConstantOfShape", OpKind::kOpaque, ConstantOfShapeKernel, false});
   r.Register({"", "Constant", OpKind::kOpaque, ConstantKernel, false});
   r.Register({"", "Identity", OpKind::kElementwise, IdentityKernel, false});

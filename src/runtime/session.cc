@@ -489,8 +489,11 @@ void CheckFeed(const ValueInfo& v, const Tensor& t) {
 void Session::RunStep(const PlanStep& st, std::vector<Tensor>& slots, SubgraphRunner& runner, bool top) {
   const Node& node = *st.node;
   KernelContext ctx{node, st.opset, {}, {}, &runner, omp_get_max_threads()};
+  ctx.cache_room = cache_room_;
   ctx.inputs.resize(st.in_slots.size(), nullptr);
-  std::vector<Tensor> upcast;  // keeps converted half inputs alive
+  // Keeps converted inputs alive (contiguous copies of caches with room, half types as float):
+  // reserved once for both kinds, so the pointers into it stay valid.
+  std::vector<Tensor> upcast;
   DataType half_type = DataType::kUndefined;
   for (size_t i = 0; i < st.in_slots.size(); ++i) {
     int s = st.in_slots[i];
@@ -499,10 +502,15 @@ void Session::RunStep(const PlanStep& st, std::vector<Tensor>& slots, SubgraphRu
     GAF_CHECK(t.defined(), "{}: input '{}' has no value (produced by an earlier failed or skipped node?)",
               node.Describe(), node.inputs[i]);
     ctx.inputs[i] = &t;
+    if (t.padded() && !st.kernel->reads_padded_caches) {  // a cache with room, to a kernel that reads it whole
+      if (upcast.capacity() == 0) upcast.reserve(2 * ctx.inputs.size());
+      upcast.push_back(t.Dense());
+      ctx.inputs[i] = &upcast.back();
+    }
     if (st.kernel->upcast_half && IsHalf(t.dtype())) half_type = t.dtype();
   }
   if (half_type != DataType::kUndefined) {
-    upcast.reserve(ctx.inputs.size());
+    if (upcast.capacity() == 0) upcast.reserve(2 * ctx.inputs.size());
     for (auto& in : ctx.inputs) {
       if (in != nullptr && IsHalf(in->dtype())) {
         upcast.push_back(in->CastTo(DataType::kFloat));
@@ -537,7 +545,7 @@ void Session::RunStep(const PlanStep& st, std::vector<Tensor>& slots, SubgraphRu
     Tensor& out = ctx.outputs[o];
     GAF_CHECK(out.defined(), "{}: kernel produced no value for output '{}'", node.Describe(), node.outputs[o]);
     if (half_type != DataType::kUndefined && out.dtype() == DataType::kFloat) out = out.CastTo(half_type);
-    if (options_.observer && top) options_.observer(node.outputs[o], out);
+    if (options_.observer && top) options_.observer(node.outputs[o], out.Dense());
     slots[st.out_slots[o]] = std::move(out);
   }
 }
@@ -725,7 +733,7 @@ std::vector<Tensor> Session::Execute(const Plan& plan, Frame* parent, const std:
 }
 
 std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,
-                                 const std::vector<std::string>& output_names) {
+                                 const std::vector<std::string>& output_names, bool cache_room) {
   for (const auto& [name, t] : feeds) {
     bool known = false;
     for (const ValueInfo& v : model_.graph.inputs) known |= v.name == name;
@@ -759,7 +767,10 @@ std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,
     last_memory_plan_ = plan;
   }
   MemoryPlan::Scope buffers(plan);
+  cache_room_ = cache_room && options_.cache_in_place;
   std::vector<Tensor> all = Execute(PlanFor(model_.graph), nullptr, {}, &feeds);
+  if (!cache_room)  // a caller that does not feed them back gets contiguous tensors
+    for (Tensor& t : all) t = t.Dense();
   if (output_names.empty()) return all;
   std::vector<Tensor> out;
   for (const std::string& n : output_names) {

@@ -787,6 +787,88 @@ TEST(ProductRewrite, DecodeAttentionRunsEachCacheHeadInOneTask) {
       }
 }
 
+// A generation's decode steps (Run's cache_room, as Generate runs them): the attention keeps each
+// present cache in storage with room and appends the new rows in place; across 80 steps (past 5
+// to 85: the first room of 64 rows runs out, so the storage grows once) the outputs equal the
+// unrewritten graph's, the caches equal its presents, and most steps reuse the past's storage.
+// A past appended to twice keeps its first present intact (the second append copies); a run
+// without cache_room hands out contiguous tensors, and a padded cache fed to a graph whose
+// kernels read it whole reaches them as a contiguous copy.
+TEST(ProductRewrite, DecodeCachesAppendInPlaceWithRoomAndStayCorrect) {
+  for (const auto& [gqa, b] : std::vector<std::pair<bool, int64_t>>{{true, 1}, {false, 2}}) {
+    const int64_t d = 64, kv = gqa ? 2 : 4;
+    const std::string form = fmt::format("gqa={} b={}", gqa, b);
+    Model m = MaskedAttentionModel(d, gqa, /*append=*/true);
+    SessionOptions off;
+    off.rewrite_products = false;
+    Session fast(m), plain(m, off);
+    ASSERT_EQ(fast.product_rewrites().attention_blocks, 1) << form;
+    uint32_t seed = 4100;
+    std::map<std::string, Tensor> feeds = MaskedAttentionFeeds(d, gqa, true, b, 1, 5, 0.f, seed);
+    std::map<std::string, Tensor> ref = feeds;
+    const void* last = nullptr;
+    int same_storage = 0, padded = 0;
+    Tensor kept_past, kept_present, kept_values;
+    for (int step = 0; step < 80; ++step) {
+      const std::vector<Tensor> got = fast.Run(feeds, {}, /*cache_room=*/true);
+      const std::vector<Tensor> want = plain.Run(ref);
+      const std::string at = fmt::format("{} step {}", form, step);
+      ASSERT_EQ(got.size(), 3u) << at;
+      ExpectCloseWithNaNs({got[0], got[1].Dense(), got[2].Dense()}, want, 1e-5, at);
+      same_storage += got[1].cache_data<float>() == last;
+      padded += got[1].padded();
+      last = got[1].cache_data<float>();
+      if (step == 40) {
+        kept_past = feeds["kp"];
+        kept_present = got[1];
+        kept_values = got[1].Dense().Clone();
+      }
+      // The next step: the presents become the pasts, one new row and query each.
+      const int64_t t = got[1].dim(2);
+      feeds["kp"] = got[1];
+      feeds["vp"] = got[2];
+      ref["kp"] = want[1];
+      ref["vp"] = want[2];
+      for (auto* f : {&feeds, &ref}) {
+        (*f)["q"] = RandomFloat({b, 4, 1, d}, seed + 1);
+        (*f)["kn"] = RandomFloat({b, kv, 1, d}, seed + 2);
+        (*f)["vn"] = RandomFloat({b, kv, 1, d}, seed + 3);
+        (*f)["mask"] = Tensor(DataType::kFloat, {b, 1, 1, t + 1});
+      }
+      seed += 3;
+    }
+    // 80 steps: new storage after the first (a dense past) and once more when the room runs out.
+    EXPECT_GE(same_storage, 76) << form;
+    EXPECT_GE(padded, 70) << form;
+
+    // The step-40 past appended to again: the rows it had given to step 40's present are taken,
+    // so this present is a copy, and step 40's present keeps its values.
+    std::map<std::string, Tensor> again = feeds;
+    again["kp"] = kept_past;
+    again["vp"] = kept_past;
+    again["mask"] = Tensor(DataType::kFloat, {b, 1, 1, kept_past.dim(2) + 1});
+    const std::vector<Tensor> second = fast.Run(again, {}, true);
+    EXPECT_NE(second[1].cache_data<float>(), kept_present.cache_data<float>()) << form;
+    ExpectCloseWithNaNs({kept_present.Dense()}, {kept_values}, 0, form + " kept present");
+    std::map<std::string, Tensor> again_ref = again;
+    again_ref["kp"] = kept_past.Dense();
+    again_ref["vp"] = kept_past.Dense();
+    ExpectCloseWithNaNs({second[0], second[1].Dense()}, {plain.Run(again_ref)[0], plain.Run(again_ref)[1]}, 1e-5,
+                        form + " second append");
+
+    // Without cache_room: contiguous outputs. The unrewritten graph given padded caches (its
+    // Concat reads them whole) gets contiguous copies and the same values.
+    const std::vector<Tensor> plain_out = fast.Run(feeds);
+    for (const Tensor& t : plain_out) EXPECT_FALSE(t.padded()) << form;
+    if (b * kv > 1) {
+      ASSERT_TRUE(feeds["kp"].padded()) << form;
+      EXPECT_THROW(feeds["kp"].data<float>(), Error) << form;
+    }
+    ExpectCloseWithNaNs(plain.Run(feeds), plain.Run(ref), 0, form + " padded feeds to the plain graph");
+    ExpectCloseWithNaNs(plain_out, plain.Run(ref), 1e-5, form + " without cache_room");
+  }
+}
+
 // RMSNorm as exporters write it, in the forms the rewrite takes: `form` 0 Div(1, s) then Mul,
 // 1 Reciprocal then Mul, 2 Div(X, s); `mul_square` squares by Mul(X, X); `opset` 18 gives the
 // axes as an input; `weight` [n] (or absent: empty).
