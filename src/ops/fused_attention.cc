@@ -46,6 +46,7 @@ constexpr int64_t kColumnGrain = 16;    // computed key columns: a multiple of t
 constexpr float kMaskCandidate = -1e4f; // mask values at or below this may mark skipped columns
 constexpr float kZeroMargin = 100.f;    // below the row's maximum by more than 87: exp is 0
 constexpr int64_t kParallelMultiplyAdds = int64_t{1} << 15;  // fewer in a decode step: one thread
+constexpr int64_t kMinSplitKeys = 256;  // keys per task, at least, when a decode step splits the cache
 
 // The fallback graph's nodes run one after another on the node's inputs with their registered
 // kernels (all tensors float32 or shapes): the plan as it was before the rewrite, without the
@@ -177,8 +178,98 @@ void RowNorms(const float* k, int64_t t, int64_t d, float* max_norm, bool* finit
   *finite = fin;
 }
 
+// The keys [j0, j1) of cache head i, as runs of rows where they are: fn(rows, count, offset of
+// the run in [j0, j1)); an appended cache's past rows, then its new rows.
+template <class Fn>
+void KeyRuns(const Cache& C, int64_t i, int64_t j0, int64_t j1, Fn&& fn) {
+  const int64_t w = C.t.dim(3);
+  if (!C.appended) {
+    fn(C.t.data<float>() + (i * C.t.dim(2) + j0) * w, j1 - j0, 0);
+    return;
+  }
+  const int64_t p0 = std::min(j0, C.tp), p1 = std::min(j1, C.tp);
+  if (p1 > p0) fn(C.past + i * C.past_stride + p0 * w, p1 - p0, p0 - j0);
+  const int64_t n0 = std::max(j0, C.tp) - C.tp, n1 = std::max(j1, C.tp) - C.tp;
+  if (n1 > n0) fn(C.cur + (i * C.tn + n0) * w, n1 - n0, C.tp + n0 - j0);
+}
+
+// A decode step with fewer cache heads than threads over a long cache (flash-decoding): the cache's
+// rows split into `parts` segments, one task per (cache head, segment) over all r*S query rows of
+// the head, so each thread reads its share of the cache once (splitting the query heads instead
+// reads the whole cache head per thread). A task scales and masks its scores and exponentiates
+// them against the segment's own maximum (ExpRowF32), and sums their products by V unnormalized;
+// then each row combines its segments, each weighted by exp(segment max - row max), and divides
+// by the weighted sum of the exponentials. A segment of -inf scores weighs nothing; a row of
+// -inf only is NaN, as Softmax's. Present caches are copied by segment, in parallel.
+void DecodeStepsSplit(const Tensor& Q, Cache& K, Cache& V, int64_t scale, float c, const float* mask,
+                      const int64_t* mst, Tensor* Y, int64_t parts) {
+  const int64_t b = Q.dim(0), H = Q.dim(1), S = Q.dim(2), d = Q.dim(3);
+  const int64_t T = K.t.dim(2), dv = V.t.dim(3), g = K.t.dim(1), r = K.r, M = r * S;
+  const int64_t tasks = b * g * parts;
+  std::vector<float> partial(static_cast<size_t>(tasks * M * dv)), seg_max(static_cast<size_t>(tasks * M)),
+      seg_sum(static_cast<size_t>(tasks * M));
+  const float* q = Q.data<float>();
+  auto task = [&](int64_t t) {
+    const int64_t i = t / parts, p = t % parts, bi = i / g, h0 = i % g * r;
+    const int64_t j0 = T * p / parts, j1 = T * (p + 1) / parts, n = j1 - j0;
+    thread_local std::vector<float> scores;
+    if (static_cast<int64_t>(scores.size()) < M * n) scores.resize(static_cast<size_t>(M * n));
+    float* sb = scores.data();
+    const float* qb = q + (bi * H + h0) * S * d;
+    KeyRuns(K, i, j0, j1, [&](const float* k, int64_t rows, int64_t off) {
+      AttentionSegment(M, rows, d, true, qb, d, k, sb + off, n, false);
+    });
+    for (int64_t m = 0; m < M; ++m) {
+      float* row = sb + m * n;
+      const float* mr =
+          mask != nullptr ? mask + bi * mst[0] + (h0 + m / S) * mst[1] + m % S * mst[2] + j0 * mst[3] : nullptr;
+      ScaleAndMaskRow(row, row, n, scale, c, mr, mst[3]);
+      seg_sum[static_cast<size_t>(t * M + m)] = ExpRowF32(row, row, n, &seg_max[static_cast<size_t>(t * M + m)]);
+    }
+    float* ob = partial.data() + t * M * dv;
+    bool first = true;
+    KeyRuns(V, i, j0, j1, [&](const float* v, int64_t rows, int64_t off) {
+      AttentionSegment(M, dv, rows, false, sb + off, n, v, ob, dv, !first);
+      first = false;
+    });
+    for (Cache* cache : {&K, &V}) {  // this segment's rows of the present
+      if (!cache->appended) continue;
+      const int64_t w = cache->t.dim(3);
+      float* dst = cache->t.cache_data<float>() + i * cache->t_stride + j0 * w;
+      KeyRuns(*cache, i, j0, j1, [&](const float* src, int64_t rows, int64_t off) {
+        if (!cache->in_place || j0 + off >= cache->tp) std::copy(src, src + rows * w, dst + off * w);
+      });
+    }
+  };
+  ParallelFor(tasks, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) task(t);
+  });
+  float* y = Y->data<float>();
+  std::vector<float> acc(static_cast<size_t>(dv));
+  for (int64_t i = 0; i < b * g; ++i)
+    for (int64_t m = 0; m < M; ++m) {
+      const size_t first = static_cast<size_t>(i * parts * M + m);
+      float mx = -std::numeric_limits<float>::infinity();
+      for (int64_t p = 0; p < parts; ++p) mx = std::max(mx, seg_max[first + static_cast<size_t>(p * M)]);
+      std::fill(acc.begin(), acc.end(), 0.f);
+      float total = 0.f;
+      for (int64_t p = 0; p < parts; ++p) {
+        const size_t at = first + static_cast<size_t>(p * M);
+        if (seg_max[at] == -std::numeric_limits<float>::infinity()) continue;
+        const float wgt = std::exp(seg_max[at] - mx);
+        total += wgt * seg_sum[at];
+        const float* o = partial.data() + at * dv;
+        for (int64_t k = 0; k < dv; ++k) acc[static_cast<size_t>(k)] += wgt * o[k];
+      }
+      const int64_t bi = i / g, h0 = i % g * r;
+      float* yr = y + ((bi * H + h0) * S + m) * dv;
+      for (int64_t k = 0; k < dv; ++k) yr[k] = acc[static_cast<size_t>(k)] / total;
+    }
+}
+
 // A decode step or a few query positions (fewer than kMinQueryRows): one task per cache head
-// (split among its query heads when there are fewer cache heads than threads) takes the r*S query
+// (split among its query heads when there are fewer cache heads than threads and the cache is
+// short; a long one is split along its rows: DecodeStepsSplit) takes the r*S query
 // rows of that head, computes their scores over the cache into a buffer of the thread, scales,
 // masks and normalizes them there (MaskedSoftmax's row arithmetic) and multiplies them by V: one
 // parallel region for the three parts, the scores never leaving the thread. An appended cache is
@@ -191,6 +282,9 @@ void DecodeSteps(const Tensor& Q, Cache& K, Cache& V, int64_t scale, float c, co
   const int64_t T = K.t.dim(2), dv = V.t.dim(3), g = K.t.dim(1), r = K.r;
   const int64_t heads = b * g;
   const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  if (heads < threads && T >= 2 * kMinSplitKeys && heads * r * S * T * (d + dv) > kParallelMultiplyAdds)
+    return DecodeStepsSplit(Q, K, V, scale, c, mask, mst, Y,
+                            std::min<int64_t>((threads + heads - 1) / heads, T / kMinSplitKeys));
   const int64_t parts = heads >= threads ? 1 : std::min<int64_t>(r, (threads + heads - 1) / heads);
   const float* q = Q.data<float>();
   float* y = Y->data<float>();

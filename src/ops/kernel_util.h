@@ -91,6 +91,10 @@ Shape ResolveReshape(const Shape& in, const std::vector<int64_t>& shape);
 
 // Softmax of one row of n floats with the Softmax kernel's arithmetic (y may be x).
 void SoftmaxRowF32(const float* x, float* y, int64_t n);
+// Softmax's first half over a segment of a row (attention split along the keys): *max = the
+// segment's maximum, y = exp(x - max) with the Softmax kernel's exp (y may be x); returns the sum
+// of y. A segment of -inf only: y = 0, sum 0 (it takes no weight when the segments combine).
+float ExpRowF32(const float* x, float* y, int64_t n, float* max);
 // The mean of one row of n floats with ReduceMean's arithmetic over a last axis, into *mean;
 // false for rows ReduceMean would split across threads (other sums) or empty ones.
 bool MeanRowF32(const float* x, int64_t n, float* mean);

@@ -1344,6 +1344,23 @@ void Reg(OpRegistry& r, const char* op, OpKind kind, KernelFn fn) {
 
 void SoftmaxRowF32(const float* x, float* y, int64_t n) { SoftRow<float, SoftKind::kSoftmax>(x, y, n); }
 
+float ExpRowF32(const float* x, float* y, int64_t n, float* max) {
+  const float m = RowReduce<float, Comb::kMax, Pre::kId>(x, n);
+  *max = m;
+  if (m == -std::numeric_limits<float>::infinity()) {  // every value -inf: no weight at all
+    std::fill(y, y + n, 0.f);
+    return 0.f;
+  }
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) {
+    const float e = ExpT<float>(x[i] - m);
+    y[i] = e;
+    s += e;
+  }
+  return s;
+}
+
 bool MeanRowF32(const float* x, int64_t n, float* mean) {
   // ReduceTyped splits rows of at least 4 * kGrain across threads when there are few of them.
   if (n <= 0 || n >= 4 * kGrain) return false;

@@ -762,7 +762,7 @@ TEST(ProductRewrite, AttentionRunsAsOneNodeAndSkipsOnlyKeysWhoseProbabilityIsZer
 // cache heads: each head's query heads split between tasks, its present copied once).
 TEST(ProductRewrite, DecodeAttentionRunsEachCacheHeadInOneTask) {
   const float lowest = std::numeric_limits<float>::lowest();
-  for (int threads : {1, 2, 4})
+  for (int threads : {1, 2, 4, 8})
     for (const auto& [gqa, append] : std::vector<std::pair<bool, bool>>{{true, true}, {false, true}, {true, false}})
       for (int64_t d : {64, 48}) {
         const std::string form = fmt::format("threads={} gqa={} append={} d={}", threads, gqa, append, d);
@@ -775,7 +775,9 @@ TEST(ProductRewrite, DecodeAttentionRunsEachCacheHeadInOneTask) {
         uint32_t seed = 1300;
         int runs = 0;
         for (const auto& [b, s, past] :
-             std::vector<std::array<int64_t, 3>>{{1, 1, 20}, {1, 1, 0}, {1, 3, 40}, {2, 1, 300}, {1, 15, 2}, {2, 2, 65}}) {
+             std::vector<std::array<int64_t, 3>>{{1, 1, 20}, {1, 1, 0}, {1, 3, 40}, {2, 1, 300}, {1, 15, 2}, {2, 2, 65},
+                                                 // long caches: fewer cache heads than threads split the keys
+                                                 {1, 1, 1300}, {1, 2, 700}, {2, 1, 530}}) {
           auto feeds = MaskedAttentionFeeds(d, gqa, append, b, s, past, lowest, seed += 7);
           ExpectCloseWithNaNs(fast.Run(feeds), plain.Run(feeds), 1e-5,
                               fmt::format("{} b={} s={} past={}", form, b, s, past));
@@ -789,22 +791,30 @@ TEST(ProductRewrite, DecodeAttentionRunsEachCacheHeadInOneTask) {
 
 // A generation's decode steps (Run's cache_room, as Generate runs them): the attention keeps each
 // present cache in storage with room and appends the new rows in place; across 80 steps (past 5
-// to 85: the first room of 64 rows runs out, so the storage grows once) the outputs equal the
+// to 85: the first room of 64 rows runs out, so the storage grows once; and past 600 to 680 with
+// the keys split across threads) the outputs equal the
 // unrewritten graph's, the caches equal its presents, and most steps reuse the past's storage.
 // A past appended to twice keeps its first present intact (the second append copies); a run
 // without cache_room hands out contiguous tensors, and a padded cache fed to a graph whose
 // kernels read it whole reaches them as a contiguous copy.
 TEST(ProductRewrite, DecodeCachesAppendInPlaceWithRoomAndStayCorrect) {
-  for (const auto& [gqa, b] : std::vector<std::pair<bool, int64_t>>{{true, 1}, {false, 2}}) {
+  struct Form {
+    bool gqa;
+    int64_t b, past;
+    int threads;
+  };
+  // The last: 2 cache heads on 4 threads over 600 rows and more, the keys split (DecodeStepsSplit).
+  for (const auto& [gqa, b, past0, threads] : std::vector<Form>{{true, 1, 5, 2}, {false, 2, 5, 2}, {true, 1, 600, 4}}) {
     const int64_t d = 64, kv = gqa ? 2 : 4;
-    const std::string form = fmt::format("gqa={} b={}", gqa, b);
+    const std::string form = fmt::format("gqa={} b={} past={} threads={}", gqa, b, past0, threads);
     Model m = MaskedAttentionModel(d, gqa, /*append=*/true);
-    SessionOptions off;
+    SessionOptions on, off;
+    on.num_threads = threads;
     off.rewrite_products = false;
-    Session fast(m), plain(m, off);
+    Session fast(m, on), plain(m, off);
     ASSERT_EQ(fast.product_rewrites().attention_blocks, 1) << form;
     uint32_t seed = 4100;
-    std::map<std::string, Tensor> feeds = MaskedAttentionFeeds(d, gqa, true, b, 1, 5, 0.f, seed);
+    std::map<std::string, Tensor> feeds = MaskedAttentionFeeds(d, gqa, true, b, 1, past0, 0.f, seed);
     std::map<std::string, Tensor> ref = feeds;
     const void* last = nullptr;
     int same_storage = 0, padded = 0;
@@ -837,8 +847,9 @@ TEST(ProductRewrite, DecodeCachesAppendInPlaceWithRoomAndStayCorrect) {
       }
       seed += 3;
     }
-    // 80 steps: new storage after the first (a dense past) and once more when the room runs out.
-    EXPECT_GE(same_storage, 76) << form;
+    // 80 steps: new storage after the first (a dense past) and (past 5) once more when the room
+    // of 64 rows runs out; past 600 has room for 300.
+    EXPECT_GE(same_storage, 77) << form;
     EXPECT_GE(padded, 70) << form;
 
     // The step-40 past appended to again: the rows it had given to step 40's present are taken,
