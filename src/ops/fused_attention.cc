@@ -1,12 +1,14 @@
 // FusedAttention (domain ai.graph_autofusion.plan): attention's three plan nodes as one, as the
 // plan rewrite makes it from
 //
-//   GroupedMatMul(Q, K...) trans_b -> MaskedSoftmax(S [, c] [, mask]) -> GroupedMatMul(P, V...) or MatMul(P, V)
+//   GroupedMatMul(Q, K...) trans_b -> MaskedSoftmax(S [, c] [, mask]) [-> Cast to float]
+//     -> GroupedMatMul(P, V...) or MatMul(P, V)
 //
 //   inputs   the scores product's, then the MaskedSoftmax's after S, then the values product's
 //            after P
-//   attrs    fallback  the three nodes, as a graph on those inputs; its outputs are Y, then the
-//            present key cache and the present value cache when the products append them
+//   attrs    fallback  the three nodes (four with the Cast), as a graph on those inputs; its
+//            outputs are Y, then the present key cache and the present value cache when the
+//            products append them
 //
 // A prompt (at least kMinQueryRows query positions) runs in blocks of kBlockRows query rows of
 // one head: the block's scores stay in a buffer of the thread while they are scaled, masked,
@@ -338,10 +340,13 @@ void DecodeSteps(const Tensor& Q, Cache& K, Cache& V, int64_t scale, float c, co
 
 void FusedAttentionKernel(KernelContext& ctx) {
   const Graph* g = ctx.node.GetGraph("fallback");
-  GAF_CHECK(g != nullptr && g->nodes.size() == 3, "{}: no attention parts", ctx.node.Describe());
+  // The parts: the scores product, MaskedSoftmax, perhaps a Cast of the probabilities to float
+  // (a no-op on the float32 inputs the paths below take), the values product.
+  GAF_CHECK(g != nullptr && (g->nodes.size() == 3 || g->nodes.size() == 4), "{}: no attention parts",
+            ctx.node.Describe());
   const Node& qk = g->nodes[0];
   const Node& sm = g->nodes[1];
-  const Node& pv = g->nodes[2];
+  const Node& pv = g->nodes.back();
   for (size_t i = 0; i < ctx.num_inputs(); ++i)
     if (ctx.has_input(i) && ctx.inputs[i]->dtype() != DataType::kFloat && ctx.inputs[i]->dtype() != DataType::kInt64)
       return RunPlanFallback(ctx);  // half types: the parts' own conversions

@@ -21,8 +21,8 @@
 //   Softmax(Add(Div(X, c) or Mul(X, c), mask)) with c a constant scalar, on the last axis (also
 //   without the scale or without the mask)  -> MaskedSoftmax(X, c, mask): attention's scores
 //   scaled, masked and normalized row by row in one pass; ops/masked_softmax.cc
-//   GroupedMatMul(Q, K...) trans_b -> MaskedSoftmax -> GroupedMatMul(P, V...) or MatMul(P, V), each
-//   value read by the next alone  -> FusedAttention: blocks of query rows whose scores stay in a
+//   GroupedMatMul(Q, K...) trans_b -> MaskedSoftmax [-> Cast to float] -> GroupedMatMul(P, V...) or
+//   MatMul(P, V), each value read by the next alone  -> FusedAttention: blocks of query rows whose scores stay in a
 //   thread's buffer, the key columns a causal mask removes skipped; ops/fused_attention.cc
 //   Mul(W, Mul(X, Div(1, Sqrt(Add(ReduceMean(Pow(X, 2)), eps)))))  (and variants)  -> RMSNorm(X, eps, W):
 //   one pass per row, bit-identical; ops/rms_norm.cc

@@ -92,7 +92,14 @@ void FoldAttention(Graph& g, ProductRewrites& stats) {
     const bool grouped = pv.op_type == "GroupedMatMul" && pv.domain == kPlanDomain && pv.GetInt("trans_b", 0) == 0;
     const bool plain = pv.op_type == "MatMul" && pv.domain.empty() && pv.inputs.size() == 2 && pv.outputs.size() == 1;
     if ((!grouped && !plain) || pv.inputs.size() < 2 || pv.inputs[0].empty() || pv.outputs.empty()) continue;
-    const Node* sm = ix.SoleProducer(g, pv.inputs[0], "MaskedSoftmax", kPlanDomain);
+    // A Cast of the probabilities to float between them (Hugging Face's softmax(..., dtype=float32)
+    // .to(dtype), as torch.onnx.export writes it for float32 models) is part of the node: a no-op
+    // on the float32 inputs its fast paths take, run by the fallback otherwise.
+    const Node* cast = ix.SoleProducer(g, pv.inputs[0], "Cast");
+    if (cast != nullptr && (cast->inputs.size() != 1 || cast->outputs.size() != 1 ||
+                            cast->GetInt("to", 0) != static_cast<int64_t>(DataType::kFloat)))
+      cast = nullptr;
+    const Node* sm = ix.SoleProducer(g, cast != nullptr ? cast->inputs[0] : pv.inputs[0], "MaskedSoftmax", kPlanDomain);
     if (sm == nullptr || sm->inputs.empty() || sm->outputs.size() != 1) continue;
     const Node* qk = ix.SoleProducer(g, sm->inputs[0], "GroupedMatMul", kPlanDomain);
     if (qk == nullptr || qk->GetInt("trans_b", 0) == 0 || qk->outputs[0] != sm->inputs[0]) continue;
@@ -110,14 +117,18 @@ void FoldAttention(Graph& g, ProductRewrites& stats) {
     auto fallback = std::make_shared<Graph>();
     fallback->name = pv.name + "/fallback";
     for (const std::string& f : formal) fallback->inputs.push_back(ValueInfo{f});
-    fallback->nodes = {*qk, *sm, pv};
+    fallback->nodes = {*qk, *sm};
+    if (cast != nullptr) fallback->nodes.push_back(*cast);
+    fallback->nodes.push_back(pv);
     for (const std::string& o : outputs) fallback->outputs.push_back(ValueInfo{o});
-    stats.notes.push_back(fmt::format("{}: attention with '{}' and '{}' as one node, in blocks of query rows (the "
+    stats.notes.push_back(fmt::format("{}: attention with '{}' and '{}'{} as one node, in blocks of query rows (the "
                                       "scores never written out, keys the mask removes skipped)",
-                                      pv.Describe(), qk->name, sm->name));
+                                      pv.Describe(), qk->name, sm->name,
+                                      cast != nullptr ? fmt::format(" (and the Cast '{}')", cast->name) : ""));
     ++stats.attention_blocks;
     absorbed.insert(qk);
     absorbed.insert(sm);
+    if (cast != nullptr) absorbed.insert(cast);
     pv.op_type = "FusedAttention";
     pv.domain = kPlanDomain;
     pv.inputs = formal;

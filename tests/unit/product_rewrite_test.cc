@@ -625,7 +625,7 @@ TEST(ProductRewrite, SiLUGateIsOnePassAndBitIdentical) {
 // with `gqa`; Concat(past, new) and a graph output with `append`), Div by sqrt(d), Add of a
 // [b, 1, S, T] mask, Softmax, times the value cache. Nothing else reads the scores or the
 // probabilities, so the three become one FusedAttention.
-Model MaskedAttentionModel(int64_t d, bool gqa, bool append) {
+Model MaskedAttentionModel(int64_t d, bool gqa, bool append, bool cast_probs = false) {
   Graph g;
   const int64_t kv = gqa ? 2 : 4;
   g.inputs = {testing::FloatValue("q", {-1, 4, -1, d})};
@@ -659,7 +659,9 @@ Model MaskedAttentionModel(int64_t d, bool gqa, bool append) {
   g.nodes.push_back(MakeNode("MatMul", {"q", "kt"}, {"s"}, "qk"));
   g.nodes.push_back(MakeNode("Div", {"s", "c"}, {"sd"}, "scale"));
   g.nodes.push_back(MakeNode("Add", {"sd", "mask"}, {"sa"}, "add_mask"));
-  g.nodes.push_back(MakeNode("Softmax", {"sa"}, {"p"}, "softmax", {testing::IntAttr("axis", -1)}));
+  g.nodes.push_back(MakeNode("Softmax", {"sa"}, {cast_probs ? "p32" : "p"}, "softmax", {testing::IntAttr("axis", -1)}));
+  // Hugging Face's softmax(..., dtype=torch.float32).to(dtype) in a float32 model, as exported.
+  if (cast_probs) g.nodes.push_back(MakeNode("Cast", {"p32"}, {"p"}, "cast_probs", {testing::IntAttr("to", 1)}));
   g.nodes.push_back(MakeNode("MatMul", {"p", v}, {"y"}, "pv"));
   g.outputs = {ValueInfo{"y", DataType::kFloat}};
   if (append) {
@@ -787,6 +789,28 @@ TEST(ProductRewrite, DecodeAttentionRunsEachCacheHeadInOneTask) {
         EXPECT_EQ(testing::ProfiledCalls(fast, "MatMul"), 0) << form;
         EXPECT_EQ(testing::ProfiledCalls(fast, "Softmax"), 0) << form;
       }
+}
+
+// torch.onnx.export's Hugging Face attention casts the probabilities to float before the values
+// product: the Cast joins the attention node (a prompt, decode steps, a long cache split across
+// threads), and the results are the graph's.
+TEST(ProductRewrite, AttentionTakesTheCastOfItsProbabilitiesToFloat) {
+  for (int threads : {1, 4}) {
+    Model m = MaskedAttentionModel(64, /*gqa=*/true, /*append=*/true, /*cast_probs=*/true);
+    SessionOptions on{.profile = true}, off;
+    on.num_threads = threads;
+    off.rewrite_products = false;
+    Session fast(m, on), plain(m, off);
+    ASSERT_EQ(fast.product_rewrites().attention_blocks, 1);
+    uint32_t seed = 5200;
+    for (const auto& [b, s, past] : std::vector<std::array<int64_t, 3>>{{1, 1, 20}, {1, 20, 0}, {1, 1, 900}, {2, 2, 65}}) {
+      auto feeds = MaskedAttentionFeeds(64, true, true, b, s, past, std::numeric_limits<float>::lowest(), seed += 7);
+      ExpectCloseWithNaNs(fast.Run(feeds), plain.Run(feeds), 1e-5,
+                          fmt::format("threads={} b={} s={} past={}", threads, b, s, past));
+    }
+    EXPECT_EQ(testing::ProfiledCalls(fast, "FusedAttention"), 4);
+    EXPECT_EQ(testing::ProfiledCalls(fast, "Cast"), 0);
+  }
 }
 
 // A generation's decode steps (Run's cache_room, as Generate runs them): the attention keeps each
