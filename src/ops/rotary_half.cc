@@ -5,9 +5,12 @@
 //
 //   (each Mul and the Add in either order)
 //   inputs  X, cos, sin      cos and sin broadcast to X, with X's last dimension
+//           [h1, h2]          with dynamic: the first Slice's end and the second's start, one
+//                             integer each (torch.onnx.export computes them from X's shape)
 //   attrs   axis  the Slices' axis (it must be X's last at run time);  half  h (X's last
-//           dimension must be 2h);  end  the second Slice's end (at least 2h);  fallback  the
-//           original nodes, as a graph on the node's inputs
+//           dimension must be 2h; with dynamic, h = h1 = h2);  end  the second Slice's end (at
+//           least 2h);  dynamic  1 when h is given by the inputs;  fallback  the original nodes,
+//           as a graph on the node's inputs
 //
 // Each element is x * cos + rot * sin with rot = (-x2, x1), both products rounded before the sum
 // as the separate operators round them (this file is compiled without contracting a product
@@ -47,7 +50,16 @@ void RotaryHalfKernel(KernelContext& ctx) {
   const int64_t rank = X.rank();
   int64_t axis = ctx.node.GetInt("axis", -1);
   if (axis < 0) axis += rank;
-  const int64_t h = ctx.node.GetInt("half", 0), d = rank > 0 ? xs[rank - 1] : 0;
+  int64_t h = ctx.node.GetInt("half", 0);
+  const int64_t d = rank > 0 ? xs[rank - 1] : 0;
+  if (ctx.node.GetInt("dynamic", 0) != 0) {  // the half computed from the shape: both bounds
+    if (!ctx.has_input(3) || !ctx.has_input(4) || ctx.input(3).numel() != 1 || ctx.input(4).numel() != 1 ||
+        (ctx.input(3).dtype() != DataType::kInt64 && ctx.input(3).dtype() != DataType::kInt32) ||
+        (ctx.input(4).dtype() != DataType::kInt64 && ctx.input(4).dtype() != DataType::kInt32))
+      return RunPlanFallback(ctx);
+    h = ctx.input(3).ScalarAsInt64();
+    if (ctx.input(4).ScalarAsInt64() != h) return RunPlanFallback(ctx);
+  }
   std::vector<int64_t> cst, sst;
   if (rank < 1 || axis != rank - 1 || h <= 0 || d != 2 * h || ctx.node.GetInt("end", 0) < d ||
       !BroadcastStridesOver(C, xs, &cst) || !BroadcastStridesOver(S, xs, &sst) || cst[rank - 1] != 1 ||

@@ -288,17 +288,27 @@ void FoldRMSNorms(Graph& g, int64_t opset, ProductRewrites& stats) {
 
 // Add(Mul(X, cos), Mul(Concat(Neg(Slice(X, h, end)), Slice(X, 0, h)), sin)) on the last axis
 // (see ops/rotary_half.cc), each value read by the next alone: one RotaryHalf at the Add's place.
+// h constant, or computed (the two Slices' bounds become the node's fourth and fifth inputs).
 void FoldRotaryHalves(Graph& g, ProductRewrites& stats) {
   const ProductIndex ix(g);
   std::unordered_set<const Node*> absorbed;
-  // Slice(data, starts, ends, axes [, steps = 1]) of one axis with constant bounds.
-  auto slice_of = [&](const std::string& v, int64_t* start, int64_t* end, int64_t* axis) -> const Node* {
+  // Slice(data, starts, ends, axes [, steps = 1]) of one axis with constant axes and steps; a
+  // bound that is not a constant (torch.onnx.export computes the half from the shape) is -1 with
+  // its value's name in *dyn_start / *dyn_end.
+  auto slice_of = [&](const std::string& v, int64_t* start, int64_t* end, int64_t* axis, std::string* dyn_start,
+                      std::string* dyn_end) -> const Node* {
     const Node* s = ix.SoleProducer(g, v, "Slice");
-    std::vector<int64_t> b, e, a, st = {1};
-    if (s == nullptr || s->inputs.size() < 4 || !ConstInts(g, ix, s->inputs[1], &b) || !ConstInts(g, ix, s->inputs[2], &e) ||
+    std::vector<int64_t> b = {-1}, e = {-1}, a, st = {1};
+    if (s == nullptr || s->inputs.size() < 4 || s->inputs[1].empty() || s->inputs[2].empty() ||
         !ConstInts(g, ix, s->inputs[3], &a) || (s->inputs.size() > 4 && !s->inputs[4].empty() && !ConstInts(g, ix, s->inputs[4], &st)))
       return nullptr;
-    if (b.size() != 1 || e.size() != 1 || a.size() != 1 || st != std::vector<int64_t>{1} || b[0] < 0 || e[0] < 0) return nullptr;
+    dyn_start->clear();
+    dyn_end->clear();
+    if (!ConstInts(g, ix, s->inputs[1], &b)) *dyn_start = s->inputs[1];
+    if (!ConstInts(g, ix, s->inputs[2], &e)) *dyn_end = s->inputs[2];
+    if (b.size() != 1 || e.size() != 1 || a.size() != 1 || st != std::vector<int64_t>{1} ||
+        (dyn_start->empty() && b[0] < 0) || (dyn_end->empty() && e[0] < 0))
+      return nullptr;
     *start = b[0];
     *end = e[0];
     *axis = a[0];
@@ -317,11 +327,16 @@ void FoldRotaryHalves(Graph& g, ProductRewrites& stats) {
       if (cat == nullptr || cat->inputs.size() != 2 || cat->outputs.size() != 1) continue;
       const Node* neg = ix.SoleProducer(g, cat->inputs[0], "Neg");
       int64_t b1 = 0, e1 = 0, a1 = 0, b2 = 0, e2 = 0, a2 = 0;
-      const Node* first = slice_of(cat->inputs[1], &b1, &e1, &a1);
-      const Node* second = neg != nullptr ? slice_of(neg->inputs[0], &b2, &e2, &a2) : nullptr;
-      if (first == nullptr || second == nullptr || first->inputs[0] != second->inputs[0] || b1 != 0 || e1 <= 0 ||
-          b2 != e1 || e2 < 2 * e1 || a1 != a2 || (cat->GetInt("axis", 0) != a1 && cat->GetInt("axis", 0) != -1))
+      std::string ds1, de1, ds2, de2;  // bounds computed at run time
+      const Node* first = slice_of(cat->inputs[1], &b1, &e1, &a1, &ds1, &de1);
+      const Node* second = neg != nullptr ? slice_of(neg->inputs[0], &b2, &e2, &a2, &ds2, &de2) : nullptr;
+      if (first == nullptr || second == nullptr || first->inputs[0] != second->inputs[0] || !ds1.empty() || b1 != 0 ||
+          !de2.empty() || a1 != a2 || (cat->GetInt("axis", 0) != a1 && cat->GetInt("axis", 0) != -1))
         continue;
+      // The half: both constant (h, with the second Slice to at least 2h), or both computed (the
+      // kernel checks at run time that they are equal and half the axis; the end at least 2h).
+      const bool dynamic = !de1.empty();
+      if (dynamic ? ds2.empty() : (!ds2.empty() || e1 <= 0 || b2 != e1 || e2 < 2 * e1)) continue;
       const std::string& x = first->inputs[0];
       int xs = -1;
       for (int j = 0; j < 2; ++j)
@@ -330,6 +345,10 @@ void FoldRotaryHalves(Graph& g, ProductRewrites& stats) {
       const std::string cos = ma->inputs[1 - xs], sin = mb->inputs[1 - cs];
       std::vector<const Node*> parts = {ma, first, second, neg, cat, mb, &add};
       std::vector<std::string> formal = {x, cos, sin};
+      if (dynamic) {
+        formal.push_back(de1);
+        formal.push_back(ds2);
+      }
       auto fallback = std::make_shared<Graph>();
       fallback->name = add.name + "/fallback";
       for (const std::string& f : formal) fallback->inputs.push_back(ValueInfo{f});
@@ -342,7 +361,8 @@ void FoldRotaryHalves(Graph& g, ProductRewrites& stats) {
       add.op_type = "RotaryHalf";
       add.domain = kPlanDomain;
       add.inputs = formal;
-      add.attributes = {IntAttr("axis", a1), IntAttr("half", e1), IntAttr("end", e2), FallbackAttr(std::move(fallback))};
+      add.attributes = {IntAttr("axis", a1), IntAttr("half", dynamic ? 0 : e1), IntAttr("end", e2),
+                        IntAttr("dynamic", dynamic), FallbackAttr(std::move(fallback))};
       break;
     }
   }

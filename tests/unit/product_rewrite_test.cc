@@ -995,18 +995,34 @@ TEST(ProductRewrite, RMSNormIsOnePassAndBitIdentical) {
 // Rotary embedding as torch.onnx.export writes HF's rotate_half: Add(Mul(x, cos),
 // Mul(Concat(Neg(Slice(x, h, end)), Slice(x, 0, h)), sin)); `swapped` writes the Muls and the Add
 // with their operands the other way round; `end` is the second Slice's end.
-Model RotaryModel(bool swapped, int64_t h, int64_t end) {
+// `dynamic`: the half computed from x's shape, twice, as torch.onnx.export writes x.shape[-1] // 2
+// (h is then unused).
+Model RotaryModel(bool swapped, int64_t h, int64_t end, bool dynamic = false) {
   Graph g;
   g.inputs = {testing::FloatValue("x", {-1, -1, -1, -1}), testing::FloatValue("cos", {-1, -1, -1}),
               testing::FloatValue("sin", {-1, -1, -1})};
   g.SetInitializer("zero", Tensor::FromInt64s({0}));
-  g.SetInitializer("half", Tensor::FromInt64s({h}));
   g.SetInitializer("end", Tensor::FromInt64s({end}));
   g.SetInitializer("axis", Tensor::FromInt64s({-1}));
+  std::string h1 = "half", h2 = "half";
+  if (dynamic) {
+    g.SetInitializer("last", Tensor::Scalar<int64_t>(-1));
+    g.SetInitializer("two", Tensor::Scalar<int64_t>(2));
+    g.SetInitializer("axes0", Tensor::FromInt64s({0}));
+    g.nodes.push_back(MakeNode("Shape", {"x"}, {"xs"}, "shape"));
+    g.nodes.push_back(MakeNode("Gather", {"xs", "last"}, {"xd"}, "gather", {testing::IntAttr("axis", 0)}));
+    g.nodes.push_back(MakeNode("Div", {"xd", "two"}, {"xh"}, "div"));
+    g.nodes.push_back(MakeNode("Unsqueeze", {"xh", "axes0"}, {"h1"}, "unsqueeze_1"));
+    g.nodes.push_back(MakeNode("Unsqueeze", {"xh", "axes0"}, {"h2"}, "unsqueeze_2"));
+    h1 = "h1";
+    h2 = "h2";
+  } else {
+    g.SetInitializer("half", Tensor::FromInt64s({h}));
+  }
   g.nodes.push_back(MakeNode("Mul", swapped ? std::vector<std::string>{"cos", "x"} : std::vector<std::string>{"x", "cos"},
                              {"a"}, "mul_cos"));
-  g.nodes.push_back(MakeNode("Slice", {"x", "zero", "half", "axis"}, {"x1"}, "slice_1"));
-  g.nodes.push_back(MakeNode("Slice", {"x", "half", "end", "axis"}, {"x2"}, "slice_2"));
+  g.nodes.push_back(MakeNode("Slice", {"x", "zero", h1, "axis"}, {"x1"}, "slice_1"));
+  g.nodes.push_back(MakeNode("Slice", {"x", h2, "end", "axis"}, {"x2"}, "slice_2"));
   g.nodes.push_back(MakeNode("Neg", {"x2"}, {"nx2"}, "neg"));
   g.nodes.push_back(MakeNode("Concat", {"nx2", "x1"}, {"rot"}, "concat", {testing::IntAttr("axis", -1)}));
   g.nodes.push_back(MakeNode("Mul", swapped ? std::vector<std::string>{"sin", "rot"} : std::vector<std::string>{"rot", "sin"},
@@ -1017,10 +1033,11 @@ Model RotaryModel(bool swapped, int64_t h, int64_t end) {
 }
 
 TEST(ProductRewrite, RotaryHalfIsOnePassAndBitIdentical) {
+  for (bool dynamic : {false, true})
   for (bool swapped : {false, true})
     for (int64_t h : {32, 5}) {
-      const std::string what = fmt::format("swapped={} h={}", swapped, h);
-      Model m = RotaryModel(swapped, h, std::numeric_limits<int64_t>::max());
+      const std::string what = fmt::format("dynamic={} swapped={} h={}", dynamic, swapped, h);
+      Model m = RotaryModel(swapped, h, std::numeric_limits<int64_t>::max(), dynamic);
       SessionOptions on{.profile = true}, off;
       off.rewrite_products = false;
       Session fast(m, on), plain(m, off);
@@ -1039,9 +1056,11 @@ TEST(ProductRewrite, RotaryHalfIsOnePassAndBitIdentical) {
       EXPECT_EQ(testing::ProfiledCalls(fast, "RotaryHalf"), runs) << what;
       EXPECT_EQ(testing::ProfiledCalls(fast, "Concat"), 0) << what;  // no fallback ran
       // An x whose last axis is not 2h (the Slices cut it unevenly): the original operators.
-      auto odd = std::map<std::string, Tensor>{{"x", RandomFloat({1, 1, 2, 2 * h + 2}, 9)},
-                                               {"cos", RandomFloat({1, 2, 2 * h + 2}, 10)},
-                                               {"sin", RandomFloat({1, 2, 2 * h + 2}, 11)}};
+      // (A half computed from the shape is half of any even axis: there, an odd one.)
+      const int64_t uneven = dynamic ? 2 * h + 1 : 2 * h + 2;
+      auto odd = std::map<std::string, Tensor>{{"x", RandomFloat({1, 1, 2, uneven}, 9)},
+                                               {"cos", RandomFloat({1, 2, uneven}, 10)},
+                                               {"sin", RandomFloat({1, 2, uneven}, 11)}};
       ExpectSame(fast.Run(odd), plain.Run(odd), what + " uneven");
       EXPECT_EQ(testing::ProfiledCalls(fast, "Concat"), 1) << what;
     }
