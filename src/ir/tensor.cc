@@ -298,6 +298,7 @@ Tensor Tensor::Reshaped(Shape shape) const {
   GAF_CHECK(NumElements(shape) == numel_, "cannot reshape {} to {}", ShapeToString(shape_), ShapeToString(shape));
   Tensor t = *this;
   t.shape_ = std::move(shape);
+  t.room_.reset();  // another shape of the same elements: a plain tensor (no rows to append to)
   return t;
 }
 

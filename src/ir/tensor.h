@@ -158,9 +158,11 @@ class Tensor {
   // it; the session gives the others a Dense() copy, and its callers too unless they asked for
   // caches with room (Session::Run's cache_room, which Generate sets).
   static Tensor WithCacheRoom(DataType dt, Shape shape, int64_t capacity);
-  bool padded() const { return room_ != nullptr && room_->capacity != shape_[2] && shape_[0] * shape_[1] > 1; }
+  bool padded() const {
+    return room_ != nullptr && shape_.size() == 4 && room_->capacity != shape_[2] && shape_[0] * shape_[1] > 1;
+  }
   // Rows of storage per head: the capacity for a cache with room, else dim(2) (rank 4 only).
-  int64_t cache_capacity() const { return room_ != nullptr ? room_->capacity : shape_[2]; }
+  int64_t cache_capacity() const { return room_ != nullptr && shape_.size() == 4 ? room_->capacity : shape_[2]; }
   // Elements from one head's first element to the next's: cache_capacity() * dim(3).
   int64_t head_stride() const { return cache_capacity() * shape_[3]; }
   // The storage of a rank-4 tensor, padded or not: head h starts h * head_stride() elements in.

@@ -33,6 +33,41 @@ TEST(Tensor, ReshapeSharesBufferAndCloneCopies) {
   EXPECT_THROW(t.Reshaped({4, 2}), Error);
 }
 
+// Key/value caches with room (Tensor::WithCacheRoom): rows appended in place are claimed once,
+// a padded cache refuses contiguous access, Dense() gives its values in order, a reshape or a
+// single head is a plain tensor.
+TEST(Tensor, CachesWithRoomAppendOnceAndCopyWhenPadded) {
+  Tensor c = Tensor::WithCacheRoom(DataType::kFloat, {1, 2, 3, 4}, 5);
+  EXPECT_TRUE(c.padded());
+  EXPECT_EQ(c.head_stride(), 20);
+  EXPECT_THROW(c.data<float>(), Error);
+  EXPECT_THROW(c.raw(), Error);
+  float* base = c.cache_data<float>();
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 12; ++i) base[h * 20 + i] = static_cast<float>(100 * h + i);
+  Tensor more = c.AppendInPlace(2);
+  ASSERT_TRUE(more.defined());
+  EXPECT_EQ(more.shape(), (Shape{1, 2, 5, 4}));
+  EXPECT_FALSE(more.padded());  // all the room taken: contiguous again
+  EXPECT_EQ(more.cache_data<float>(), base);
+  EXPECT_FALSE(c.AppendInPlace(1).defined());     // its next rows belong to `more` now
+  EXPECT_FALSE(more.AppendInPlace(1).defined());  // no room left
+  const Tensor d = c.Dense();
+  EXPECT_FALSE(d.padded());
+  ASSERT_EQ(d.shape(), (Shape{1, 2, 3, 4}));
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < 12; ++i) EXPECT_EQ(d.data<float>()[h * 12 + i], static_cast<float>(100 * h + i));
+  EXPECT_THROW(c.Reshaped({2, 12}), Error);
+  // One head: contiguous whatever the room; a reshape of it is a plain tensor.
+  Tensor one = Tensor::WithCacheRoom(DataType::kFloat, {1, 1, 3, 4}, 8);
+  EXPECT_FALSE(one.padded());
+  EXPECT_NO_THROW(one.data<float>());
+  const Tensor flat = one.Reshaped({12});
+  EXPECT_FALSE(flat.padded());
+  EXPECT_FALSE(flat.AppendInPlace(1).defined());
+  EXPECT_TRUE(one.AppendInPlace(5).defined());
+}
+
 TEST(Tensor, CastAndAccessChecks) {
   Tensor t = Tensor::FromVector<int64_t>({1, -2, 3}, {3});
   Tensor f = t.CastTo(DataType::kFloat);
