@@ -16,6 +16,7 @@
 #include "codegen/half_weights.h"
 #include "models/generate.h"
 #include "onnx_io/onnx_io.h"
+#include "ops/fused_attention.h"
 
 namespace gaf::cli {
 
@@ -115,9 +116,13 @@ void RunGenerate(const GenerateArgs& a) {
   }
 
   const int repeats = std::max(1, a.repeat);
+  const CacheAppendCounts before = CacheAppendTotals();
   std::vector<GenerateResult> runs;
   if (repeats > 1) Generate(session, sig, opt);  // warm-up
   for (int r = 0; r < repeats; ++r) runs.push_back(Generate(session, sig, opt));
+  const CacheAppendCounts after = CacheAppendTotals();
+  const CacheAppendCounts appends{after.in_place - before.in_place, after.new_room - before.new_room,
+                                  after.copied - before.copied};
   bool deterministic = true;
   for (const GenerateResult& r : runs) deterministic &= r.tokens == runs[0].tokens;
 
@@ -145,6 +150,8 @@ void RunGenerate(const GenerateArgs& a) {
     j["prefill_tokens_per_second"] = prefill_s > 0 ? static_cast<double>(opt.prompt_ids.size()) / prefill_s : 0.0;
     j["deterministic"] = deterministic;
     j["cache_in_place"] = so.cache_in_place;
+    j["cache_appends"] = {{"in_place", appends.in_place}, {"new_storage_with_room", appends.new_room},
+                          {"copied", appends.copied}};
     json per_run = json::array();
     for (const GenerateResult& r : runs)
       per_run.push_back({{"prefill_ms", r.prefill_seconds * 1e3},
@@ -161,8 +168,14 @@ void RunGenerate(const GenerateArgs& a) {
   if (!first.step_seconds.empty())
     fmt::print("decode   {:.3f} ms/token (median of {} steps), {:.1f} tokens/s\n", step_s * 1e3,
                first.step_seconds.size(), tps);
-  fmt::print("kv cache {}\n", so.cache_in_place ? "appended in place where the attention is one fused node (storage with room)"
-                                                 : "copied into a new present every step (--no-cache-in-place)");
+  if (appends.total() == 0)
+    fmt::print("kv cache no decode step ran the attention as one node: each present is made by the model's own "
+               "operators (a copy a step)\n");
+  else
+    fmt::print("kv cache of {} present caches the decode steps' attention made: {} appended in place, {} moved into new "
+               "storage with room, {} copied{}\n",
+               appends.total(), appends.in_place, appends.new_room, appends.copied,
+               so.cache_in_place ? "" : " (--no-cache-in-place)");
   if (repeats > 1)
     fmt::print("timings are medians over {} generations after one warm-up{}\n", repeats,
                deterministic ? "" : " (WARNING: the generated tokens differed between runs)");

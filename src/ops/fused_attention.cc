@@ -32,6 +32,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ops/fused_attention.h"
+
+#include <atomic>
+
 #include "ops/attention_kernels.h"
 #include "ops/copy_kernels.h"
 #include "ops/gemm.h"
@@ -98,6 +102,8 @@ struct Cache {
   bool in_place = false;
 };
 
+std::atomic<int64_t> g_in_place{0}, g_new_room{0}, g_copied{0};  // CacheAppendTotals
+
 // Rows per head of a new cache with room for a present of t rows: half again, at least 64 more
 // (the copies of a generation amortized over the steps that append in place).
 int64_t RoomFor(int64_t t) { return t + std::max<int64_t>(t / 2, 64); }
@@ -128,6 +134,7 @@ bool CacheOf(const Node& part, const KernelContext& ctx, size_t first, int64_t b
     if (!copy && ctx.cache_room) {
       c->t = past->AppendInPlace(tn);
       c->in_place = c->t.defined();
+      ++(c->in_place ? g_in_place : g_new_room);
       if (!c->in_place) {
         try {
           c->t = Tensor::WithCacheRoom(DataType::kFloat, shape, RoomFor(t));
@@ -136,6 +143,7 @@ bool CacheOf(const Node& part, const KernelContext& ctx, size_t first, int64_t b
         }
       }
     } else {
+      if (!copy) ++g_copied;
       c->t = Tensor::Uninitialized(DataType::kFloat, shape);
     }
     c->appended = true;
@@ -545,6 +553,8 @@ void FusedAttentionKernel(KernelContext& ctx) {
 }
 
 }  // namespace
+
+CacheAppendCounts CacheAppendTotals() { return {g_in_place.load(), g_new_room.load(), g_copied.load()}; }
 
 void RegisterAttentionKernels(OpRegistry& r) {
   // Not upcast: float16/bfloat16 attention runs the fallback, whose operators round in their type.

@@ -103,6 +103,19 @@ for cmd in analyze estimate "fuse -o $TMP/i.onnx" "fuse --safe -o $TMP/i.onnx" b
 done
 [ -e "$TMP/i.onnx" ] && { echo "FAIL fuse left an output after a bad -i"; fail=$((fail + 1)); }
 expect_error "generate -i of another input" "$BIN" generate "$DEC/model.onnx" -i "attention_mask=$DEC/test_data_set_0/input_1.pb"
+# generate says what its decode steps did with the KV cache: appended in place, or (with
+# --no-cache-in-place) copied, with the same tokens either way.
+if "$BIN" generate "$DEC/model.onnx" -n 6 --json >"$TMP/in_place.json" 2>"$TMP/err" &&
+  "$BIN" generate "$DEC/model.onnx" -n 6 --json --no-cache-in-place >"$TMP/copied.json" 2>>"$TMP/err" &&
+  /usr/bin/python3 - "$TMP/in_place.json" "$TMP/copied.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert a["tokens"] == b["tokens"], (a["tokens"], b["tokens"])
+ca, cb = a["cache_appends"], b["cache_appends"]
+assert ca["in_place"] > 0 and ca["copied"] == 0, ca
+assert cb["in_place"] == 0 and cb["new_storage_with_room"] == 0 and cb["copied"] > 0, cb
+PY
+then pass=$((pass + 1)); else echo "FAIL generate's KV cache in place: $(cat "$TMP/err")"; fail=$((fail + 1)); fi
 # A test_data_set folder is one sample: it runs.
 "$BIN" run "$DEC/model.onnx" -i "$DEC/test_data_set_0" >/dev/null 2>"$TMP/err" || { echo "FAIL run -i test_data_set_0: $(cat "$TMP/err")"; fail=$((fail + 1)); }
 # TorchScript files are models too (exported to ONNX by python/graph_autofusion/torch_io.py with

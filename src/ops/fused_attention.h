@@ -1,0 +1,19 @@
+// FusedAttention (ops/fused_attention.cc): what a generation's decode steps did with their key and
+// value caches, for reports (`autofusion generate`).
+#pragma once
+
+#include <cstdint>
+
+namespace gaf {
+
+// Present caches the fused attention's decode steps made, since the process started (every
+// session and thread): appended in place in the past's storage (Tensor::AppendInPlace), moved
+// into new storage with room (the first step after a prompt, or the room ran out), or copied into
+// a new present (a run that does not make caches with room).
+struct CacheAppendCounts {
+  int64_t in_place = 0, new_room = 0, copied = 0;
+  int64_t total() const { return in_place + new_room + copied; }
+};
+CacheAppendCounts CacheAppendTotals();
+
+}  // namespace gaf
