@@ -106,7 +106,11 @@ std::atomic<int64_t> g_in_place{0}, g_new_room{0}, g_copied{0};  // CacheAppendT
 
 // Rows per head of a new cache with room for a present of t rows: half again, at least 64 more
 // (the copies of a generation amortized over the steps that append in place).
-int64_t RoomFor(int64_t t) { return t + std::max<int64_t>(t / 2, 64); }
+// (A past of no heads may have any length: no room past int64.)
+int64_t RoomFor(int64_t t) {
+  const int64_t extra = std::max<int64_t>(t / 2, 64);
+  return t > std::numeric_limits<int64_t>::max() - extra ? t : t + extra;
+}
 
 // The cache a product part reads, from its inputs in ctx starting at `first` (the part's second
 // input): the appended Concat(past, new) (made here, appended), the repeated cache, or (r = 1) a

@@ -61,7 +61,7 @@ void RotaryHalfKernel(KernelContext& ctx) {
     if (ctx.input(4).ScalarAsInt64() != h) return RunPlanFallback(ctx);
   }
   std::vector<int64_t> cst, sst;
-  if (rank < 1 || axis != rank - 1 || h <= 0 || d != 2 * h || ctx.node.GetInt("end", 0) < d ||
+  if (rank < 1 || axis != rank - 1 || h <= 0 || d % 2 != 0 || h != d / 2 || ctx.node.GetInt("end", 0) < d ||
       !BroadcastStridesOver(C, xs, &cst) || !BroadcastStridesOver(S, xs, &sst) || cst[rank - 1] != 1 ||
       sst[rank - 1] != 1)
     return RunPlanFallback(ctx);

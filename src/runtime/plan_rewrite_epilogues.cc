@@ -336,7 +336,7 @@ void FoldRotaryHalves(Graph& g, ProductRewrites& stats) {
       // The half: both constant (h, with the second Slice to at least 2h), or both computed (the
       // kernel checks at run time that they are equal and half the axis; the end at least 2h).
       const bool dynamic = !de1.empty();
-      if (dynamic ? ds2.empty() : (!ds2.empty() || e1 <= 0 || b2 != e1 || e2 < 2 * e1)) continue;
+      if (dynamic ? ds2.empty() : (!ds2.empty() || e1 <= 0 || b2 != e1 || e1 > e2 / 2)) continue;
       const std::string& x = first->inputs[0];
       int xs = -1;
       for (int j = 0; j < 2; ++j)
