@@ -392,6 +392,19 @@ void TransposeKernel(KernelContext& ctx) {
     perm[i] = a;
     out[i] = x.shape()[a];
   }
+  // A permutation that keeps the axes longer than 1 in their order (a decode step's [b, 1, h, d] to
+  // [b, h, 1, d]) moves no element: the output is the input's buffer under the new shape.
+  int64_t last = -1;
+  bool in_order = true;
+  for (int64_t i = 0; i < r && in_order; ++i) {
+    if (out[i] == 1) continue;
+    in_order = perm[i] > last;
+    last = perm[i];
+  }
+  if (in_order) {
+    ctx.outputs[0] = x.Reshaped(out);
+    return;
+  }
   ctx.outputs[0] = Tensor::Uninitialized(x.dtype(), out);  // every element is written
   TransposeTensor(x, ctx.outputs[0], x.shape(), perm, node);
 }

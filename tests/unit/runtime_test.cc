@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "runtime/session.h"
 #include "test_util.h"
 
@@ -62,10 +64,13 @@ TEST(Runtime, TransposeOfEveryBlockAndRemainder) {
   // Shapes around the 8x8 register blocks and the 128x32 tiles (remainders on both axes), a
   // batched case and the detector head's [1, 85, 3549] -> [1, 3549, 85]; int32 as well (the
   // blocks move bits, whatever the 4-byte type), and int64 (the tiles element by element).
+  // Permutations that keep the axes longer than 1 in order (a decode step's [1, 1, h, d] to
+  // [1, h, 1, d]) move nothing: the output is the input's buffer (checked), the others are copies.
   const std::vector<std::pair<Shape, std::vector<int64_t>>> cases = {
       {{8, 8}, {1, 0}},           {{7, 9}, {1, 0}},          {{33, 17}, {1, 0}},
       {{1, 85, 3549}, {0, 2, 1}}, {{3, 40, 41}, {0, 2, 1}},  {{2, 5, 19, 23}, {0, 3, 1, 2}},
-      {{2, 3, 16, 24}, {3, 2, 0, 1}}};
+      {{2, 3, 16, 24}, {3, 2, 0, 1}}, {{1, 1, 4, 8}, {0, 2, 1, 3}}, {{2, 1, 3}, {1, 0, 2}},
+      {{2, 1, 3}, {2, 1, 0}},     {{1, 5, 1, 7}, {3, 2, 1, 0}}, {{1, 1}, {1, 0}}};
   for (const auto& [shape, perm] : cases) {
     for (DataType dt : {DataType::kFloat, DataType::kInt32, DataType::kInt64}) {
       Graph g;
@@ -86,6 +91,11 @@ TEST(Runtime, TransposeOfEveryBlockAndRemainder) {
       Shape out_shape;
       for (int64_t a : perm) out_shape.push_back(shape[a]);
       ASSERT_EQ(y.shape(), out_shape) << ShapeToString(shape);
+      std::vector<int64_t> moved;  // the axes longer than 1, in the output's order
+      for (int64_t a : perm)
+        if (shape[a] > 1) moved.push_back(a);
+      EXPECT_EQ(y.raw() == x.raw(), std::is_sorted(moved.begin(), moved.end()))
+          << ShapeToString(shape) << ": a view exactly when no element moves";
       std::vector<int64_t> in_strides(shape.size(), 1);
       for (size_t d = shape.size() - 1; d-- > 0;) in_strides[d] = in_strides[d + 1] * shape[d + 1];
       std::vector<int64_t> idx(shape.size(), 0);
