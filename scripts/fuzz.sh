@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer harnesses (tests/fuzz) with clang, AddressSanitizer and UBSan into
-# build-fuzz/, and runs each for SECONDS (default 60) on seed corpora made from the repository's
+# Builds the libFuzzer harnesses (tests/fuzz) with clang, AddressSanitizer and UBSan in build-asan/
+# (scripts/asan-build.sh: the build scripts/sanitize.sh tests, so CI compiles the project once for
+# both), and runs each for SECONDS (default 60) on seed corpora made from the repository's
 # test models, rule files and tensors (plus ONNX's node tests when installed). Prints each
 # harness's executions per second and coverage; exits 1 on the first crash, leak or timeout,
-# leaving the input in build-fuzz/artifacts/ (add it to tests/fuzz/regressions/HARNESS/ with the fix);
+# leaving the input in build-asan/artifacts/ (add it to tests/fuzz/regressions/HARNESS/ with the fix);
 # exits 98 when clang and libFuzzer cannot be installed.
 #
 #   scripts/fuzz.sh [SECONDS] [HARNESS...]      harnesses: model rules tensor fuse (default all)
@@ -14,19 +15,13 @@ secs=${1:-60}
 shift || true
 harnesses=("$@")
 [ ${#harnesses[@]} -gt 0 ] || harnesses=(model rules tensor fuse)
-need=()
-for p in clang libclang-rt-14-dev libomp-14-dev; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
-done
-if [ ${#need[@]} -gt 0 ]; then
-  scripts/install-deps.sh
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}"; } \
-    || { echo "fuzz.sh: cannot install ${need[*]} (clang and libFuzzer); no fuzzing" >&2; exit 98; }
-fi
-B=build-fuzz
-[ -f $B/build.ninja ] || CC=clang CXX=clang++ cmake -S . -B $B -G Ninja -DCMAKE_BUILD_TYPE=Release -DGAF_FUZZ=ON \
-  -DGAF_BUILD_TESTS=OFF >/dev/null
-ninja -C $B -j"$(nproc)" $(printf 'fuzz_%s ' "${harnesses[@]}")
+B=build-asan
+set +e
+scripts/asan-build.sh $(printf 'fuzz_%s ' "${harnesses[@]}")
+rc=$?
+set -e
+[ "$rc" -eq 98 ] && { echo "fuzz.sh: clang and libFuzzer are not installed and cannot be; no fuzzing" >&2; exit 98; }
+[ "$rc" -eq 0 ] || exit "$rc"
 
 seed() {  # seed HARNESS DIR: copies the seed inputs of HARNESS into DIR
   local h=$1 d=$2 node=/usr/share/libonnx-testdata/data/node
@@ -51,6 +46,7 @@ seed() {  # seed HARNESS DIR: copies the seed inputs of HARNESS into DIR
 
 mkdir -p $B/artifacts
 export ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export LSAN_OPTIONS=suppressions=$(pwd)/tests/sanitizer/lsan.supp:print_suppressions=0
 for h in "${harnesses[@]}"; do
   corpus=$B/corpus/$h
   seed "$h" "$corpus"

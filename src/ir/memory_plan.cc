@@ -8,8 +8,9 @@
 #include <vector>
 
 #include "ir/error.h"
+#include "ir/sanitizer.h"
 
-#if defined(__SANITIZE_ADDRESS__)
+#if GAF_ASAN
 #include <sanitizer/asan_interface.h>
 // Under AddressSanitizer a slot no tensor holds is poisoned, so reading a freed tensor's buffer in
 // the arena is reported as it is for the allocator's buffers.

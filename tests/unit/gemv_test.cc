@@ -43,7 +43,8 @@ const std::vector<std::pair<int64_t, int64_t>> kShapes = {
     {1, 1}, {7, 15}, {8, 16}, {9, 17}, {95, 33}, {96, 64}, {97, 100}, {389, 257}, {1000, 130}, {300, 8193}, {2051, 70}};
 
 TEST(Gemv, Float32EqualsDoublePrecisionWithTailsAndAccumulate) {
-  for (auto [K, N] : kShapes) {
+  for (const auto& shape : kShapes) {
+    const int64_t K = shape.first, N = shape.second;
     const int64_t ldw = N + 5;  // rows further apart than N
     const Tensor w = RandomFloat({K, ldw}, 3 + K, -0.5f, 0.5f), x = RandomFloat({1, K}, 7 + N);
     std::vector<float> y(N, -9.f);
@@ -60,7 +61,8 @@ TEST(Gemv, Float32EqualsDoublePrecisionWithTailsAndAccumulate) {
 }
 
 TEST(Gemv, ResultsDoNotDependOnTheThreadCount) {
-  for (auto [K, N] : kShapes) {
+  for (const auto& shape : kShapes) {
+    const int64_t K = shape.first, N = shape.second;
     const Tensor w = RandomFloat({K, N}, 13 + K, -0.5f, 0.5f), x = RandomFloat({1, K}, 17 + N);
     std::vector<float> one(N), two(N);
     WithThreads(1, [&] { GemvF32(x.data<float>(), w.data<float>(), N, one.data(), K, N, false); });
@@ -72,7 +74,8 @@ TEST(Gemv, ResultsDoNotDependOnTheThreadCount) {
 TEST(Gemv, TransposedWeightRowsEqualDoublePrecisionWithAlphaAndBeta) {
   // W stored [N, K] (Gemm transB on one row): K around the 16-lane step, N around the 4-row step,
   // rows further apart than K; alpha and beta as Gemm applies them, and every thread count the same.
-  for (auto [K, N] : kShapes) {
+  for (const auto& shape : kShapes) {
+    const int64_t K = shape.first, N = shape.second;
     const int64_t ldw = K + 3;
     const Tensor w = RandomFloat({N, ldw}, 5 + K, -0.5f, 0.5f), x = RandomFloat({1, K}, 11 + N);
     for (float beta : {0.f, 2.f}) {
@@ -98,7 +101,8 @@ TEST(Gemv, TransposedWeightRowsEqualDoublePrecisionWithAlphaAndBeta) {
 TEST(Gemv, EachRowOfManyRowsIsWhatOneRowGives) {
   // A small batch's decode step (GemvF32ManyRows) gives every row what it would get alone, and
   // sibling products of one x are each what their own GemvF32 gives.
-  for (auto [K, N] : kShapes) {
+  for (const auto& shape : kShapes) {
+    const int64_t K = shape.first, N = shape.second;
     const int64_t M = 3;
     const Tensor w1 = RandomFloat({K, N}, 23 + K, -0.5f, 0.5f), w2 = RandomFloat({K, N + 3}, 29 + K, -0.5f, 0.5f);
     const Tensor x = RandomFloat({M, K}, 31 + N);
@@ -120,7 +124,8 @@ TEST(Gemv, EachRowOfManyRowsIsWhatOneRowGives) {
 TEST(Gemv, Float16WeightsGiveTheFloat32ProductOfTheWidenedWeights) {
   // The half weights are widened exactly and summed in the same order: bit for bit the product
   // of the widened float32 weights, at one and two threads, with and without accumulation.
-  for (auto [K, N] : kShapes) {
+  for (const auto& shape : kShapes) {
+    const int64_t K = shape.first, N = shape.second;
     const int64_t ldw = N + 1;
     const Tensor w = RandomFloat({K, ldw}, 37 + K, -2.f, 2.f), x = RandomFloat({1, K}, 41 + N);
     std::vector<uint16_t> half(K * ldw);

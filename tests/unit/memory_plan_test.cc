@@ -9,6 +9,7 @@
 #include "ir/memory_plan.h"
 #include "runtime/session.h"
 #include "test_util.h"
+#include "ir/sanitizer.h"
 
 namespace gaf {
 namespace {
@@ -123,7 +124,7 @@ TEST(MemoryPlan, RunsOfMoreBuffersThanItPlansKeepThePlan) {
   EXPECT_EQ(plan.stats().last_served, static_cast<int64_t>(MemoryPlan::kMaxRequests));
 }
 
-#if defined(__SANITIZE_ADDRESS__)
+#if GAF_ASAN
 // Under AddressSanitizer an arena slot no tensor holds is poisoned: reading a freed tensor's
 // buffer is reported as it is for the allocator's buffers.
 TEST(MemoryPlanDeathTest, AFreedArenaBufferIsPoisonedUnderAddressSanitizer) {

@@ -17,6 +17,7 @@
 #include "match/pattern.h"
 #include "runtime/session.h"
 #include "test_util.h"
+#include "ir/sanitizer.h"
 
 namespace gaf {
 namespace {
@@ -60,7 +61,7 @@ std::string ErrorOf(Fn&& fn) {
 
 // Wall-clock bounds here only tell "ends" from "hangs" (what they guard against took minutes or
 // forever), so they are generous; sanitizer builds run several times slower and get more slack.
-#if defined(__SANITIZE_ADDRESS__)
+#if GAF_ASAN
 constexpr double kSlack = 8.0;
 #else
 constexpr double kSlack = 2.0;
