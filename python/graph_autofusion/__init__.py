@@ -12,7 +12,7 @@ See docs/python.md."""
 
 from . import _core
 from ._api import FusionRule, GraphAutoFusion
-from ._fused import FusedModel, load
+from ._fused import DecodeLoop, FusedModel, load
 from ._reports import AnalysisReport, Estimate, PerformanceReport, PrecisionReport, SafeFusionReport
 
 Error = _core.Error                        # every error of the library: a ValueError with its sentence
@@ -20,7 +20,7 @@ UnsupportedError = _core.UnsupportedError  # an operator or type the runtime doe
 
 __version__ = "0.13.0"
 
-__all__ = ["GraphAutoFusion", "FusionRule", "FusedModel", "load", "Error", "UnsupportedError", "AnalysisReport",
+__all__ = ["GraphAutoFusion", "FusionRule", "FusedModel", "DecodeLoop", "load", "Error", "UnsupportedError", "AnalysisReport",
            "Estimate", "SafeFusionReport", "PrecisionReport", "PerformanceReport", "example_llama"]
 
 

@@ -21,6 +21,43 @@ def _is_torch_tensor(x):
     return "torch" in sys.modules and isinstance(x, sys.modules["torch"].Tensor)
 
 
+def _token_ids(ids, where, name):
+    """Token ids [n] or [1, n] (numpy, torch or a list), n >= 1, as a list of ints; errors say
+    where (generate, decode step) and what (the argument's name)."""
+    a = to_numpy(ids, name)
+    if a.ndim == 2:
+        if a.shape[0] != 1:
+            raise ValueError(f"{where}: batch size {a.shape[0]}; only batch 1 is supported")
+        a = a[0]
+    if a.ndim != 1 or a.size == 0:
+        raise ValueError(f"{where}: {name} must be [n] or [1, n] with n >= 1, got shape {list(a.shape)}")
+    return [int(v) for v in a]
+
+
+class DecodeLoop:
+    """A generation you drive one step at a time (FusedModel.decode_loop()), batch 1.
+
+    ``step(ids)`` runs the tokens (the prompt first, then one token a step; numpy, torch or a list)
+    after those of the steps before and returns the logits of the last one, a float32 numpy array
+    [vocab]. The KV cache stays inside the runtime: each step's present caches are the next step's
+    past, and where the attention is one node the new rows are appended in place, as in generate().
+    ``past_length``: the tokens run so far; ``reset()`` starts a new sequence (so does a step that
+    fails)."""
+
+    def __init__(self, core):
+        self._core = core  # _core.DecodeLoop
+
+    def step(self, ids):
+        return self._core.step(_token_ids(ids, "decode step", "ids"))
+
+    @property
+    def past_length(self):
+        return self._core.past_length
+
+    def reset(self):
+        self._core.reset()
+
+
 class FusedModel:
     """A model with graph-autofusion's fused operators (model-local ONNX functions) and the runtime
     that runs them with generated kernels.
@@ -124,14 +161,7 @@ class FusedModel:
         if not self.is_decoder:
             raise ValueError(f"{self.description}: generate needs a decoder with input_ids, past_key_values.* inputs "
                              f"and logits, present.* outputs (the common past/present layout)")
-        ids = to_numpy(input_ids, "input_ids")
-        if ids.ndim == 2:
-            if ids.shape[0] != 1:
-                raise ValueError(f"generate: batch size {ids.shape[0]}; only batch 1 is supported")
-            ids = ids[0]
-        if ids.ndim != 1 or ids.size == 0:
-            raise ValueError(f"generate: input_ids must be [n] or [1, n] with n >= 1, got shape {list(ids.shape)}")
-        prompt = [int(v) for v in ids]
+        prompt = _token_ids(input_ids, "generate", "input_ids")
         if max_new_tokens is None:
             max_new_tokens = (max_length if max_length is not None else 50) - len(prompt)
         if max_new_tokens < 1:
@@ -142,6 +172,14 @@ class FusedModel:
             import torch  # noqa: PLC0415
             out = torch.from_numpy(out)
         return (out, r) if return_timing else out
+
+    def decode_loop(self):
+        """A generation you drive one step at a time, for your own sampling or stopping rule
+        (batch 1): see DecodeLoop. generate() is such a loop stepped with the argmax."""
+        if not self.is_decoder:
+            raise ValueError(f"{self.description}: decode_loop needs a decoder with input_ids, past_key_values.* "
+                             f"inputs and logits, present.* outputs (the common past/present layout)")
+        return DecodeLoop(self.runtime().decode_loop())
 
     def kernels(self):
         """How the fused operators ran so far: text, and per function the kernel calls and the

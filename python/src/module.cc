@@ -415,12 +415,32 @@ PYBIND11_MODULE(_core, m) {
       .def("canonical_model", [](const Fuser& fu) { return fu.f->canonical_model(); })
       .def("original_model", [](const Fuser& fu) { return fu.f->original_model(); });
 
+  // A generation driven one step at a time from Python (models/generate.h DecodeLoop): the caches
+  // stay in C++ (appended in place), each step returns the last position's logits.
+  pyb::class_<DecodeLoop>(m, "DecodeLoop")
+      .def(
+          "step",
+          [](DecodeLoop& loop, const std::vector<int64_t>& ids) {
+            Tensor row;
+            {
+              pyb::gil_scoped_release release;
+              row = LastPositionLogits(loop.Step(ids));
+            }
+            return ToNumpy(row);
+          },
+          pyb::arg("ids"))
+      .def("reset", &DecodeLoop::Reset)
+      .def_property_readonly("past_length", &DecodeLoop::past_length);
+
   pyb::class_<Runtime>(m, "Runtime")
       .def(pyb::init(&MakeRuntime), pyb::arg("model"), pyb::arg("use_kernels") = true,
            pyb::arg("samples") = pyb::list(), pyb::arg("threads") = 0, pyb::arg("half_weights") = false,
            pyb::arg("kernel_cache") = "", pyb::arg("prepared_kernels") = true)
       .def("run", &RunRuntime, pyb::arg("feeds"), pyb::arg("outputs") = std::vector<std::string>{})
       .def("generate", &GenerateRuntime, pyb::arg("prompt"), pyb::arg("max_new_tokens"), pyb::arg("eos_token_id") = -1)
+      .def(
+          "decode_loop", [](Runtime& rt) { return std::make_unique<DecodeLoop>(*rt.session); },
+          pyb::keep_alive<0, 1>())
       .def("kernels", &RuntimeKernels)
       .def("input_names",
            [](const Runtime& rt) {

@@ -97,6 +97,44 @@ def test_generate_fused_equals_unfused(gaf, torch, llama):
     assert out.shape == (1, 8) and timing["prefill_seconds"] > 0 and len(timing["step_seconds"]) >= 3
 
 
+def test_decode_loop_steps_as_generate_does(gaf, llama):
+    # A loop stepped with the argmax makes generate's tokens; its logits are the unfused model's; a
+    # reset starts the same sequence again bit for bit; a failed step leaves the loop empty.
+    _, _, fused, unfused = llama
+    prompt = [1, 5, 9, 2]
+    want = [int(t) for t in fused.generate(prompt, max_length=14)[0, 4:]]
+    loop, ref = fused.decode_loop(), unfused.decode_loop()
+    first = loop.step(np.array([prompt], dtype=np.int64))
+    logits, ref_logits = first, ref.step(prompt)
+    assert isinstance(loop, gaf.DecodeLoop) and logits.dtype == np.float32 and logits.ndim == 1
+    assert loop.past_length == 4
+    got = []
+    for _ in range(10):
+        np.testing.assert_allclose(logits, ref_logits, rtol=1e-4, atol=1e-4)
+        token = int(np.argmax(logits))
+        got.append(token)
+        logits, ref_logits = loop.step([token]), ref.step(np.array([token]))
+    assert got == want and loop.past_length == 14 and ref.past_length == 14
+    loop.reset()
+    assert loop.past_length == 0
+    np.testing.assert_array_equal(loop.step(prompt), first)
+    with pytest.raises(ValueError, match=r"decode step: ids must be \[n\] or \[1, n\] with n >= 1, got shape \[0\]"):
+        loop.step([])
+    with pytest.raises(ValueError, match="decode step: batch size 2; only batch 1 is supported"):
+        loop.step([[1, 2], [3, 4]])
+    assert loop.past_length == 4  # argument errors leave the loop as it was
+    with pytest.raises(gaf.Error):
+        loop.step([10**9])  # not a token of the vocabulary: the run fails
+    assert loop.past_length == 0
+    np.testing.assert_array_equal(loop.step(prompt), first)
+
+
+def test_decode_loop_needs_a_decoder(block_fusion):
+    _, fused = block_fusion
+    with pytest.raises(ValueError, match="decode_loop needs a decoder"):
+        fused.decode_loop()
+
+
 def test_generate_max_length_errors(gaf, llama):
     _, _, fused, _ = llama
     with pytest.raises(ValueError, match="max_length 3 leaves no new token after a prompt of 3"):

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <random>
+#include <utility>
 
 #include "codegen/half_weights.h"
 #include "cost/workload.h"
@@ -159,15 +161,65 @@ double GenerateResult::DecodeTokensPerSecond() const {
   return m > 0 ? 1.0 / m : 0.0;
 }
 
-int64_t ArgmaxLastPosition(const Tensor& logits) {
+namespace {
+
+// The last position's row of logits [batch, seq, vocab] or [batch, vocab] for batch row 0: where it
+// starts and its length; `f` holds the logits as float32 (a converted copy for other types).
+std::pair<const float*, int64_t> LastRow(const Tensor& logits, Tensor& f) {
   GAF_CHECK(logits.rank() == 2 || logits.rank() == 3, "logits must be [batch, seq, vocab] or [batch, vocab], got {}",
             ShapeToString(logits.shape()));
   const int64_t vocab = logits.dim(-1);
   GAF_CHECK(vocab > 0 && logits.numel() > 0, "logits {} are empty", ShapeToString(logits.shape()));
   const int64_t offset = logits.rank() == 3 ? (logits.dim(1) - 1) * vocab : 0;
-  Tensor f = logits.dtype() == DataType::kFloat ? logits : logits.CastTo(DataType::kFloat);
-  const float* p = f.data<float>() + offset;
+  f = logits.dtype() == DataType::kFloat ? logits : logits.CastTo(DataType::kFloat);
+  return {f.data<float>() + offset, vocab};
+}
+
+}  // namespace
+
+Tensor LastPositionLogits(const Tensor& logits) {
+  Tensor f;
+  const auto [p, vocab] = LastRow(logits, f);
+  Tensor row = Tensor::Uninitialized(DataType::kFloat, {vocab});
+  std::copy(p, p + vocab, row.data<float>());
+  return row;
+}
+
+int64_t ArgmaxLastPosition(const Tensor& logits) {
+  Tensor f;
+  const auto [p, vocab] = LastRow(logits, f);
   return static_cast<int64_t>(std::max_element(p, p + vocab) - p);
+}
+
+DecodeLoop::DecodeLoop(Session& session)
+    : DecodeLoop(session, DecoderSignature::Discover(session.inputs(), session.outputs())) {}
+
+DecodeLoop::DecodeLoop(Session& session, DecoderSignature sig)
+    : session_(session), sig_(std::move(sig)), output_names_(OutputNames(sig_)) {}
+
+void DecodeLoop::Reset() {
+  feeds_.clear();
+  presents_.clear();
+  past_len_ = 0;
+}
+
+Tensor DecodeLoop::Step(const std::vector<int64_t>& ids) {
+  GAF_CHECK(!ids.empty(), "decode step: no tokens");
+  try {
+    SetTokenFeeds(session_, sig_, ids, past_len_, feeds_);
+    for (size_t i = 0; i < sig_.cache.size(); ++i)
+      feeds_[sig_.cache[i].first] =
+          past_len_ == 0 ? EmptyPast(*InfoOf(session_, sig_.cache[i].first)) : std::move(presents_[i]);
+    // The present caches come back as caches with room where the attention appends in place
+    // (SessionOptions::cache_in_place): fed back as they are, never read here.
+    std::vector<Tensor> outs = session_.Run(feeds_, output_names_, /*cache_room=*/true);
+    presents_.assign(std::make_move_iterator(outs.begin() + 1), std::make_move_iterator(outs.end()));
+    past_len_ += static_cast<int64_t>(ids.size());
+    return std::move(outs[0]);
+  } catch (...) {
+    Reset();  // the pasts were handed to the failed run
+    throw;
+  }
 }
 
 Tensor ForwardNoCache(Session& session, const DecoderSignature& sig, const std::vector<int64_t>& ids) {
@@ -186,31 +238,20 @@ GenerateResult Generate(Session& session, const DecoderSignature& sig, const Gen
   GAF_CHECK(!options.prompt_ids.empty(), "generate: the prompt is empty");
   GenerateResult result;
   if (options.max_new_tokens <= 0) return result;
-  const std::vector<std::string> output_names = OutputNames(sig);
-  std::map<std::string, Tensor> feeds;
+  DecodeLoop loop(session, sig);
 
   // Prefill: the whole prompt, empty cache.
   auto t0 = Clock::now();
-  SetTokenFeeds(session, sig, options.prompt_ids, 0, feeds);
-  for (const auto& [past, present] : sig.cache) feeds[past] = EmptyPast(*InfoOf(session, past));
-  // The present caches come back as caches with room where the attention appends in place
-  // (SessionOptions::cache_in_place): fed back as they are, never read here.
-  std::vector<Tensor> outs = session.Run(feeds, output_names, /*cache_room=*/true);
-  int64_t token = ArgmaxLastPosition(outs[0]);
+  int64_t token = ArgmaxLastPosition(loop.Step(options.prompt_ids));
   result.prefill_seconds = Since(t0);
   result.tokens.push_back(token);
-  int64_t past_len = static_cast<int64_t>(options.prompt_ids.size());
 
   // Decode: one token per run; present becomes past (the same buffers, handed over).
   while (static_cast<int>(result.tokens.size()) < options.max_new_tokens && token != options.eos_token_id) {
     auto ts = Clock::now();
-    SetTokenFeeds(session, sig, {token}, past_len, feeds);
-    for (size_t i = 0; i < sig.cache.size(); ++i) feeds[sig.cache[i].first] = std::move(outs[1 + i]);
-    outs = session.Run(feeds, output_names, /*cache_room=*/true);
-    token = ArgmaxLastPosition(outs[0]);
+    token = ArgmaxLastPosition(loop.Step({token}));
     result.step_seconds.push_back(Since(ts));
     result.tokens.push_back(token);
-    ++past_len;
   }
   return result;
 }

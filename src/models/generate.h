@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -46,9 +47,39 @@ struct GenerateResult {
   double DecodeTokensPerSecond() const;
 };
 
+// A generation the caller drives one step at a time (its own sampling or stopping rule): each Step
+// runs the given tokens after those of the steps before it and returns the model's logits. The
+// key/value caches stay inside: each run's present tensors are the next run's past, handed over as
+// they are, and where the attention is one node the new rows are appended in place (Session::Run's
+// cache_room), as Generate does. Batch size 1. A step that fails (a bad token id, the memory limit)
+// leaves the loop empty again (past length 0).
+class DecodeLoop {
+ public:
+  explicit DecodeLoop(Session& session);
+  DecodeLoop(Session& session, DecoderSignature sig);
+  // Runs `ids` (not empty) at positions past_length().. and returns the logits output as the model
+  // makes it ([1, ids.size(), vocab] or [1, vocab]); past_length() grows by ids.size().
+  Tensor Step(const std::vector<int64_t>& ids);
+  int64_t past_length() const { return past_len_; }
+  // Forgets the cache: the next Step starts a new sequence.
+  void Reset();
+
+ private:
+  Session& session_;
+  DecoderSignature sig_;
+  std::vector<std::string> output_names_;
+  std::map<std::string, Tensor> feeds_;
+  std::vector<Tensor> presents_;
+  int64_t past_len_ = 0;
+};
+
+// The logits of the last position for batch row 0 ([vocab], float32) of logits [batch, seq, vocab]
+// or [batch, vocab].
+Tensor LastPositionLogits(const Tensor& logits);
+
 // Greedy generation: one prefill run over the prompt with an empty cache (past length 0), then one
 // run per new token, feeding the previous run's present tensors as the next past (the buffers are
-// handed over as they are, no copy). Batch size 1.
+// handed over as they are, no copy): a DecodeLoop stepped with the argmax. Batch size 1.
 GenerateResult Generate(Session& session, const GenerateOptions& options);
 GenerateResult Generate(Session& session, const DecoderSignature& sig, const GenerateOptions& options);
 
