@@ -327,6 +327,27 @@ void PrintChainSteps() {
   for (size_t i = 0; i < all.size() && i < kShown; ++i)
     fmt::print("  {:>8.3f} ms {:>5.1f}%  {}\n", all[i].seconds * 1e3 / static_cast<double>(std::max<int64_t>(1, all[i].calls)),
                total > 0 ? 100.0 * all[i].seconds / total : 0.0, all[i].step);
+  // Where the chains' time goes by kind of step: the primitive's kind (the first word in brackets:
+  // convolution, eltwise, pooling, concat, reorder, ...) or the step's operator.
+  std::map<std::string, std::pair<double, int>> kinds;
+  for (const auto& t : all) {
+    std::string kind;
+    const size_t b = t.step.find('[');
+    if (b != std::string::npos) kind = t.step.substr(b + 1, t.step.find_first_of(" ]", b + 1) - b - 1);
+    if (kind.empty()) {
+      const size_t o = t.step.find(" ("), c = t.step.find(')', o == std::string::npos ? 0 : o);
+      kind = o != std::string::npos && c != std::string::npos ? t.step.substr(o + 2, c - o - 2) : "other";
+    }
+    kinds[kind].first += t.seconds;
+    kinds[kind].second += 1;
+  }
+  std::vector<std::pair<std::string, std::pair<double, int>>> by(kinds.begin(), kinds.end());
+  std::sort(by.begin(), by.end(), [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  std::string line;
+  for (const auto& [k, v] : by)
+    line += fmt::format("{}{} {:.1f}% ({} steps)", line.empty() ? "" : ", ", k,
+                        total > 0 ? 100.0 * v.first / total : 0.0, v.second);
+  fmt::print("  by kind of step: {}\n", line);
 }
 
 }  // namespace

@@ -514,7 +514,7 @@ int ChainPlanner::AddStep(dnnl::primitive p, std::unordered_map<int, dnnl::memor
     case dnnl::primitive::kind::pooling: kind = "pooling"; break;
     case dnnl::primitive::kind::concat: kind = "concat"; break;
     case dnnl::primitive::kind::resampling: kind = "resampling"; break;
-    case dnnl::primitive::kind::batch_normalization: kind = "batch normalization"; break;
+    case dnnl::primitive::kind::batch_normalization: kind = "batch_normalization"; break;
     default: kind = "primitive";
   }
   std::string out;  // the destination's dims

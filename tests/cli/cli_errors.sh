@@ -53,11 +53,13 @@ if "$BIN" run "$MODEL" --warmup 2 --repeat 3 --profile >"$TMP/out" 2>"$TMP/err" 
 else
   fail=$((fail + 1)); echo "FAIL --warmup: the timing line or the profile's call counts:"; head -3 "$TMP/out" "$TMP/err"
 fi
-# A CNN fused into a oneDNN chain: `run --profile` lists the chain's slowest steps by node and kernel.
+# A CNN fused into a oneDNN chain: `run --profile` lists the chain's slowest steps by node and kernel,
+# and the chains' time by kind of step.
 if "$BIN" fuse "$MODEL" --preset cnn -o "$TMP/chain.onnx" >/dev/null 2>"$TMP/err" &&
    "$BIN" run "$TMP/chain.onnx" --warmup 1 --repeat 2 --profile >"$TMP/out" 2>"$TMP/err" &&
    grep -q '^slowest steps of the oneDNN chains' "$TMP/out" &&
-   grep -qE "^ +[0-9.]+ ms +[0-9.]+%  node '.*' \(Conv\) \[convolution .* to 1x" "$TMP/out"; then
+   grep -qE "^ +[0-9.]+ ms +[0-9.]+%  node '.*' \(Conv\) \[convolution .* to 1x" "$TMP/out" &&
+   grep -qE '^  by kind of step: convolution [0-9.]+% \([0-9]+ steps\)' "$TMP/out"; then
   pass=$((pass + 1))
 else
   fail=$((fail + 1)); echo "FAIL run --profile of a fused CNN: no chain steps listed:"; tail -5 "$TMP/out" "$TMP/err"
