@@ -254,6 +254,14 @@ void RunFuse(const FusionArgs& a) {
   if (s.checker_passed) fmt::print("ONNX checker: passed\n");
   else fmt::print("ONNX checker: fails, as the input model does: {}\n", s.checker_message);
   fmt::print("Wrote {}\n", a.output);
+  // Ungated: nothing above was measured. The runtime fuses some patterns itself when a model runs
+  // unfused (attention with its KV cache, sibling products, RMSNorm, rotary), and a group run as a
+  // function can be slower than that (docs/benchmarks.md: a Llama decoder 1.3x slower at a short
+  // past, 2x at a long one).
+  if (!a.safe && s.groups > 0)
+    fmt::print("Not measured: the groups were fused without the precision and speed gates; the fused model may run "
+               "slower than the model as given. `fuse --safe` keeps only what measures faster, and the model as "
+               "given when the fused one is not faster end to end.\n");
 }
 
 void RunExplain(const FusionArgs& a) {
