@@ -282,6 +282,12 @@ void RunBench(const BenchArgs& a) {
 
   if (a.half_weights)
     add("+ fp16 weights", stages.back()->model, true, half_note, true);
+  // What `run` and `generate` do with the model as given: unfused, but with every runtime mechanism
+  // of the stages above (the plan's own rewrites fuse attention, sibling products, norms and rotary
+  // embeddings). The baseline row has none of them, so this row says whether fusion pays against
+  // the runtime a user gets without it.
+  add("as given, full runtime", original, false,
+      "the model unfused, memory plan, folding and the plan's rewrites on (what run and generate do with it)");
   DecoderSignature sig;
   if (decoder) sig = DecoderSignature::Discover(stages[0]->session->inputs(), stages[0]->session->outputs());
   GenerateOptions gen;

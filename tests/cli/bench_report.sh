@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `autofusion bench` on a small CNN: the stage table with its memory plan note, and ONNX Runtime's
+# `autofusion bench` on a small CNN: the stage table with its memory plan note and the model as given
+# under the full runtime, and ONNX Runtime's
 # row where node and onnxruntime-node are installed in bench/ (else the line saying why it is not
 # compared, with the install step); --no-ort and a bench folder without ONNX Runtime say so.
 set -u
@@ -14,6 +15,7 @@ check() {  # description, pattern, file
 }
 "$BIN" bench "$MODEL" --preset cnn --threads 1 --repeat 1 --no-ort >"$TMP/no_ort" 2>&1 || { echo "FAIL bench --no-ort exited $?"; cat "$TMP/no_ort"; exit 1; }
 check "stage table" "+ memory reuse" "$TMP/no_ort"
+check "the model as given with the full runtime" "^  as given, full runtime  *[0-9.]* *[0-9.]* *[0-9.]*x.*what run and generate do" "$TMP/no_ort"
 check "memory plan note" "buffers from a .* KiB arena" "$TMP/no_ort"
 check "--no-ort" "ONNX Runtime: not compared (--no-ort)" "$TMP/no_ort"
 mkdir -p "$TMP/empty_bench"
