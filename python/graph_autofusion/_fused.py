@@ -41,8 +41,8 @@ class DecodeLoop:
     after those of the steps before and returns the logits of the last one, a float32 numpy array
     [vocab]. The KV cache stays inside the runtime: each step's present caches are the next step's
     past, and where the attention is one node the new rows are appended in place, as in generate().
-    ``past_length``: the tokens run so far; ``reset()`` starts a new sequence (so does a step that
-    fails)."""
+    ``past_length``: the tokens run so far; ``reset()`` starts a new sequence (so does a step whose
+    run fails; an argument error leaves the loop as it was)."""
 
     def __init__(self, core):
         self._core = core  # _core.DecodeLoop

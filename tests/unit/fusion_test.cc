@@ -13,12 +13,12 @@
 #include "fusion/auto_fusion.h"
 #include "fusion/planner.h"
 #include "fusion/rewrite.h"
+#include "ir/sanitizer.h"
 #include "models/cnn.h"
 #include "models/llama.h"
 #include "onnx_io/onnx_io.h"
 #include "runtime/session.h"
 #include "test_util.h"
-#include "ir/sanitizer.h"
 
 namespace gaf {
 namespace {

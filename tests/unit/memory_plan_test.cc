@@ -7,9 +7,9 @@
 #include <random>
 
 #include "ir/memory_plan.h"
+#include "ir/sanitizer.h"
 #include "runtime/session.h"
 #include "test_util.h"
-#include "ir/sanitizer.h"
 
 namespace gaf {
 namespace {

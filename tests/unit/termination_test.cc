@@ -14,10 +14,10 @@
 #include "fusion/auto_fusion.h"
 #include "fusion/rules.h"
 #include "ir/limits.h"
+#include "ir/sanitizer.h"
 #include "match/pattern.h"
 #include "runtime/session.h"
 #include "test_util.h"
-#include "ir/sanitizer.h"
 
 namespace gaf {
 namespace {
