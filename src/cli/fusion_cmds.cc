@@ -16,6 +16,7 @@
 #include "models/generate.h"
 #include "ir/error.h"
 #include "onnx_io/onnx_io.h"
+#include "runtime/plan_calls.h"
 #include "ir/output_file.h"
 
 namespace gaf::cli {
@@ -254,10 +255,28 @@ void RunFuse(const FusionArgs& a) {
   if (s.checker_passed) fmt::print("ONNX checker: passed\n");
   else fmt::print("ONNX checker: fails, as the input model does: {}\n", s.checker_message);
   fmt::print("Wrote {}\n", a.output);
-  // Ungated: nothing above was measured. The runtime fuses some patterns itself when a model runs
-  // unfused (attention with its KV cache, sibling products, RMSNorm, rotary), and a group run as a
-  // function can be slower than that (docs/benchmarks.md: the small Llama decoder 1.27x slower at a
-  // 16-token prompt, 1.9x at a 900-token one).
+  // Ungated: nothing above was measured. Calls whose operators the runtime's plan runs as its own
+  // (attention with its KV cache, sibling products: runtime/plan_calls.h) are inlined when the
+  // model runs here; say which, since their functions then fuse nothing.
+  if (!a.safe && s.groups > 0) {
+    const Model fused = f->Fuse();
+    const std::map<std::string, std::string> planned = CallsThePlanRewrites(fused, /*group_siblings=*/true);
+    std::map<std::string, int> per_function;
+    std::string why;
+    for (const Node& n : fused.graph.nodes) {
+      auto it = planned.find(n.outputs.empty() ? n.name : n.outputs[0]);
+      if (it == planned.end()) continue;
+      per_function[n.op_type]++;
+      if (why.find(it->second) == std::string::npos) why += (why.empty() ? "" : "; ") + it->second;
+    }
+    if (!per_function.empty()) {
+      std::string list;
+      for (const auto& [fn, n] : per_function) list += fmt::format("{}{} x{}", list.empty() ? "" : ", ", fn, n);
+      fmt::print("Run here, these calls run as the runtime's own operators instead of their functions ({}): {}. "
+                 "`fuse --safe` rolls them back.\n",
+                 list, why);
+    }
+  }
   if (!a.safe && s.groups > 0)
     fmt::print("Not measured: the groups were fused without the precision and speed gates; the fused model may run "
                "slower than the model as given. `fuse --safe` keeps only what measures faster, and the model as "

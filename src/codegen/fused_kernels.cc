@@ -479,6 +479,10 @@ std::function<std::optional<KernelInfo>(const Node&, const Function&)> FusedKern
     // Conversions are done here, per value: half inputs widened, each output narrowed to its own
     // declared type (a group may mix float32 and half values).
     info.upcast_half = false;
+    info.declined = [e](const std::string& why) {
+      std::lock_guard<std::mutex> lock(e->last_fallback->mu);
+      e->last_fallback->declined = why;
+    };
     info.fn = [e, hook](KernelContext& ctx) {
       e->calls->fetch_add(1, std::memory_order_relaxed);
       if (hook) hook(e->function);

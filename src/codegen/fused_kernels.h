@@ -66,6 +66,9 @@ class FusedKernelSet {
     struct LastFallback {
       std::mutex mu;
       std::string reason;  // why the kernel did not fit the last call that ran the body
+      // Why a session ran the call another way than by its kernel (KernelInfo::declined): the
+      // runtime's plan rewrites its body into its own operators (runtime/plan_calls.h).
+      std::string declined;
     };
     std::shared_ptr<LastFallback> last_fallback = std::make_shared<LastFallback>();
     // Variants, and what is needed to generate another at run time.

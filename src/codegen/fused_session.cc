@@ -116,6 +116,10 @@ std::vector<FusedCallStats> FusedCallSummary(const FusedKernelSet& set) {
     it->generation_seconds += e.JitSeconds();
     std::lock_guard<std::mutex> lock(e.last_fallback->mu);
     if (!e.last_fallback->reason.empty()) it->last_fallback = e.last_fallback->reason;
+    if (!e.last_fallback->declined.empty()) {
+      it->declined_sites++;
+      it->declined = e.last_fallback->declined;
+    }
   }
   return rows;
 }
@@ -125,9 +129,17 @@ std::vector<std::string> IdleCallSites(const FusedKernelSet& set, std::vector<st
   for (const auto& e : set.entries()) {
     const int64_t calls = e.calls->load(), fallbacks = e.fallbacks->load();
     const bool no_kernel = !e.bound && !e.generate_when_called;
-    if (!no_kernel && !(calls > 0 && fallbacks == calls)) continue;
+    std::string declined;
+    {
+      std::lock_guard<std::mutex> lock(e.last_fallback->mu);
+      declined = e.last_fallback->declined;
+    }
+    const bool by_plan = !no_kernel && calls == 0 && !declined.empty();
+    if (!no_kernel && !by_plan && !(calls > 0 && fallbacks == calls)) continue;
     std::string why = e.status;
-    if (!no_kernel) {
+    if (by_plan) {
+      why = "not called: " + declined;
+    } else if (!no_kernel) {
       std::lock_guard<std::mutex> lock(e.last_fallback->mu);
       why = fmt::format("{} call(s), all ran the body: {}", calls, e.last_fallback->reason);
     }
@@ -148,6 +160,8 @@ std::string DescribeFusedKernels(const FusedKernelSet& set) {
                      r.kernel ? "kernel" : "body", r.sites, r.calls, r.kernel ? r.KernelCalls() : 0, r.fallbacks,
                      r.status, extra);
     if (!r.last_fallback.empty()) s += fmt::format("      last fallback: {}\n", r.last_fallback.substr(0, 300));
+    if (r.declined_sites > 0)
+      s += fmt::format("      {} site(s) not called: {}\n", r.declined_sites, r.declined.substr(0, 300));
   }
   return s;
 }

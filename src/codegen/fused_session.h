@@ -59,12 +59,15 @@ struct FusedCallStats {
   int64_t generated_at_run_time = 0;
   double generation_seconds = 0;
   std::string last_fallback;  // why the last call that ran the body did
+  int declined_sites = 0;     // sites a session ran another way (the runtime's plan), ...
+  std::string declined;       // ... and why (KernelInfo::declined)
   // Calls that ran a kernel; a site without a kernel counts none.
   int64_t KernelCalls() const { return calls - fallbacks; }
 };
 std::vector<FusedCallStats> FusedCallSummary(const FusedKernelSet& set);
 
-// Call sites whose kernel never ran: no kernel (the body runs inlined), or every call ran the body.
+// Call sites whose kernel never ran: no kernel (the body runs inlined), every call ran the body, or
+// the session ran the call as the runtime's plan rewrote its body (runtime/plan_calls.h).
 // One line each: "<function> at <node>: <why>"; `nodes` (optional) gets the node names.
 std::vector<std::string> IdleCallSites(const FusedKernelSet& set, std::vector<std::string>* nodes = nullptr);
 

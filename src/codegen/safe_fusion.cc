@@ -20,6 +20,7 @@
 #include "codegen/fused_session.h"
 #include "codegen/verify.h"
 #include "cost/cost_model.h"
+#include "runtime/plan_calls.h"
 #include "runtime/session.h"
 
 namespace gaf {
@@ -274,8 +275,9 @@ std::string GroupKey(const Node& call, const FusedKernelSet::Entry* e, const Mod
 // main graph (which groups are fused, how they are wired) and functions, and the workload's shapes.
 std::string EndToEndKey(const Model& fused, const VerifyOptions& vo, const SafeFusionOptions& safe) {
   const int threads = safe.threads > 0 ? safe.threads : omp_get_max_threads();
-  std::string k = fmt::format("e2e-v2|{}|{}|build {} {}|threads {}|repeats {}\n", KernelCompiler::TargetName(),
-                              KernelCompiler::CompilerFlags(), __DATE__, __TIME__, threads, vo.repeats);
+  std::string k = fmt::format("e2e-v2|{}|{}|build {} {}|threads {}|repeats {}|plan {}\n", KernelCompiler::TargetName(),
+                              KernelCompiler::CompilerFlags(), __DATE__, __TIME__, threads, vo.repeats,
+                              vo.plan_rewrites ? 1 : 0);
   auto node_line = [&k](const Node& n) {
     k += n.domain + "." + n.op_type + "(";
     for (const auto& in : n.inputs) k += in + ",";
@@ -460,6 +462,12 @@ Model SafeGraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
   const GateCache gates(compiler.cache_root(), safe.reuse_measurements);
   if (kernels->library()) rep.kernel_library = kernels->library()->directory();
 
+  // Groups whose operators the runtime's plan runs as its own (attention over a cache read in
+  // place, products on packed weights): a kernel for the group would be slower there, so they
+  // are not gated but rolled back (runtime/plan_calls.h). Float16 storage, tried below, keeps
+  // the plan's sibling products (node_kernels_take_siblings), hence the same calls.
+  const std::map<std::string, std::string> by_plan =
+      safe.runtime_plan ? CallsThePlanRewrites(fused, /*group_siblings=*/true) : std::map<std::string, std::string>();
   std::map<std::string, int> candidate_of_node(fused_nodes_.begin(), fused_nodes_.end());
   std::map<int, const FusionCandidate*> cand;
   for (const FusionCandidate& c : candidates_) cand[c.id] = &c;
@@ -484,7 +492,12 @@ Model SafeGraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
     const Function* f = fused.FindFunction(call.domain, call.op_type);
     const std::string key = GroupKey(call, e, fused, runs.call_inputs);
     auto same = measured.find(key);
-    if (same != measured.end()) {
+    auto plan = by_plan.find(call.outputs.empty() ? call.name : call.outputs[0]);
+    if (plan != by_plan.end()) {
+      r.reason_kind = "runtime";
+      r.reason = fmt::format("the runtime runs these operators as its own {}, which a kernel for the group cannot "
+                             "match", plan->second);
+    } else if (same != measured.end()) {
       const SafeKernelResult& m = rep.kernels[same->second];
       std::string keep_node = r.node;
       auto keep = std::make_tuple(r.candidate, r.rule, r.original_nodes, r.predicted_unfused_us, r.predicted_fused_us);
@@ -534,6 +547,7 @@ Model SafeGraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
     if (!r.fused && r.candidate >= 0) {
       Verdict v = r.reason_kind == "precision" ? Verdict::kSkipPrecision
                   : r.reason_kind == "speed"   ? Verdict::kSkipSpeed
+                  : r.reason_kind == "runtime" ? Verdict::kSkipRuntime
                                                : Verdict::kSkipCompile;
       rollbacks[r.candidate] = {v, r.reason};
     }
@@ -546,6 +560,7 @@ Model SafeGraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
   vo.threads = threads;
   vo.repeats = safe.repeats;
   vo.kernel_cache = safe.kernel_cache;
+  vo.plan_rewrites = safe.runtime_plan;
   if (safe.kernel_hook) {
     auto hook = safe.kernel_hook;
     vo.kernel_hook = [hook](const std::string& function) { hook(function, true); };
@@ -631,7 +646,7 @@ std::string SafeFusionReport::ToText() const {
     std::string name = fmt::format("{} ({})", k.node, k.rule);
     if (name.size() > 48) name = "..." + name.substr(name.size() - 45);
     double pred = k.predicted_unfused_us > 0 ? k.predicted_unfused_us / std::max(k.predicted_fused_us, 1e-9) : 0;
-    const bool measured = k.reason_kind != "compile";  // no kernel ran: nothing measured
+    const bool measured = k.reason_kind != "compile" && k.reason_kind != "runtime";  // no kernel ran
     s += fmt::format("  {:<48} {:<9} {:>9} {:>10} {:>9.2f}x {:>10} {:>10}  {}\n", name, k.fused ? "fused" : "ROLLBACK",
                      measured ? fmt::format("{:.6f}", k.cosine) : "-",
                      measured ? fmt::format("{:.3g}", k.max_abs_error) : "-", pred,

@@ -56,6 +56,11 @@ struct SafeFusionOptions {
   // When it passes, the fused model gets the graph_autofusion.half_weights metadata and `generate`
   // runs it so.
   bool half_weights = false;
+  // Groups whose operators the runtime's plan runs as its own (runtime/plan_calls.h: attention
+  // over a key/value cache read in place, products on packed weights) are rolled back ungated
+  // ("Skip: runtime"): a kernel for the group runs slower there. false: gate and keep them like
+  // any group, and time every side without the plan's rewrites (to check those kernels).
+  bool runtime_plan = true;
   double half_weights_rel_error = 1.0 / 512;
   // A task-level check of float16 storage on the fused model: true when it passes, with what it
   // did (or why it failed) in *what. The CLI sets one for decoders (the greedy tokens of a
@@ -73,7 +78,7 @@ struct SafeKernelResult {
   std::string node, function, rule, kernel;  // kernel: how it runs ("library MatMul + generated[...]")
   std::vector<std::string> original_nodes;
   bool fused = false;                        // kept (else rolled back)
-  std::string reason_kind;                   // "", "precision", "speed", "compile"
+  std::string reason_kind;                   // "", "precision", "speed", "compile", "runtime"
   std::string reason;                        // a sentence
   double cosine = 0, max_abs_error = 0;      // measured on the group's real inputs
   double predicted_unfused_us = 0, predicted_fused_us = 0;  // cost model (per formula in docs/cost_model.md)

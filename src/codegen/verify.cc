@@ -105,6 +105,7 @@ PrecisionReport VerifyPrecision(const Model& fused, const Model& original, const
   r.workload = w.source;
   SessionOptions so;
   so.num_threads = o.threads;
+  so.rewrite_products = o.plan_rewrites;
   Session ref(original, so);
   FusedRuntime rt;
   std::unique_ptr<Session> plain;
@@ -161,6 +162,7 @@ PerformanceReport VerifyPerformance(const Model& fused, const VerifyOptions& o) 
   const Workload w = WorkloadOf(o.original != nullptr ? *o.original : fused, o);
   SessionOptions so;
   so.num_threads = o.threads;
+  so.rewrite_products = o.plan_rewrites;
   // Baseline: the original model, or the fused model with its functions inlined (the unfused operators).
   Session baseline(o.original != nullptr ? *o.original : fused, so);
   r.baseline = o.original != nullptr ? "original model" : "fused model with its functions inlined";

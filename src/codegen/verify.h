@@ -33,6 +33,10 @@ struct VerifyOptions {
   int threads = 0;
   int repeats = 10;
   bool use_kernels = true;               // run the fused model with its generated kernels
+  // The session's plan rewrites (SessionOptions::rewrite_products). With them, calls whose
+  // operators the plan runs as its own (runtime/plan_calls.h) do not run their kernels; false
+  // runs every kernel (to check the kernels themselves).
+  bool plan_rewrites = true;
   HalfWeights half_weights = HalfWeights::kOff;  // ... and float16 weight storage (half_weights.h)
   std::string kernel_cache;              // "" = default cache
   // Test hook for the fused runtime (FusedKernelSet::SetCallHook).

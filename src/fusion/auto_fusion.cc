@@ -40,6 +40,7 @@ const char* VerdictName(Verdict v) {
     case Verdict::kSkipCompile: return "Skip: compile";
     case Verdict::kSkipOverlap: return "Skip: overlap";
     case Verdict::kSkipIllegal: return "Skip: illegal";
+    case Verdict::kSkipRuntime: return "Skip: runtime";
     case Verdict::kMaybe: return "Maybe";
   }
   return "?";

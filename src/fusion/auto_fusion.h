@@ -40,7 +40,7 @@ struct FusionOptions {
 };
 
 enum class Verdict { kFuse, kSkipLowBenefit, kSkipLocalMemory, kSkipPrecision, kSkipSpeed, kSkipCompile,
-                     kSkipOverlap, kSkipIllegal, kMaybe };
+                     kSkipOverlap, kSkipIllegal, kSkipRuntime, kMaybe };
 const char* VerdictName(Verdict v);  // "Fuse", "Skip: low benefit", ...
 
 struct FusionCandidate {

@@ -68,6 +68,9 @@ struct KernelInfo {
   // When true the kernel reads key/value caches with room where they are (Tensor::padded); the
   // runtime hands other kernels a contiguous copy of such an input.
   bool reads_padded_caches = false;
+  // For a kernel offered for a function call (SessionOptions::function_kernels): called when the
+  // session runs the call another way instead, with why (runtime/plan_calls.h).
+  std::function<void(const std::string& why)> declined;
 };
 
 class OpRegistry {

@@ -3,6 +3,7 @@
 #include "ir/limits.h"
 #include "ops/conv.h"
 #include "ops/gemm.h"
+#include "runtime/plan_calls.h"
 
 #include <omp.h>
 
@@ -377,10 +378,20 @@ class FrameRunner : public SubgraphRunner {
 
 Session::Session(const Model& model, SessionOptions options) : model_(model), options_(options) {
   std::vector<std::pair<std::string, KernelInfo>> kept;  // node name/outputs -> kernel
+  const bool rewrite = options_.rewrite_products && !options_.observer;
+  const bool group_siblings = !options_.node_kernels || options_.node_kernels_take_siblings;
   if (options_.function_kernels) {
+    // Calls whose every operator the plan rewrites into its own operators run that way, inlined.
+    const std::map<std::string, std::string> by_plan =
+        rewrite ? CallsThePlanRewrites(model_, group_siblings) : std::map<std::string, std::string>();
     InlineFunctions(model_, [&](const Node& call, const Function& f) {
       std::optional<KernelInfo> k = options_.function_kernels(call, f);
       if (!k) return false;
+      auto plan = by_plan.find(call.outputs.empty() ? call.name : call.outputs[0]);
+      if (plan != by_plan.end()) {
+        if (k->declined) k->declined("the runtime's plan runs its operators as " + plan->second);
+        return false;
+      }
       kept.emplace_back(call.outputs.empty() ? call.name : call.outputs[0], std::move(*k));
       return true;
     });
@@ -388,8 +399,7 @@ Session::Session(const Model& model, SessionOptions options) : model_(model), op
     InlineFunctions(model_);
   }
   // The observer sees every value the graph names: it gets the graph as it is.
-  if (options_.rewrite_products && !options_.observer)
-    rewrites_ = RewriteProducts(model_, /*group_siblings=*/!options_.node_kernels || options_.node_kernels_take_siblings);
+  if (rewrite) rewrites_ = RewriteProducts(model_, group_siblings);
   // Bind kernels to the kept call nodes (identified by their first output, which is unique).
   for (auto& [key, info] : kept) {
     for (const Node& n : model_.graph.nodes) {

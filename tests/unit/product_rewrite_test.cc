@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "ops/gemm.h"
+#include "runtime/plan_calls.h"
 #include "runtime/session.h"
 #include "test_util.h"
 
@@ -1067,6 +1068,104 @@ TEST(ProductRewrite, RotaryHalfIsOnePassAndBitIdentical) {
   // A second Slice that stops short of the end is not rotate_half: left alone.
   Session cut(RotaryModel(false, 8, 12));
   EXPECT_EQ(cut.product_rewrites().rotaries, 0);
+}
+
+}  // namespace
+}  // namespace gaf
+
+namespace gaf {
+namespace {
+
+// A fused model's calls: "Sib" takes the query/key-like products of one input (the plan makes
+// them one SiblingMatMul on packed weights, which a kernel for the call cannot match), "SibRelu"
+// the same plus a Relu the plan leaves alone, "Act" a Relu alone. Only "Sib" is the plan's: a
+// session offered a kernel for every call declines that one (saying why) and runs the others'.
+TEST(ProductRewrite, CallsThePlanRunsBetterAreInlinedAndTheirKernelsDeclined) {
+  const int64_t K = 64, N = 48;
+  Graph g;
+  g.inputs = {testing::FloatValue("x", {4, K})};
+  for (const char* w : {"w0", "w1", "w2", "w3"})
+    g.SetInitializer(w, testing::RandomFloat({K, N}, static_cast<uint32_t>(w[1]), -0.1f, 0.1f));
+  auto call = [](const std::string& op, std::vector<std::string> ins, std::vector<std::string> outs) {
+    Node n = testing::MakeNode(op, std::move(ins), std::move(outs), op + "_call");
+    n.domain = "local";
+    return n;
+  };
+  g.nodes.push_back(call("Sib", {"x", "w0", "w1"}, {"q", "k"}));
+  g.nodes.push_back(call("SibRelu", {"x", "w2", "w3"}, {"g", "u"}));
+  g.nodes.push_back(call("Act", {"q"}, {"r"}));
+  for (const char* o : {"k", "g", "u", "r"}) g.outputs.push_back(ValueInfo{o, DataType::kFloat});
+  Model m = testing::MakeModel(std::move(g));
+  m.opset_imports.push_back({"local", 1});
+  auto fn = [&m](const std::string& name, std::vector<Node> nodes) {
+    Function f;
+    f.name = name;
+    f.domain = "local";
+    f.inputs = name == "Act" ? std::vector<std::string>{"a"} : std::vector<std::string>{"a", "b", "c"};
+    f.outputs = name == "Act" ? std::vector<std::string>{"y"} : std::vector<std::string>{"y", "z"};
+    f.nodes = std::move(nodes);
+    f.opset_imports.push_back({"", 17});
+    m.functions.push_back(std::move(f));
+  };
+  fn("Sib", {testing::MakeNode("MatMul", {"a", "b"}, {"y"}, "p0"), testing::MakeNode("MatMul", {"a", "c"}, {"z"}, "p1")});
+  fn("SibRelu", {testing::MakeNode("MatMul", {"a", "b"}, {"t"}, "p0"), testing::MakeNode("Relu", {"t"}, {"y"}, "act"),
+                 testing::MakeNode("MatMul", {"a", "c"}, {"z"}, "p1")});
+  fn("Act", {testing::MakeNode("Relu", {"a"}, {"y"}, "act")});
+
+  const std::map<std::string, std::string> planned = CallsThePlanRewrites(m, /*group_siblings=*/true);
+  ASSERT_EQ(planned.size(), 1u);
+  EXPECT_EQ(planned.begin()->first, "q");  // the call's first output
+  EXPECT_NE(planned.begin()->second.find("SiblingMatMul"), std::string::npos) << planned.begin()->second;
+  EXPECT_TRUE(CallsThePlanRewrites(m, /*group_siblings=*/false).empty());
+
+  // Kernels offered for every call: each runs the call's body (correct results) and counts.
+  std::map<std::string, int> ran, declined;
+  std::string why;
+  std::map<std::string, Graph> bodies;  // the session keeps a plan per graph: they must outlive it
+  for (const Function& f : m.functions) bodies[f.name] = FunctionBodyGraph(f);
+  SessionOptions so;
+  so.function_kernels = [&](const Node& n, const Function&) -> std::optional<KernelInfo> {
+    KernelInfo k;
+    k.domain = n.domain;
+    k.op_type = n.op_type;
+    const std::string op = n.op_type;
+    const Graph* body = &bodies.at(op);
+    k.fn = [&ran, op, body](KernelContext& ctx) {
+      ++ran[op];
+      std::vector<Tensor> ins;
+      for (const Tensor* t : ctx.inputs) ins.push_back(*t);
+      std::vector<Tensor> outs = ctx.subgraphs->RunSubgraph(*body, ins);
+      for (size_t i = 0; i < ctx.outputs.size(); ++i) ctx.outputs[i] = outs[i];
+    };
+    k.declined = [&declined, &why, op](const std::string& w) {
+      ++declined[op];
+      why = w;
+    };
+    return k;
+  };
+  Session fused(m, so);
+  Session plain(m);
+  const std::map<std::string, Tensor> feeds{{"x", testing::RandomFloat({4, K}, 7)}};
+  std::vector<Tensor> got = fused.Run(feeds), want = plain.Run(feeds);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_EQ(got[i].shape(), want[i].shape()) << i;
+    for (int64_t e = 0; e < want[i].numel(); ++e)
+      ASSERT_NEAR(got[i].data<float>()[e], want[i].data<float>()[e], 1e-5f) << i << " at " << e;
+  }
+  EXPECT_EQ(declined, (std::map<std::string, int>{{"Sib", 1}}));
+  EXPECT_NE(why.find("SiblingMatMul"), std::string::npos) << why;
+  EXPECT_EQ(ran, (std::map<std::string, int>{{"SibRelu", 1}, {"Act", 1}}));
+  EXPECT_EQ(fused.product_rewrites().sibling_groups, 1);
+
+  // Without the plan's rewrites every kernel runs.
+  ran.clear();
+  declined.clear();
+  so.rewrite_products = false;
+  Session unplanned(m, so);
+  unplanned.Run(feeds);
+  EXPECT_TRUE(declined.empty());
+  EXPECT_EQ(ran, (std::map<std::string, int>{{"Sib", 1}, {"SibRelu", 1}, {"Act", 1}}));
 }
 
 }  // namespace

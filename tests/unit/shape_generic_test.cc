@@ -384,7 +384,9 @@ TEST(ShapeGeneric, GateCacheKeepsTheSameGroupsOnTheSameInputs) {
 
 // Every group plain fusion makes on the built-in Llama (including its mask group: Cast, Unsqueeze
 // of the [1, T] mask to [1, 1, 1, T], And, Where, written with the leading ones as a view) runs a
-// kernel at prefill and at decode, and matches the original.
+// kernel at prefill and at decode, and matches the original, when the session's plan rewrites are
+// off. With them (the default), the attention and SwiGLU calls run as the plan's own operators
+// instead (runtime/plan_calls.h), the outputs still match, and the report names each such site.
 TEST(ShapeGeneric, EveryFusedGroupOfTheBuiltinLlamaRunsAKernel) {
   Model m = BuildLlamaModel(LlamaPreset("tiny"));
   FusionOptions o;
@@ -393,10 +395,30 @@ TEST(ShapeGeneric, EveryFusedGroupOfTheBuiltinLlamaRunsAKernel) {
   Model fused = f.Fuse();
   VerifyOptions vo;
   vo.workload = DecoderTraceWorkload(m, 8, 3, 0);
+  vo.plan_rewrites = false;
   PrecisionReport p = VerifyPrecision(fused, m, vo);
   EXPECT_TRUE(p.Passes(0.9999, 1e-4)) << p.kernels;
   EXPECT_TRUE(p.NeverRan().empty()) << p.kernels;
   for (const FusedCallStats& c : p.calls) EXPECT_EQ(c.fallbacks, 0) << c.function << ": " << c.last_fallback;
+
+  vo.plan_rewrites = true;
+  PrecisionReport planned = VerifyPrecision(fused, m, vo);
+  EXPECT_TRUE(planned.Passes(0.9999, 1e-4)) << planned.kernels;
+  int attention = 0, swiglu = 0;
+  for (const std::string& line : planned.NeverRan()) {
+    const bool att = line.rfind("FusedAttention at ", 0) == 0 && line.find("as FusedAttention") != std::string::npos;
+    const bool mlp = line.rfind("FusedSwiGLU at ", 0) == 0 && line.find("SiblingMatMul") != std::string::npos;
+    EXPECT_TRUE(att || mlp) << line;
+    attention += att;
+    swiglu += mlp;
+  }
+  EXPECT_EQ(attention, LlamaPreset("tiny").num_layers) << planned.kernels;
+  EXPECT_EQ(swiglu, LlamaPreset("tiny").num_layers) << planned.kernels;
+  for (const FusedCallStats& c : planned.calls) {
+    EXPECT_EQ(c.fallbacks, 0) << c.function << ": " << c.last_fallback;
+    const bool by_plan = c.function == "FusedAttention" || c.function == "FusedSwiGLU";
+    EXPECT_EQ(c.calls == 0, by_plan) << c.function;
+  }
 }
 
 }  // namespace
