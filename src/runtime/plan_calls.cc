@@ -27,6 +27,10 @@ constexpr AheadOp kAheadOfKernels[] = {
     {"SiblingMatMul", "products of one input on weights packed at load"},
 };
 
+// Rounds of the trial below: each keeps the calls the last one found and drops the others, so it
+// converges in two unless a call's rewrite needed the body of a call that was dropped.
+constexpr int kMaxRounds = 8;
+
 std::string CallKey(const Node& n) { return n.outputs.empty() ? n.name : n.outputs[0]; }
 
 // Names of `n` and of every node in its subgraphs, depth first (bounded by the graph's own size:
@@ -42,18 +46,14 @@ void CollectNames(const Node& n, std::vector<std::string>* out) {
   }
 }
 
-}  // namespace
-
-std::map<std::string, std::string> CallsThePlanRewrites(const Model& model, bool group_siblings) {
-  std::map<std::string, std::string> out;
-  if (model.functions.empty()) return out;
-  // The main graph's calls, by name and key (a nested call's output may be renamed to its
-  // caller's, but its name carries the caller's prefix).
-  std::set<std::pair<std::string, std::string>> top;
-  for (const Node& n : model.graph.nodes) top.emplace(n.name, CallKey(n));
-
-  // Inline every call on a copy, recording each expansion's name prefix (the i-th call expanded
-  // gets counter i: InlineFunctions asks `keep` right before each expansion).
+// One trial: a copy of `model` with the main graph's calls inlined (those in `only`, or all when
+// it is null; the others stay calls), rewritten by the plan. Returns the inlined main-graph calls
+// every operator of which the rewrites replaced, one of them by an operator in kAheadOfKernels.
+std::map<std::string, std::string> Trial(const Model& model, bool group_siblings,
+                                         const std::set<std::pair<std::string, std::string>>& top,
+                                         const std::set<std::string>* only) {
+  // Inline the calls on a copy, recording each expansion's name prefix (the i-th call expanded
+  // gets counter i: InlineFunctions asks `keep` right before each expansion, and only then).
   Model trial = model;
   struct Call {
     std::string key;
@@ -64,13 +64,17 @@ std::map<std::string, std::string> CallsThePlanRewrites(const Model& model, bool
   };
   std::vector<Call> calls;
   InlineFunctions(trial, [&](const Node& call, const Function& f) {
+    const bool is_top = top.count({call.name, CallKey(call)}) > 0;
+    if (is_top && only != nullptr && !only->count(CallKey(call))) return true;  // stays a call
     const size_t counter = calls.size();
-    calls.push_back({CallKey(call), top.count({call.name, CallKey(call)}) > 0, fmt::format("{}__{}_{}/", call.name.empty() ? f.name : call.name, f.name, counter)});
+    calls.push_back({CallKey(call), is_top,
+                     fmt::format("{}__{}_{}/", call.name.empty() ? f.name : call.name, f.name, counter)});
     return false;
   });
   std::unordered_map<std::string, size_t> by_prefix;
   for (size_t i = 0; i < calls.size(); ++i)
     if (calls[i].top) by_prefix.emplace(calls[i].prefix, i);
+  std::map<std::string, std::string> out;
   if (by_prefix.empty()) return out;
   // The outermost call a node's name places it in (a nested call's prefix extends its caller's).
   auto call_of = [&](const std::string& name) -> Call* {
@@ -111,6 +115,27 @@ std::map<std::string, std::string> CallsThePlanRewrites(const Model& model, bool
     out[c.key] = ops + " (" + why + ")";
   }
   return out;
+}
+
+}  // namespace
+
+std::map<std::string, std::string> CallsThePlanRewrites(const Model& model, bool group_siblings) {
+  if (model.functions.empty()) return {};
+  // The main graph's calls, by name and key (a nested call's output may be renamed to its
+  // caller's, but its name carries the caller's prefix).
+  std::set<std::pair<std::string, std::string>> top;
+  for (const Node& n : model.graph.nodes) top.emplace(n.name, CallKey(n));
+  // With every call inlined, then with only the calls found so far: a call whose rewrite needed
+  // operators of a call that keeps its kernel is dropped, until the set holds.
+  std::map<std::string, std::string> found = Trial(model, group_siblings, top, nullptr);
+  for (int round = 0; round < kMaxRounds && !found.empty(); ++round) {
+    std::set<std::string> only;
+    for (const auto& [key, ops] : found) only.insert(key);
+    std::map<std::string, std::string> again = Trial(model, group_siblings, top, &only);
+    if (again.size() == found.size()) return again;  // a subset of `only`, as large: the same calls
+    found = std::move(again);
+  }
+  return {};  // none, or not settled: every call keeps its kernel
 }
 
 }  // namespace gaf

@@ -10,7 +10,9 @@
 // whole cache a decode step). So a session first inlines every call on a copy of the graph, runs
 // the rewrites there, and a call all of whose operators the rewrites replaced, among them one a
 // kernel cannot match (attention over a cache, products on packed weights), is inlined instead of
-// kept. Row operators alone (RMSNorm, rotary, SiLU gate, masked softmax) leave the call's kernel:
+// kept. The trial is run again with only those calls inlined, until it finds the same ones: a
+// call whose operators were replaced only together with those of a call that keeps its kernel is
+// dropped. Row operators alone (RMSNorm, rotary, SiLU gate, masked softmax) leave the call's kernel:
 // it is one pass as well.
 #pragma once
 

@@ -1168,5 +1168,41 @@ TEST(ProductRewrite, CallsThePlanRunsBetterAreInlinedAndTheirKernelsDeclined) {
   EXPECT_EQ(ran, (std::map<std::string, int>{{"Sib", 1}, {"SibRelu", 1}, {"Act", 1}}));
 }
 
+// A call whose operators the plan replaces only together with another call's (here one product
+// of x, whose sibling is in a call that keeps a Relu) is not the plan's: inlined alone it would
+// run as a plain MatMul, so it keeps its kernel.
+TEST(ProductRewrite, CallsThePlanRewritesOnlyWithAnotherCallKeepTheirKernels) {
+  const int64_t K = 64, N = 48;
+  Graph g;
+  g.inputs = {testing::FloatValue("x", {4, K})};
+  for (const char* w : {"w0", "w1"})
+    g.SetInitializer(w, testing::RandomFloat({K, N}, static_cast<uint32_t>(w[1]), -0.1f, 0.1f));
+  for (const auto& [op, w, out] : std::vector<std::array<std::string, 3>>{{"P", "w0", "p"}, {"PRelu", "w1", "r"}}) {
+    Node n = testing::MakeNode(op, {"x", w}, {out}, op + "_call");
+    n.domain = "local";
+    g.nodes.push_back(n);
+    g.outputs.push_back(ValueInfo{out, DataType::kFloat});
+  }
+  Model m = testing::MakeModel(std::move(g));
+  m.opset_imports.push_back({"local", 1});
+  for (const std::string name : {"P", "PRelu"}) {
+    Function f;
+    f.name = name;
+    f.domain = "local";
+    f.inputs = {"a", "b"};
+    f.outputs = {"y"};
+    if (name == "P") {
+      f.nodes = {testing::MakeNode("MatMul", {"a", "b"}, {"y"}, "p")};
+    } else {
+      f.nodes = {testing::MakeNode("MatMul", {"a", "b"}, {"t"}, "p"), testing::MakeNode("Relu", {"t"}, {"y"}, "act")};
+    }
+    f.opset_imports.push_back({"", 17});
+    m.functions.push_back(f);
+  }
+  // Both inlined, the two products are siblings, and all of P would be the plan's; with PRelu
+  // kept as a call (the Relu is left), P's product has no sibling.
+  EXPECT_TRUE(CallsThePlanRewrites(m, /*group_siblings=*/true).empty());
+}
+
 }  // namespace
 }  // namespace gaf
