@@ -66,4 +66,12 @@ inline constexpr int64_t kPackedMatMulMinWeight = int64_t{1} << 18;
 KernelInfo PreparedMatMulKernel(std::shared_ptr<PreparedMatMul> mm);
 KernelInfo PreparedSiblingMatMulKernel(std::vector<std::shared_ptr<PreparedMatMul>> mms);
 
+// A Gemm node (Y = alpha * A' * B' + beta * C) with a constant float32 B of at least
+// kPackedMatMulMinWeight elements, transA 0 and alpha 1 (torch's Linear, a classifier head): B as
+// a [K, N] weight (transposed once when transB), prepared; null for other nodes. Its kernel runs
+// the product on the prepared weight and adds beta * C for a C of N values ([N] or [1, N]); other
+// inputs run the registry's Gemm.
+std::shared_ptr<PreparedMatMul> PrepareGemm(const Node& node, const Tensor& b);
+KernelInfo PreparedGemmKernel(std::shared_ptr<PreparedMatMul> mm);
+
 }  // namespace gaf

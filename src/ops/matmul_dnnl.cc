@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 
+#include "ops/copy_kernels.h"
 #include "ops/dnnl_util.h"
 #include "ops/gemm.h"
 #include "ops/gemv.h"
@@ -114,6 +115,45 @@ KernelInfo PreparedMatMulKernel(std::shared_ptr<PreparedMatMul> mm) {
     s.back() = mm->N();
     ctx.outputs[0] = Tensor::Uninitialized(DataType::kFloat, s);
     if (M > 0) mm->Run(A.data<float>(), M, ctx.outputs[0].data<float>());
+  };
+  return k;
+}
+
+std::shared_ptr<PreparedMatMul> PrepareGemm(const Node& node, const Tensor& b) {
+  if (node.GetInt("transA", 0) != 0 || node.GetFloat("alpha", 1.f) != 1.f || b.dtype() != DataType::kFloat ||
+      b.rank() != 2 || b.numel() < kPackedMatMulMinWeight)
+    return nullptr;
+  if (node.GetInt("transB", 0) == 0) return std::make_shared<PreparedMatMul>(b);
+  const int64_t N = b.dim(0), K = b.dim(1);
+  Tensor w = Tensor::Uninitialized(DataType::kFloat, {K, N});
+  Transpose2D(b.data<float>(), K, w.data<float>(), N, K, N);  // w[k][n] = b[n][k]
+  return std::make_shared<PreparedMatMul>(std::move(w));
+}
+
+KernelInfo PreparedGemmKernel(std::shared_ptr<PreparedMatMul> mm) {
+  const KernelInfo* reference = OpRegistry::Global().Find("", "Gemm");
+  KernelInfo k = *reference;
+  k.fn = [mm, fallback = reference->fn](KernelContext& ctx) {
+    const Node& n = ctx.node;
+    const Tensor& A = ctx.input(0);
+    if (A.dtype() != DataType::kFloat || A.rank() != 2 || A.dim(1) != mm->K() || n.GetInt("transA", 0) != 0 ||
+        n.GetFloat("alpha", 1.f) != 1.f)
+      return fallback(ctx);
+    const int64_t M = A.dim(0), N = mm->N();
+    const float beta = n.GetFloat("beta", 1.f);
+    const Tensor* C = ctx.has_input(2) ? ctx.inputs[2] : nullptr;
+    const float* c = nullptr;
+    if (C != nullptr && beta != 0.f && C->numel() > 0) {
+      const bool row = (C->rank() == 1 && C->dim(0) == N) || (C->rank() == 2 && C->dim(0) == 1 && C->dim(1) == N);
+      if (C->dtype() != DataType::kFloat || !row) return fallback(ctx);
+      c = C->data<float>();
+    }
+    ctx.outputs[0] = Tensor::Uninitialized(DataType::kFloat, {M, N});
+    float* y = ctx.outputs[0].data<float>();
+    if (M > 0 && N > 0) mm->Run(A.data<float>(), M, y);
+    if (c != nullptr)
+      for (int64_t m = 0; m < M; ++m)
+        for (int64_t j = 0; j < N; ++j) y[m * N + j] += beta * c[j];
   };
   return k;
 }

@@ -441,6 +441,12 @@ Session::Session(const Model& model, SessionOptions options) : model_(model), op
           call_kernels_.push_back(PreparedMatMulKernel(std::move(mm)));
           call_kernel_of_[&n] = &call_kernels_.back();
         }
+      } else if (n.op_type == "Gemm" && n.domain.empty() && n.inputs.size() >= 2 && n.inputs.size() <= 3) {
+        const Tensor* b = fixed(n.inputs[1]);
+        if (std::shared_ptr<PreparedMatMul> mm = b != nullptr ? PrepareGemm(n, *b) : nullptr) {
+          call_kernels_.push_back(PreparedGemmKernel(std::move(mm)));
+          call_kernel_of_[&n] = &call_kernels_.back();
+        }
       } else if (n.op_type == "SiblingMatMul" && n.domain == kPlanDomain) {
         std::vector<std::shared_ptr<PreparedMatMul>> mms;  // null: that weight is not prepared
         bool any = false;

@@ -123,6 +123,59 @@ TEST(PanelGemm, SiblingProductsOfAFewRowsShareOneTaskSet) {
   }
 }
 
+// Gemm nodes with a constant B (a classifier head: transB 1, a bias of N values) run on the
+// prepared weight: the same results as the registry's Gemm for every row count (panels, then the
+// library), transB 0 and 1, a bias [N] or [1, N], beta != 1, no bias; a C of [M, N] and transA 1
+// run the registry's kernel.
+TEST(PanelGemm, GemmWithAConstantWeightRunsOnThePreparedWeight) {
+  const int64_t K = 640, N = 520;
+  static_assert(640 * 520 >= kPackedMatMulMinWeight);
+  struct Case {
+    int64_t trans_a, trans_b;
+    float beta;
+    std::vector<int64_t> c;  // shape of C; empty: none; {-1, N}: one row per row of A
+    bool prepared;
+  };
+  const std::vector<Case> cases = {{0, 1, 1.f, {N}, true},  {0, 0, 1.f, {1, N}, true}, {0, 1, 0.5f, {N}, true},
+                                   {0, 1, 1.f, {}, true},   {0, 1, 1.f, {-1, N}, true}, {1, 1, 1.f, {N}, false}};
+  for (const Case& c : cases) {
+    for (int64_t rows : {1, 3, 9, 129}) {
+      Graph g;
+      g.inputs = {testing::FloatValue("a", c.trans_a ? std::vector<int64_t>{K, rows} : std::vector<int64_t>{rows, K})};
+      g.SetInitializer("b", RandomFloat(c.trans_b ? Shape{N, K} : Shape{K, N}, 5, -0.1f, 0.1f));
+      std::vector<std::string> ins = {"a", "b"};
+      if (!c.c.empty()) {
+        Shape cs = c.c;
+        if (cs[0] == -1) cs[0] = rows;
+        g.SetInitializer("c", RandomFloat(cs, 6));
+        ins.push_back("c");
+      }
+      g.nodes.push_back(testing::MakeNode("Gemm", ins, {"y"}, "gemm",
+                                          {testing::IntAttr("transA", c.trans_a), testing::IntAttr("transB", c.trans_b),
+                                           testing::FloatAttr("beta", c.beta)}));
+      g.outputs.push_back(ValueInfo{"y", DataType::kFloat});
+      Model m = testing::MakeModel(std::move(g));
+      SessionOptions off;
+      off.prepared_kernels = false;
+      Session fast(m), plain(m, off);
+      const std::map<std::string, Tensor> feeds = {
+          {"a", RandomFloat(c.trans_a ? Shape{K, rows} : Shape{rows, K}, 7 + static_cast<uint32_t>(rows))}};
+      const Tensor x = fast.Run(feeds)[0], y = plain.Run(feeds)[0];
+      ASSERT_EQ(x.shape(), (Shape{rows, N}));
+      ASSERT_EQ(y.shape(), x.shape());
+      double worst = 0;
+      const std::vector<double> xs = x.ToDoubles(), ys = y.ToDoubles();
+      for (size_t j = 0; j < xs.size(); ++j) worst = std::max(worst, std::abs(xs[j] - ys[j]));
+      EXPECT_LT(worst, 1e-4) << "transB " << c.trans_b << ", " << rows << " rows";
+    }
+    Node n = testing::MakeNode("Gemm", {"a", "b"}, {"y"}, "gemm",
+                               {testing::IntAttr("transA", c.trans_a), testing::IntAttr("transB", c.trans_b)});
+    EXPECT_EQ(PrepareGemm(n, RandomFloat(c.trans_b ? Shape{N, K} : Shape{K, N}, 5)) != nullptr, c.prepared);
+  }
+  // A weight below kPackedMatMulMinWeight keeps the registry's kernel.
+  EXPECT_EQ(PrepareGemm(testing::MakeNode("Gemm", {"a", "b"}, {"y"}), RandomFloat({64, 64}, 1)), nullptr);
+}
+
 // Float16 panels: each element is the double-precision sum of x times the weight rounded to
 // float16 (to float32 rounding), a row alone has the bits it has in a batch of 4, at 1 and 2
 // threads, and sibling weights in one task set give what each gives alone.
