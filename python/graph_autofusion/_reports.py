@@ -170,6 +170,8 @@ class PrecisionReport(Report):
                          + ("" if o.get("same_shape", True) else "  (shapes differ)"))
         for n in self.get("never_ran", []):
             lines.append(f"  kernel never ran: {n}")
+        for n in self.get("run_by_plan", []):
+            lines.append(f"  run by the runtime's plan: {n}")
         if "passed" in self:
             lines.append(f"  {'PASS' if self['passed'] else 'FAIL'} (cosine >= {self['min_cosine']}, "
                          f"max abs error <= {self['max_abs_error_limit']})")

@@ -258,10 +258,12 @@ json CallsJson(const std::vector<FusedCallStats>& calls) {
 }
 
 std::string RuntimeKernels(const Runtime& rt) {
-  if (!rt.kernels) return Dump({{"text", ""}, {"calls", json::array()}, {"never_ran", json::array()}});
+  if (!rt.kernels)
+    return Dump({{"text", ""}, {"calls", json::array()}, {"never_ran", json::array()}, {"run_by_plan", json::array()}});
   return Dump({{"text", DescribeFusedKernels(*rt.kernels)},
                {"calls", CallsJson(FusedCallSummary(*rt.kernels))},
-               {"never_ran", IdleCallSites(*rt.kernels)}});
+               {"never_ran", IdleCallSites(*rt.kernels, nullptr, /*with_plan=*/false)},
+               {"run_by_plan", PlanRunCallSites(*rt.kernels)}});
 }
 
 VerifyOptions MakeVerifyOptions(const pyb::list& samples, const std::map<std::string, int64_t>& dims, int threads,
@@ -289,6 +291,7 @@ std::string PrecisionJson(const PrecisionReport& p) {
                {"kernels", p.kernels},
                {"fused_calls", CallsJson(p.calls)},
                {"never_ran", p.never_ran},
+               {"run_by_plan", p.run_by_plan},
                {"samples", p.samples},
                {"workload", p.workload}});
 }

@@ -148,6 +148,7 @@ void RunVerify(const VerifyArgs& a) {
                      {"allow_fallback", a.allow_fallback}}},
            {"fused_calls", CallsJson(p.calls)},
            {"never_ran", never_ran},
+           {"run_by_plan", p.run_by_plan},
            {"workload", {{"source", p.workload}, {"samples", p.samples}}},
            {"pass", pass}};
     if (a.repeat > 0)
@@ -170,8 +171,9 @@ void RunVerify(const VerifyArgs& a) {
                  perf.pairs_needed);
     for (const std::string& n : never_ran)
       fmt::print("kernel never ran: {}{}\n", n, a.allow_fallback ? " (allowed: --allow-fallback)" : "");
-    fmt::print("{} (gate: cosine >= {}, max abs error <= {}, every fused operator ran its kernel{}; workload: {}, {} "
-               "run(s))\n",
+    for (const std::string& n : p.run_by_plan) fmt::print("run by the runtime's plan: {}\n", n);
+    fmt::print("{} (gate: cosine >= {}, max abs error <= {}, every fused operator ran its kernel{} or the runtime's "
+               "plan ran it; workload: {}, {} run(s))\n",
                pass ? "PASS" : "FAIL", a.min_cosine, a.max_abs_error, a.allow_fallback ? " unless --allow-fallback" : "",
                p.workload, p.samples);
   }

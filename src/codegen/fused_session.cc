@@ -124,7 +124,15 @@ std::vector<FusedCallStats> FusedCallSummary(const FusedKernelSet& set) {
   return rows;
 }
 
-std::vector<std::string> IdleCallSites(const FusedKernelSet& set, std::vector<std::string>* nodes) {
+std::vector<std::string> PlanRunCallSites(const FusedKernelSet& set) {
+  std::vector<std::string> all = IdleCallSites(set), others = IdleCallSites(set, nullptr, /*with_plan=*/false);
+  std::vector<std::string> out;
+  for (const std::string& line : all)
+    if (std::find(others.begin(), others.end(), line) == others.end()) out.push_back(line);
+  return out;
+}
+
+std::vector<std::string> IdleCallSites(const FusedKernelSet& set, std::vector<std::string>* nodes, bool with_plan) {
   std::vector<std::string> out;
   for (const auto& e : set.entries()) {
     const int64_t calls = e.calls->load(), fallbacks = e.fallbacks->load();
@@ -135,6 +143,7 @@ std::vector<std::string> IdleCallSites(const FusedKernelSet& set, std::vector<st
       declined = e.last_fallback->declined;
     }
     const bool by_plan = !no_kernel && calls == 0 && !declined.empty();
+    if (by_plan && !with_plan) continue;
     if (!no_kernel && !by_plan && !(calls > 0 && fallbacks == calls)) continue;
     std::string why = e.status;
     if (by_plan) {

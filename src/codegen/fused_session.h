@@ -67,9 +67,14 @@ struct FusedCallStats {
 std::vector<FusedCallStats> FusedCallSummary(const FusedKernelSet& set);
 
 // Call sites whose kernel never ran: no kernel (the body runs inlined), every call ran the body, or
-// the session ran the call as the runtime's plan rewrote its body (runtime/plan_calls.h).
-// One line each: "<function> at <node>: <why>"; `nodes` (optional) gets the node names.
-std::vector<std::string> IdleCallSites(const FusedKernelSet& set, std::vector<std::string>* nodes = nullptr);
+// (with `with_plan`) the session ran the call as the runtime's plan rewrote its body
+// (runtime/plan_calls.h). One line each: "<function> at <node>: <why>"; `nodes` (optional) gets
+// the node names.
+std::vector<std::string> IdleCallSites(const FusedKernelSet& set, std::vector<std::string>* nodes = nullptr,
+                                       bool with_plan = true);
+// Call sites a session ran as the runtime's plan rewrote their bodies instead of by their kernels
+// (KernelInfo::declined, never called): "<function> at <node>: <why>".
+std::vector<std::string> PlanRunCallSites(const FusedKernelSet& set);
 
 // One line per fused function: name, status (compiled / cached / why not), variants, calls and
 // fallbacks (calls that ran the body), variants generated at run time.

@@ -150,7 +150,8 @@ PrecisionReport VerifyPrecision(const Model& fused, const Model& original, const
   if (rt.kernels) {
     r.kernels = DescribeFusedKernels(*rt.kernels);
     r.calls = FusedCallSummary(*rt.kernels);
-    r.never_ran = IdleCallSites(*rt.kernels);
+    r.never_ran = IdleCallSites(*rt.kernels, nullptr, /*with_plan=*/false);
+    r.run_by_plan = PlanRunCallSites(*rt.kernels);
   }
   return r;
 }

@@ -54,11 +54,14 @@ struct PrecisionReport {
   double min_cosine = 1, max_abs_error = 0;
   std::string kernels;  // fused kernels used (DescribeFusedKernels), empty without
   std::vector<FusedCallStats> calls;  // per fused function: kernel calls and fallbacks
-  std::vector<std::string> never_ran; // per call site whose kernel never ran (IdleCallSites)
+  std::vector<std::string> never_ran; // per call site whose kernel never ran (IdleCallSites, the plan's aside)
+  std::vector<std::string> run_by_plan;  // per call site run as the runtime's plan instead (PlanRunCallSites)
   int samples = 0;                    // runs compared
   std::string workload;               // how the inputs were obtained
   bool Passes(double min_cos, double max_abs) const { return min_cosine >= min_cos && max_abs_error <= max_abs; }
-  // Call sites whose kernel never ran (no kernel, or every call ran the body), with the reason.
+  // Call sites whose kernel never ran (no kernel, or every call ran the body), with the reason; the
+  // sites the runtime's plan ran instead are in run_by_plan (not a failure: the plan's path is
+  // the faster one, and the outputs above are compared as it runs).
   const std::vector<std::string>& NeverRan() const { return never_ran; }
 };
 

@@ -94,17 +94,20 @@ open(sys.argv[1], "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(hdr))
 PY
 # Plain fuse of a torch-exported decoder says which calls the runtime runs as its own operators
 # (attention over the KV cache, SwiGLU's sibling products), and `run --profile` names those sites
-# as not called; without the plan's rewrites every kernel runs.
+# as not called; without the plan's rewrites every kernel runs; `verify` passes, naming those sites.
 if "$BIN" fuse "$DEC/model.onnx" -o "$TMP/dec_fused.onnx" >"$TMP/fuse_out" 2>"$TMP/err" &&
    grep -qE "^Run here, these calls run as the runtime's own operators instead of their functions \(FusedAttention x[0-9]+, FusedSwiGLU x[0-9]+\)" "$TMP/fuse_out" &&
    "$BIN" run "$TMP/dec_fused.onnx" --profile >"$TMP/out" 2>"$TMP/err" &&
    grep -qE "^      [0-9]+ site\(s\) not called: the runtime's plan runs its operators as FusedAttention" "$TMP/out" &&
    "$BIN" run "$TMP/dec_fused.onnx" --profile --no-plan-rewrites >"$TMP/out2" 2>"$TMP/err" &&
-   grep -q "^fused kernels:" "$TMP/out2" && ! grep -q "not called" "$TMP/out2"; then
+   grep -q "^fused kernels:" "$TMP/out2" && ! grep -q "not called" "$TMP/out2" &&
+   "$BIN" verify "$TMP/dec_fused.onnx" >"$TMP/out3" 2>"$TMP/err" &&
+   grep -q "^run by the runtime's plan: FusedAttention at " "$TMP/out3" && ! grep -q "^kernel never ran" "$TMP/out3" &&
+   grep -q "^PASS" "$TMP/out3"; then
   pass=$((pass + 1))
 else
   fail=$((fail + 1)); echo "FAIL plain fuse / run of a decoder: the calls the runtime runs itself are not named:"
-  tail -3 "$TMP/fuse_out"; grep -A2 "fused kernels" "$TMP/out" "$TMP/out2" | head; cat "$TMP/err"
+  tail -3 "$TMP/fuse_out"; grep -A2 "fused kernels" "$TMP/out" "$TMP/out2" | head; tail -4 "$TMP/out3"; cat "$TMP/err"
 fi
 mkdir -p "$TMP/empty_set"
 for cmd in analyze estimate "fuse -o $TMP/i.onnx" "fuse --safe -o $TMP/i.onnx" bench "compile -o $TMP/kdir" run verify; do
