@@ -285,6 +285,8 @@ def main():
     print(f"baseline throughput: {performance_report['baseline_throughput']:.1f} tokens/s (graph-autofusion, unfused)")
     print(f"fused throughput: {performance_report['fused_throughput']:.1f} tokens/s")
     print(f"improvement: {performance_report['improvement'] * 100:.1f}%")
+    if performance_report.get("note"):
+        print(f"note: {performance_report['note']}")
 
     # 9. Save, and load back.
     save_dir = os.path.join(out_dir, f"llama-{a.size}-fused")

@@ -238,8 +238,9 @@ class GraphAutoFusion:
         if not isinstance(repeats, int) or repeats < 1:
             raise ValueError(f"repeats {repeats!r}: expected an integer >= 1")
         if fused.is_decoder:
-            return _generation_performance(FusedModel(self.model, use_kernels=False, threads=self.threads), fused,
-                                           repeats, prompt_len, max_length)
+            rep = _generation_performance(FusedModel(self.model, use_kernels=False, threads=self.threads), fused,
+                                          repeats, prompt_len, max_length)
+            return _note_same_model(rep, fused)
         rep = json.loads(_core.verify_performance(fused.model, self.model, self._samples, {}, int(self.threads),
                                                   int(repeats), 0, fused.half_weights, self.kernel_cache))
         runs = max(1, len(self._samples))
@@ -248,7 +249,7 @@ class GraphAutoFusion:
         rep["baseline_throughput"] = runs / (rep["baseline_ms"] / 1e3) if rep["baseline_ms"] > 0 else 0.0
         rep["fused_throughput"] = runs / (rep["fused_ms"] / 1e3) if rep["fused_ms"] > 0 else 0.0
         rep["improvement"] = rep["speedup"] - 1 if rep["speedup"] > 0 else 0.0
-        return PerformanceReport(rep)
+        return _note_same_model(PerformanceReport(rep), fused)
 
     def Save(self, path):
         """Writes the fused model (fusing first if needed) as one ONNX file."""
@@ -365,6 +366,15 @@ def _flatten(xs):
             yield from _flatten(x)
         else:
             yield x
+
+
+def _note_same_model(rep, fused):
+    """Says so when both sides ran the same graph (no fused operator, float32 weights: what
+    FuseSafe returns when it kept the model as given): the difference is the measurement's noise."""
+    if fused.fused_nodes == 0 and not fused.half_weights:
+        rep["note"] = ("the fused model has no fused operators (safe fusion kept the model as given): both sides ran "
+                       "the same graph, so the difference is the measurement's noise")
+    return rep
 
 
 def _generation_performance(baseline, fused, repeats, prompt_len, max_length):

@@ -190,4 +190,5 @@ class PerformanceReport(Report):
             f"  baseline throughput: {self['baseline_throughput']:.1f} {u}",
             f"  fused throughput:    {self['fused_throughput']:.1f} {u}",
             f"  improvement:         {_pct(self['improvement'])} (fused faster in {self.get('pairs_won', 0)} of "
-            f"{self.get('repeats', 0)} pairs, {self.get('pairs_needed', 0)} needed for a sign test at 1%)"])
+            f"{self.get('repeats', 0)} pairs, {self.get('pairs_needed', 0)} needed for a sign test at 1%)"]
+            + ([f"  note: {self['note']}"] if self.get("note") else []))

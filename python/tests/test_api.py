@@ -290,6 +290,14 @@ def test_verify_performance_keys_and_text(gaf, cnn_fusion):
     assert q["fused_throughput"] == pytest.approx(1e3 / q["fused_ms"])
     assert q["improvement"] == pytest.approx(q["fused_throughput"] / q["baseline_throughput"] - 1, rel=1e-6)
     assert f"baseline throughput: {q['baseline_throughput']:.1f} inferences/s" in str(q)
+    assert "note" not in q  # a fused model: no note
+
+
+def test_verify_performance_of_the_model_as_given_says_it_measured_one_model(gaf, mlp_onnx):
+    fuser = gaf.GraphAutoFusion(mlp_onnx, preset="transformer")
+    q = fuser.VerifyPerformance(mlp_onnx, repeats=2)  # what FuseSafe returns when it keeps the original
+    assert "both sides ran the same graph" in q["note"]
+    assert "note: the fused model has no fused operators" in str(q)
 
 
 def test_verify_performance_of_a_decoder(gaf, llama):
