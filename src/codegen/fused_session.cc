@@ -124,36 +124,42 @@ std::vector<FusedCallStats> FusedCallSummary(const FusedKernelSet& set) {
   return rows;
 }
 
-std::vector<std::string> PlanRunCallSites(const FusedKernelSet& set) {
-  std::vector<std::string> all = IdleCallSites(set), others = IdleCallSites(set, nullptr, /*with_plan=*/false);
-  std::vector<std::string> out;
-  for (const std::string& line : all)
-    if (std::find(others.begin(), others.end(), line) == others.end()) out.push_back(line);
-  return out;
-}
+namespace {
 
-std::vector<std::string> IdleCallSites(const FusedKernelSet& set, std::vector<std::string>* nodes, bool with_plan) {
+// Call sites whose kernel never ran, with why: those the session ran by the plan instead
+// (`plan` true), or the others (no kernel, or every call ran the body).
+std::vector<std::string> SitesNotRun(const FusedKernelSet& set, bool plan, std::vector<std::string>* nodes) {
   std::vector<std::string> out;
   for (const auto& e : set.entries()) {
     const int64_t calls = e.calls->load(), fallbacks = e.fallbacks->load();
     const bool no_kernel = !e.bound && !e.generate_when_called;
-    std::string declined;
+    std::string declined, reason;
     {
       std::lock_guard<std::mutex> lock(e.last_fallback->mu);
       declined = e.last_fallback->declined;
+      reason = e.last_fallback->reason;
     }
     const bool by_plan = !no_kernel && calls == 0 && !declined.empty();
-    if (by_plan && !with_plan) continue;
-    if (!no_kernel && !by_plan && !(calls > 0 && fallbacks == calls)) continue;
-    std::string why = e.status;
-    if (by_plan) {
-      why = "not called: " + declined;
-    } else if (!no_kernel) {
-      std::lock_guard<std::mutex> lock(e.last_fallback->mu);
-      why = fmt::format("{} call(s), all ran the body: {}", calls, e.last_fallback->reason);
-    }
+    if (by_plan != plan) continue;
+    if (!plan && !no_kernel && !(calls > 0 && fallbacks == calls)) continue;
+    const std::string why = by_plan     ? "not called: " + declined
+                            : no_kernel ? e.status
+                                        : fmt::format("{} call(s), all ran the body: {}", calls, reason);
     out.push_back(fmt::format("{} at {}: {}", e.function, e.node, why.substr(0, 300)));
     if (nodes != nullptr) nodes->push_back(e.node);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> PlanRunCallSites(const FusedKernelSet& set) { return SitesNotRun(set, true, nullptr); }
+
+std::vector<std::string> IdleCallSites(const FusedKernelSet& set, std::vector<std::string>* nodes, bool with_plan) {
+  std::vector<std::string> out = SitesNotRun(set, false, nodes);
+  if (with_plan) {
+    std::vector<std::string> plan = SitesNotRun(set, true, nodes);
+    out.insert(out.end(), plan.begin(), plan.end());
   }
   return out;
 }

@@ -377,7 +377,8 @@ Model SafeGraphAutoFusion::GateEndToEnd(Model fused, const SafeFusionOptions& sa
         r->fused = false;
         r->rolled_back_end_to_end = true;
         r->reason_kind = "compile";
-        r->reason = "end to end: the kernel never ran (every call ran the body)";
+        r->reason = "end to end: the kernel never ran (every call ran the body, or the runtime's plan ran its "
+                    "operators as its own)";
         rollbacks[r->candidate] = {Verdict::kSkipCompile, r->reason};
         changed = true;
       }
