@@ -67,6 +67,11 @@ struct Plan {
   int threads = 0;
   std::vector<Buffer> buffers;
   std::vector<dnnl::memory> owned;  // weights, biases, constants in the primitives' layouts
+  // The convolutions' weights, in plan order, in chunks on transparent huge pages (WeightSpace).
+  std::vector<Buffer> weight_chunks;
+  size_t weight_chunk_used = 0;
+  // `bytes` (64-byte aligned) in the last weight chunk, or in a new one when it has no room.
+  char* WeightSpace(size_t bytes);
   std::vector<Step> steps;
   std::vector<dnnl::memory> input_mem;   // user (NCHW) memory per input; handles set per call
   std::vector<dnnl::memory> output_mem;  // user memory per output
