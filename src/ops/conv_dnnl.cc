@@ -47,7 +47,8 @@ struct PreparedConv::Impl {
   struct Plan {
     Shape x, y;
     dnnl::convolution_forward conv;
-    dnnl::memory weights, bias;  // in the primitive's layouts
+    Tensor weights_storage;
+    dnnl::memory weights, bias;  // in the primitive's layouts (weights on weights_storage)
     dnnl::memory::desc src_md, dst_md, user_src_md, user_dst_md;
     bool reorder_src = false, reorder_dst = false;
     dnnl::reorder src_reorder, dst_reorder, residual_reorder;
@@ -104,7 +105,7 @@ struct PreparedConv::Impl {
     dnnl::stream s(eng);
     dnnl::memory user_w(dnnl::memory::desc(Dims(weight.shape()), dt::f32, tag::oihw), eng,
                         const_cast<float*>(weight.data<float>()));
-    p->weights = dnnl::memory(pd.weights_desc(), eng);
+    p->weights = MemoryOnTensor(pd.weights_desc(), &p->weights_storage);
     dnnl::reorder(user_w, p->weights).execute(s, user_w, p->weights);
     if (has_bias) {
       p->bias = dnnl::memory(pd.bias_desc(), eng);

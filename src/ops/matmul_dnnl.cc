@@ -24,12 +24,17 @@ constexpr size_t kMaxPlans = 16;
 struct PreparedMatMul::Impl {
   struct Plan {
     dnnl::matmul prim;
-    const dnnl::memory* weights = nullptr;  // packed copy in the primitive's layout
+    dnnl::memory weights;  // packed copy in the primitive's layout
   };
   std::mutex mu;
   std::unique_ptr<PanelWeight> panels;                             // made on first use
   std::map<int64_t, Plan> plans;                                   // by M
-  std::vector<std::pair<dnnl::memory::desc, dnnl::memory>> packed;  // per layout asked for
+  struct Packed {
+    dnnl::memory::desc md;
+    Tensor storage;
+    dnnl::memory mem;
+  };
+  std::vector<Packed> packed;  // per layout asked for
 };
 
 PreparedMatMul::PreparedMatMul(Tensor weight) : weight_(std::move(weight)), impl_(std::make_unique<Impl>()) {}
@@ -68,17 +73,18 @@ void PreparedMatMul::Run(const float* A, int64_t M, float* C) const {
     if (it == impl_->plans.end()) {
       dnnl::memory::desc src({M, K}, dt::f32, tag::ab), w_any({K, N}, dt::f32, tag::any), dst({M, N}, dt::f32, tag::ab);
       dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, w_any, dst), eng);
-      const dnnl::memory* packed = nullptr;
-      for (const auto& [md, mem] : impl_->packed)
-        if (md == pd.weights_desc()) packed = &mem;
-      if (packed == nullptr) {
+      dnnl::memory packed;
+      for (const Impl::Packed& p : impl_->packed)
+        if (p.md == pd.weights_desc()) packed = p.mem;
+      if (!packed) {
         dnnl::stream s(eng);
         dnnl::memory user({{K, N}, dt::f32, tag::ab}, eng, const_cast<float*>(weight_.data<float>()));
-        dnnl::memory mem(pd.weights_desc(), eng);
-        dnnl::reorder(user, mem).execute(s, user, mem);
+        Impl::Packed p{pd.weights_desc(), Tensor(), dnnl::memory()};
+        p.mem = MemoryOnTensor(p.md, &p.storage);
+        dnnl::reorder(user, p.mem).execute(s, user, p.mem);
         s.wait();
-        impl_->packed.emplace_back(pd.weights_desc(), mem);
-        packed = &impl_->packed.back().second;
+        packed = p.mem;
+        impl_->packed.push_back(std::move(p));
       }
       if (impl_->plans.size() >= kMaxPlans) impl_->plans.clear();
       it = impl_->plans.emplace(M, Impl::Plan{dnnl::matmul(pd), packed}).first;
@@ -88,7 +94,7 @@ void PreparedMatMul::Run(const float* A, int64_t M, float* C) const {
   dnnl::stream s(eng);
   dnnl::memory src({{M, K}, dt::f32, tag::ab}, eng, const_cast<float*>(A));
   dnnl::memory dst({{M, N}, dt::f32, tag::ab}, eng, C);
-  plan.prim.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, *plan.weights}, {DNNL_ARG_DST, dst}});
+  plan.prim.execute(s, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, plan.weights}, {DNNL_ARG_DST, dst}});
   s.wait();
 }
 
