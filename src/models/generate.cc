@@ -212,7 +212,7 @@ Tensor DecodeLoop::Step(const std::vector<int64_t>& ids) {
           past_len_ == 0 ? EmptyPast(*InfoOf(session_, sig_.cache[i].first)) : std::move(presents_[i]);
     // The present caches come back as caches with room where the attention appends in place
     // (SessionOptions::cache_in_place): fed back as they are, never read here.
-    std::vector<Tensor> outs = session_.Run(feeds_, output_names_, /*cache_room=*/true);
+    std::vector<Tensor> outs = session_.Run(feeds_, output_names_, /*cache_room=*/true, last_position_only_);
     presents_.assign(std::make_move_iterator(outs.begin() + 1), std::make_move_iterator(outs.end()));
     past_len_ += static_cast<int64_t>(ids.size());
     return std::move(outs[0]);
@@ -239,6 +239,7 @@ GenerateResult Generate(Session& session, const DecoderSignature& sig, const Gen
   GenerateResult result;
   if (options.max_new_tokens <= 0) return result;
   DecodeLoop loop(session, sig);
+  loop.set_last_position_only(true);  // the argmax reads the last position only
 
   // Prefill: the whole prompt, empty cache.
   auto t0 = Clock::now();

@@ -61,6 +61,10 @@ class DecodeLoop {
   // makes it ([1, ids.size(), vocab] or [1, vocab]); past_length() grows by ids.size().
   Tensor Step(const std::vector<int64_t>& ids);
   int64_t past_length() const { return past_len_; }
+  // Steps return the logits of the last position only ([1, 1, vocab]) where the plan can compute
+  // just that (Session::Run's last_position_only): a prompt's step then skips the vocabulary head
+  // on every other position. Off by default (Step returns every position's logits).
+  void set_last_position_only(bool on) { last_position_only_ = on; }
   // Forgets the cache: the next Step starts a new sequence.
   void Reset();
 
@@ -71,6 +75,7 @@ class DecodeLoop {
   std::map<std::string, Tensor> feeds_;
   std::vector<Tensor> presents_;
   int64_t past_len_ = 0;
+  bool last_position_only_ = false;
 };
 
 // The logits of the last position for batch row 0 ([vocab], float32) of logits [batch, seq, vocab]

@@ -35,6 +35,9 @@ struct KernelContext {
   // kernel that appends to a key/value cache may make it a cache with room (Tensor::WithCacheRoom)
   // and append to such a cache in place.
   bool cache_room = false;
+  // The caller reads only the last position of the outputs a LastPosition node leads to (a
+  // generation's logits; runtime/plan_rewrite.h).
+  bool last_position_only = false;
 
   size_t num_inputs() const { return inputs.size(); }
   bool has_input(size_t i) const { return i < inputs.size() && inputs[i] != nullptr; }

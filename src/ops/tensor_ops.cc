@@ -347,6 +347,23 @@ void UnsqueezeKernel(KernelContext& ctx) {
 
 void IdentityKernel(KernelContext& ctx) { ctx.outputs[0] = ctx.input(0); }
 
+// The plan's LastPosition (runtime/plan_rewrite.h): X as it is, or in runs that read only the last
+// position (KernelContext::last_position_only) X[:, -1:, :] of a [batch, positions, K] operand.
+void LastPositionKernel(KernelContext& ctx) {
+  const Tensor& x = ctx.input(0);
+  if (!ctx.last_position_only || x.rank() != 3 || x.dim(1) <= 1) {
+    ctx.outputs[0] = x;
+    return;
+  }
+  const int64_t b = x.dim(0), s = x.dim(1), k = x.dim(2);
+  Tensor y = Tensor::Uninitialized(x.dtype(), {b, 1, k});
+  const size_t row = static_cast<size_t>(k) * DataTypeSize(x.dtype());
+  const char* src = static_cast<const char*>(x.raw());
+  char* dst = static_cast<char*>(y.raw());
+  for (int64_t i = 0; i < b; ++i) std::memcpy(dst + i * row, src + (i * s + s - 1) * row, row);
+  ctx.outputs[0] = std::move(y);
+}
+
 void DropoutKernel(KernelContext& ctx) {
   const Node& node = ctx.node;
   const Tensor& x = ctx.input(0);
@@ -1791,6 +1808,7 @@ void RegisterTensorKernels(OpRegistry& r) {
   r.Register({"", "ConstantOfShape", OpKind::kOpaque, ConstantOfShapeKernel, false});
   r.Register({"", "Constant", OpKind::kOpaque, ConstantKernel, false});
   r.Register({"", "Identity", OpKind::kElementwise, IdentityKernel, false});
+  r.Register({"ai.graph_autofusion.plan", "LastPosition", OpKind::kInjective, LastPositionKernel, false});
   r.Register({"", "Dropout", OpKind::kElementwise, DropoutKernel, false});
   r.Register({"", "Range", OpKind::kOpaque, RangeKernel, true});
   r.Register({"", "Trilu", kInj, TriluKernel, false});

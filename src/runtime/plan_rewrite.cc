@@ -286,6 +286,63 @@ void GroupCopies(Graph& g, int64_t opset, ProductRewrites& stats) {
 
 }  // namespace
 
+namespace {
+
+// A graph output made by MatMul(A, W) with W a constant [K, N], perhaps through an Add of a
+// constant bias of rank 1 or less: A is read through a LastPosition node, which passes it on as it
+// is except in a generation's runs (last_position_only), where it keeps A's last position (axis 1
+// of a [batch, positions, K] operand). The logits of a 256-token prompt are otherwise a product by
+// the vocabulary head over every position (a fifth of the prompt's multiply-adds in the bench
+// Llama) of which a generation reads one row.
+void MarkLastPositions(Graph& g, ProductRewrites& stats) {
+  std::unordered_map<std::string, size_t> producer, readers;
+  for (size_t i = 0; i < g.nodes.size(); ++i) {
+    for (const std::string& o : g.nodes[i].outputs) producer[o] = i;
+    for (const std::string& in : g.nodes[i].inputs) ++readers[in];
+  }
+  std::unordered_set<std::string> outputs;
+  for (const ValueInfo& v : g.outputs) outputs.insert(v.name);
+  auto producer_of = [&](const std::string& v) -> Node* {
+    auto p = producer.find(v);
+    return p == producer.end() ? nullptr : &g.nodes[p->second];
+  };
+  auto constant_of_rank = [&](const std::string& v, int64_t max_rank) {
+    const Tensor* t = g.FindInitializer(v);
+    return t != nullptr && t->rank() <= max_rank;
+  };
+  std::vector<std::pair<size_t, Node>> inserts;  // (before node i, the LastPosition node)
+  for (const ValueInfo& out : g.outputs) {
+    if (readers[out.name] != 0) continue;  // read inside the graph too: every position is needed
+    Node* n = producer_of(out.name);
+    if (n != nullptr && n->op_type == "Add" && n->domain.empty() && n->inputs.size() == 2) {
+      const int bias = constant_of_rank(n->inputs[1], 1) ? 1 : constant_of_rank(n->inputs[0], 1) ? 0 : -1;
+      const std::string& product = bias < 0 ? std::string() : n->inputs[static_cast<size_t>(1 - bias)];
+      n = bias >= 0 && readers[product] == 1 && !outputs.count(product) ? producer_of(product) : nullptr;
+    }
+    if (n == nullptr || n->op_type != "MatMul" || !n->domain.empty() || n->inputs.size() != 2 ||
+        n->outputs.size() != 1 || !constant_of_rank(n->inputs[1], 2) || g.FindInitializer(n->inputs[1])->rank() != 2 ||
+        g.FindInitializer(n->inputs[0]) != nullptr)
+      continue;
+    Node last;
+    last.op_type = "LastPosition";
+    last.domain = kPlanDomain;
+    last.name = n->name + "/last_position";
+    last.inputs = {n->inputs[0]};
+    last.outputs = {n->outputs[0] + "/last_position_input"};
+    n->inputs[0] = last.outputs[0];
+    stats.notes.push_back(fmt::format("{}: the product reads {} through LastPosition (a generation computes {} for the "
+                                      "last position only)",
+                                      n->name, last.inputs[0], out.name));
+    inserts.emplace_back(static_cast<size_t>(n - g.nodes.data()), std::move(last));
+  }
+  // From the back, so that the earlier positions stay where they are.
+  std::sort(inserts.begin(), inserts.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+  for (auto& [at, node] : inserts) g.nodes.insert(g.nodes.begin() + static_cast<std::ptrdiff_t>(at), std::move(node));
+  stats.last_positions += static_cast<int>(inserts.size());
+}
+
+}  // namespace
+
 ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
   ProductRewrites stats;
   Graph& g = model.graph;
@@ -408,6 +465,7 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
   FoldSiLUGates(g, stats);
   FoldRMSNorms(g, opset, stats);
   FoldRotaryHalves(g, stats);
+  MarkLastPositions(g, stats);
   return stats;
 }
 

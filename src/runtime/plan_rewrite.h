@@ -57,6 +57,10 @@ struct ProductRewrites {
   int rms_norms = 0;              // RMSNorm nodes: Pow, ReduceMean, Add, Sqrt, reciprocal, Mul(s)
   int rotaries = 0;               // RotaryHalf nodes: x * cos + rotate_half(x) * sin
   int attention_blocks = 0;       // FusedAttention nodes: scores product, MaskedSoftmax, values product
+  // LastPosition nodes: before a product by a constant weight that makes a graph output (a
+  // decoder's logits), so that a generation's runs (Session::Run's last_position_only) compute it
+  // for the last position only.
+  int last_positions = 0;
   std::vector<std::string> notes;  // one line per rewritten node
 };
 

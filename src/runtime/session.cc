@@ -506,6 +506,7 @@ void Session::RunStep(const PlanStep& st, std::vector<Tensor>& slots, SubgraphRu
   const Node& node = *st.node;
   KernelContext ctx{node, st.opset, {}, {}, &runner, omp_get_max_threads()};
   ctx.cache_room = cache_room_;
+  ctx.last_position_only = last_position_only_;
   ctx.inputs.resize(st.in_slots.size(), nullptr);
   // Keeps converted inputs alive (contiguous copies of caches with room, half types as float):
   // reserved once for both kinds, so the pointers into it stay valid.
@@ -749,7 +750,8 @@ std::vector<Tensor> Session::Execute(const Plan& plan, Frame* parent, const std:
 }
 
 std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,
-                                 const std::vector<std::string>& output_names, bool cache_room) {
+                                 const std::vector<std::string>& output_names, bool cache_room,
+                                 bool last_position_only) {
   for (const auto& [name, t] : feeds) {
     bool known = false;
     for (const ValueInfo& v : model_.graph.inputs) known |= v.name == name;
@@ -773,6 +775,7 @@ std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,
         key += fmt::format("{},", d <= 1 || d > (int64_t{1} << 40) ? d : int64_t{1} << (64 - __builtin_clzll(d - 1)));
       key += ';';
     }
+    if (last_position_only) key += "last position";  // smaller outputs than the same feeds make otherwise
     constexpr size_t kMaxPlans = 16;
     auto it = memory_plans_.find(key);
     if (it == memory_plans_.end()) {
@@ -784,6 +787,7 @@ std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,
   }
   MemoryPlan::Scope buffers(plan);
   cache_room_ = cache_room && options_.cache_in_place;
+  last_position_only_ = last_position_only;
   std::vector<Tensor> all = Execute(PlanFor(model_.graph), nullptr, {}, &feeds);
   if (!cache_room)  // a caller that does not feed them back gets contiguous tensors
     for (Tensor& t : all) t = t.Dense();

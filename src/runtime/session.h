@@ -89,9 +89,12 @@ class Session {
   // when `output_names` is empty), in that order. cache_room: the caller feeds the present caches
   // back as the next run's past (Generate): they may come back as caches with room
   // (Tensor::WithCacheRoom, SessionOptions::cache_in_place), which only Dense() or feeding them
-  // back reads; otherwise every output is contiguous.
+  // back reads; otherwise every output is contiguous. last_position_only: the caller reads only
+  // the last position of the outputs the plan made LastPosition nodes for (a decoder's logits,
+  // ProductRewrites::last_positions): those come back as [batch, 1, ...].
   std::vector<Tensor> Run(const std::map<std::string, Tensor>& feeds,
-                          const std::vector<std::string>& output_names = {}, bool cache_room = false);
+                          const std::vector<std::string>& output_names = {}, bool cache_room = false,
+                          bool last_position_only = false);
 
   // Per op type totals since construction (only with options.profile), largest first.
   std::vector<OpProfile> Profile() const;
@@ -125,6 +128,7 @@ class Session {
   std::map<std::string, OpProfile> profile_;
   std::mutex run_mutex_;
   bool cache_room_ = false;  // the current run's Run(..., cache_room) and options_.cache_in_place
+  bool last_position_only_ = false;  // the current run's Run(..., last_position_only)
   ProductRewrites rewrites_;
   std::deque<KernelInfo> call_kernels_;                 // kernels of kept function calls
   std::unordered_map<const Node*, const KernelInfo*> call_kernel_of_;

@@ -184,6 +184,39 @@ TEST(Generate, KvCacheMatchesRecompute) {
   EXPECT_GT(r.DecodeTokensPerSecond(), 0);
 }
 
+// A prompt's step in a generation computes the logits of its last position only: the plan reads
+// the vocabulary head's operand through a LastPosition node, which keeps the last position in
+// runs that ask for it (DecodeLoop::set_last_position_only, which Generate sets) and passes the
+// operand on otherwise.
+TEST(Generate, PromptStepComputesTheLastPositionOnly) {
+  Session s(TinyLlama());
+  EXPECT_EQ(s.product_rewrites().last_positions, 1);
+  DecoderSignature sig = DecoderSignature::Discover(s.inputs(), s.outputs());
+  const std::vector<int64_t> prompt{17, 3, 250, 96, 41, 7, 9};
+  DecodeLoop all(s, sig), last(s, sig);
+  last.set_last_position_only(true);
+  for (const std::vector<int64_t>& ids : {prompt, std::vector<int64_t>{5}, std::vector<int64_t>{8, 2}}) {
+    const Tensor a = all.Step(ids), b = last.Step(ids);
+    ASSERT_EQ(a.shape(), (Shape{1, static_cast<int64_t>(ids.size()), a.dim(2)}));
+    ASSERT_EQ(b.shape(), (Shape{1, 1, a.dim(2)}));
+    const Tensor want = LastPositionLogits(a), got = LastPositionLogits(b);
+    ASSERT_EQ(want.numel(), got.numel());
+    for (int64_t i = 0; i < want.numel(); ++i)
+      ASSERT_NEAR(got.data<float>()[i], want.data<float>()[i], 1e-5f) << ids.size() << " ids, logit " << i;
+  }
+  // Runs that do not ask keep every position (ForwardNoCache: the model as it is).
+  EXPECT_EQ(ForwardNoCache(s, sig, prompt).dim(1), static_cast<int64_t>(prompt.size()));
+  // Without the plan's rewrites there is no LastPosition node, and a generation reads every position.
+  SessionOptions plain;
+  plain.rewrite_products = false;
+  Session p(TinyLlama(), plain);
+  EXPECT_EQ(p.product_rewrites().last_positions, 0);
+  GenerateOptions opt;
+  opt.prompt_ids = prompt;
+  opt.max_new_tokens = 8;
+  EXPECT_EQ(Generate(p, opt).tokens, Generate(s, opt).tokens);
+}
+
 TEST(Generate, StopsAtEos) {
   Session s(TinyLlama());
   GenerateOptions opt;
