@@ -8,20 +8,18 @@
 
 namespace bench {
 
-// Reads a range as kStreams sub-ranges at once: a single sequential stream per core is held back
-// by the prefetchers and line-fill buffers (13.8 GB/s per core on a 2-core VM where a GEMV over
-// many weight rows at once reads 18-19), so one stream would put the floor below what kernels reach.
-inline constexpr size_t kStreams = 8;
-
-// The sum of p[0:n], read as kStreams concurrent streams.
-inline double SumStreams(const float* p, size_t n) {
-  constexpr size_t kBlock = 256;  // floats per stream per step (1 KiB)
-  const size_t m = n / kStreams / kBlock * kBlock;
+// Reads p[0:n] as Streams sub-ranges at once, Block floats of each in turn, and returns the sum: a
+// single sequential stream per core is held back by the prefetchers and line-fill buffers (13.8
+// GB/s per core on a 2-core VM where a GEMV over many weight rows at once reads 18-19), so one
+// stream would put the floor below what kernels reach.
+template <size_t Streams, size_t Block>
+double SumStreamsOf(const float* p, size_t n) {
+  const size_t m = n / Streams / Block * Block;
   float acc[2][16] = {};
-  for (size_t i = 0; i < m; i += kBlock) {
-    for (size_t k = 0; k < kStreams; ++k) {
+  for (size_t i = 0; i < m; i += Block) {
+    for (size_t k = 0; k < Streams; ++k) {
       const float* q = p + k * m + i;
-      for (size_t j = 0; j < kBlock; j += 32) {
+      for (size_t j = 0; j < Block; j += 32) {
 #pragma omp simd
         for (size_t l = 0; l < 16; ++l) {
           acc[0][l] += q[j + l];
@@ -32,9 +30,24 @@ inline double SumStreams(const float* p, size_t n) {
   }
   float s = 0.f;
   for (size_t l = 0; l < 16; ++l) s += acc[0][l] + acc[1][l];
-  for (size_t i = kStreams * m; i < n; ++i) s += p[i];
+  for (size_t i = Streams * m; i < n; ++i) s += p[i];
   return s;
 }
+
+// The read patterns a bandwidth floor is measured with; the floor is the fastest. Which is fastest
+// depends on the machine and on what else runs on it: on the shared AMD EPYC host (2 threads) 8
+// streams of 1 KiB turns read 75-86 GB/s in quiet hours, while under load 4 streams of 256 B read
+// 57.9 GB/s against 41.5 for 8 x 1 KiB, and the decode products' panels 61.1 (ops/panel_gemm.h):
+// one pattern alone let a product kernel read "faster than the floor".
+struct ReadPattern {
+  const char* name;
+  double (*sum)(const float*, size_t);
+};
+inline constexpr ReadPattern kReadPatterns[] = {
+    {"8 streams x 1 KiB", &SumStreamsOf<8, 256>},
+    {"4 streams x 256 B", &SumStreamsOf<4, 64>},
+    {"2 streams x 1 KiB", &SumStreamsOf<2, 256>},
+};
 
 // "1,2,4" -> {1, 2, 4}.
 inline std::vector<int> ParseIntList(const std::string& v) {

@@ -1,11 +1,13 @@
 // Memory read bandwidth: the sum of a large float array (far larger than the caches), with
-// 1..T threads (each sums a contiguous share, as 8 concurrent streams), median of repeats after one
-// warm-up pass.
+// 1..T threads (each sums a contiguous share as several concurrent streams, in each of the read
+// patterns of bench_util.h, the patterns interleaved repeat by repeat), median of repeats after one
+// warm-up pass; the bandwidth is the fastest pattern's.
 //
 //   membw [--mib 1024] [--threads 1,2] [--repeat 9]
 //
-// Prints JSON: {"array_bytes": N, "results": [{"threads": 1, "gbps": median GB/s (1e9 bytes/s),
-// "gbps_min": .., "gbps_max": ..}, ...]}.
+// Prints JSON: {"array_bytes": N, "results": [{"threads": 1, "gbps": the fastest pattern's median
+// GB/s (1e9 bytes/s), "gbps_min": .., "gbps_max": .. (of that pattern), "pattern": its name,
+// "patterns": [{"pattern": name, "gbps": median}, ...]}, ...]}.
 #include <omp.h>
 #include <sys/mman.h>
 
@@ -14,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -52,23 +55,37 @@ int main(int argc, char** argv) {
   volatile double sink = 0;
   for (size_t ti = 0; ti < threads.size(); ++ti) {
     const int t = threads[ti];
-    std::vector<double> gbps;
+    constexpr size_t kPatterns = std::size(bench::kReadPatterns);
+    std::vector<std::vector<double>> gbps(kPatterns);
     for (int r = 0; r <= repeat; ++r) {  // r == 0 is the warm-up
-      double total = 0;
-      auto t0 = std::chrono::steady_clock::now();
+      for (size_t pi = 0; pi < kPatterns; ++pi) {
+        const auto sum = bench::kReadPatterns[pi].sum;
+        double total = 0;
+        auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(t) reduction(+ : total)
-      {
-        const int id = omp_get_thread_num(), nt = omp_get_num_threads();
-        const size_t lo = n * id / nt, hi = n * (id + 1) / nt;
-        total += bench::SumStreams(a + lo, hi - lo);
+        {
+          const int id = omp_get_thread_num(), nt = omp_get_num_threads();
+          const size_t lo = n * id / nt, hi = n * (id + 1) / nt;
+          total += sum(a + lo, hi - lo);
+        }
+        double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        sink = sink + total;
+        if (r > 0) gbps[pi].push_back(static_cast<double>(n * sizeof(float)) / s / 1e9);
       }
-      double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      sink = sink + total;
-      if (r > 0) gbps.push_back(static_cast<double>(n * sizeof(float)) / s / 1e9);
     }
-    std::sort(gbps.begin(), gbps.end());
-    std::printf("%s{\"threads\": %d, \"gbps\": %.3f, \"gbps_min\": %.3f, \"gbps_max\": %.3f}", ti ? ", " : "", t,
-                gbps[gbps.size() / 2], gbps.front(), gbps.back());
+    size_t best = 0;
+    for (size_t pi = 0; pi < kPatterns; ++pi) {
+      std::sort(gbps[pi].begin(), gbps[pi].end());
+      if (gbps[pi][gbps[pi].size() / 2] > gbps[best][gbps[best].size() / 2]) best = pi;
+    }
+    const std::vector<double>& g = gbps[best];
+    std::printf("%s{\"threads\": %d, \"gbps\": %.3f, \"gbps_min\": %.3f, \"gbps_max\": %.3f, \"pattern\": \"%s\", "
+                "\"patterns\": [",
+                ti ? ", " : "", t, g[g.size() / 2], g.front(), g.back(), bench::kReadPatterns[best].name);
+    for (size_t pi = 0; pi < kPatterns; ++pi)
+      std::printf("%s{\"pattern\": \"%s\", \"gbps\": %.3f}", pi ? ", " : "", bench::kReadPatterns[pi].name,
+                  gbps[pi][gbps[pi].size() / 2]);
+    std::printf("]}");
   }
   std::printf("]}\n");
   std::free(a);

@@ -419,7 +419,8 @@ PYBIND11_MODULE(_core, m) {
       .def("original_model", [](const Fuser& fu) { return fu.f->original_model(); });
 
   // A generation driven one step at a time from Python (models/generate.h DecodeLoop): the caches
-  // stay in C++ (appended in place), each step returns the last position's logits.
+  // stay in C++ (appended in place), each step returns the last position's logits (and computes
+  // only those where the plan can: DecodeLoop::set_last_position_only).
   pyb::class_<DecodeLoop>(m, "DecodeLoop")
       .def(
           "step",
@@ -442,7 +443,12 @@ PYBIND11_MODULE(_core, m) {
       .def("run", &RunRuntime, pyb::arg("feeds"), pyb::arg("outputs") = std::vector<std::string>{})
       .def("generate", &GenerateRuntime, pyb::arg("prompt"), pyb::arg("max_new_tokens"), pyb::arg("eos_token_id") = -1)
       .def(
-          "decode_loop", [](Runtime& rt) { return std::make_unique<DecodeLoop>(*rt.session); },
+          "decode_loop",
+          [](Runtime& rt) {
+            auto loop = std::make_unique<DecodeLoop>(*rt.session);
+            loop->set_last_position_only(true);  // step returns the last position's logits only
+            return loop;
+          },
           pyb::keep_alive<0, 1>())
       .def("kernels", &RuntimeKernels)
       .def("input_names",
