@@ -311,6 +311,7 @@ void MarkLastPositions(Graph& g, ProductRewrites& stats) {
     return t != nullptr && t->rank() <= max_rank;
   };
   std::vector<std::pair<size_t, Node>> inserts;  // (before node i, the LastPosition node)
+  std::unordered_set<const Node*> marked;          // an output listed twice marks its product once
   for (const ValueInfo& out : g.outputs) {
     if (readers[out.name] != 0) continue;  // read inside the graph too: every position is needed
     Node* n = producer_of(out.name);
@@ -320,9 +321,10 @@ void MarkLastPositions(Graph& g, ProductRewrites& stats) {
       n = bias >= 0 && readers[product] == 1 && !outputs.count(product) ? producer_of(product) : nullptr;
     }
     if (n == nullptr || n->op_type != "MatMul" || !n->domain.empty() || n->inputs.size() != 2 ||
-        n->outputs.size() != 1 || !constant_of_rank(n->inputs[1], 2) || g.FindInitializer(n->inputs[1])->rank() != 2 ||
-        g.FindInitializer(n->inputs[0]) != nullptr)
+        n->outputs.size() != 1 || g.FindInitializer(n->inputs[0]) != nullptr || !marked.insert(n).second)
       continue;
+    const Tensor* w = g.FindInitializer(n->inputs[1]);
+    if (w == nullptr || w->rank() != 2) continue;  // a row-wise product of A's leading axes
     Node last;
     last.op_type = "LastPosition";
     last.domain = kPlanDomain;
