@@ -13,7 +13,6 @@
 #include "ops/blocked_chain_plan.h"
 
 #include <omp.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cmath>
@@ -826,20 +825,15 @@ ConvCandidate ChainPlanner::ChooseConvImpl(const Op& op, const ConvPd& pd, const
 char* Plan::WeightSpace(size_t bytes) {
   // A CNN's weights (100 MB for ResNet-50) are read once an inference, far more than the caches
   // hold: on 2 MiB pages the page walks are fewer and the hardware prefetchers do not stop every
-  // 4 KiB. Consecutive convolutions' weights lie one after another.
-  constexpr size_t kHuge = size_t{2} << 20, kChunk = size_t{16} << 20;
+  // 4 KiB (oneDNN's own allocation is on 4 KiB pages). Consecutive convolutions' weights lie one
+  // after another in chunks of at least 16 MiB (each from the tensor allocator: on huge pages).
+  constexpr size_t kChunk = size_t{16} << 20;
   bytes = (bytes + 63) / 64 * 64;
-  if (weight_chunks.empty() || weight_chunk_used + bytes > weight_chunks.back().bytes) {
-    Buffer b;
-    const size_t size = (std::max(bytes, kChunk) + kHuge - 1) / kHuge * kHuge;
-    b.p.reset(static_cast<char*>(std::aligned_alloc(kHuge, size)));
-    GAF_CHECK(b.p != nullptr, "blocked chain: cannot allocate {} bytes of weights", size);
-    ::madvise(b.p.get(), size, MADV_HUGEPAGE);
-    b.bytes = size;
-    weight_chunks.push_back(std::move(b));
+  if (weight_chunks.empty() || weight_chunk_used + bytes > weight_chunks.back().nbytes()) {
+    weight_chunks.push_back(Tensor::Uninitialized(DataType::kUint8, {static_cast<int64_t>(std::max(bytes, kChunk))}));
     weight_chunk_used = 0;
   }
-  char* p = weight_chunks.back().p.get() + weight_chunk_used;
+  char* p = static_cast<char*>(weight_chunks.back().raw()) + weight_chunk_used;
   weight_chunk_used += bytes;
   return p;
 }

@@ -67,8 +67,9 @@ struct Plan {
   int threads = 0;
   std::vector<Buffer> buffers;
   std::vector<dnnl::memory> owned;  // weights, biases, constants in the primitives' layouts
-  // The convolutions' weights, in plan order, in chunks on transparent huge pages (WeightSpace).
-  std::vector<Buffer> weight_chunks;
+  // The convolutions' weights, in plan order, in chunks of the tensor allocator (2 MiB and more on
+  // transparent huge pages, under the memory limit): WeightSpace.
+  std::vector<Tensor> weight_chunks;
   size_t weight_chunk_used = 0;
   // `bytes` (64-byte aligned) in the last weight chunk, or in a new one when it has no room.
   char* WeightSpace(size_t bytes);
