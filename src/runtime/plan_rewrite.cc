@@ -302,6 +302,11 @@ void MarkLastPositions(Graph& g, ProductRewrites& stats) {
   }
   std::unordered_set<std::string> outputs;
   for (const ValueInfo& v : g.outputs) outputs.insert(v.name);
+  // A name the graph already uses (a value, an input, an initializer) is never made again.
+  auto used = [&](const std::string& v) {
+    return producer.count(v) > 0 || readers.count(v) > 0 || outputs.count(v) > 0 || g.FindInitializer(v) != nullptr ||
+           std::any_of(g.inputs.begin(), g.inputs.end(), [&](const ValueInfo& i) { return i.name == v; });
+  };
   auto producer_of = [&](const std::string& v) -> Node* {
     auto p = producer.find(v);
     return p == producer.end() ? nullptr : &g.nodes[p->second];
@@ -325,12 +330,14 @@ void MarkLastPositions(Graph& g, ProductRewrites& stats) {
       continue;
     const Tensor* w = g.FindInitializer(n->inputs[1]);
     if (w == nullptr || w->rank() != 2) continue;  // a row-wise product of A's leading axes
+    const std::string input = n->outputs[0] + "/last_position_input";
+    if (used(input)) continue;
     Node last;
     last.op_type = "LastPosition";
     last.domain = kPlanDomain;
     last.name = n->name + "/last_position";
     last.inputs = {n->inputs[0]};
-    last.outputs = {n->outputs[0] + "/last_position_input"};
+    last.outputs = {input};
     n->inputs[0] = last.outputs[0];
     stats.notes.push_back(fmt::format("{}: the product reads {} through LastPosition (a generation computes {} for the "
                                       "last position only)",

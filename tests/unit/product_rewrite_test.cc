@@ -77,6 +77,37 @@ Model OutputY(std::vector<ValueInfo> inputs, std::vector<Node> nodes, std::vecto
   return MakeModel(std::move(g));
 }
 
+// A product by a constant [K, N] weight that makes a graph output (here through a bias Add) reads
+// its operand through LastPosition: runs that ask for the last position only get [b, 1, N], equal
+// to the last position of a full run; other runs are unchanged. Not where the output is read inside
+// the graph, where the weight is not 2-D, or where the name the node would make is taken.
+TEST(ProductRewrite, OutputProductsComputeTheLastPositionOnlyWhenAsked) {
+  const std::vector<ValueInfo> in{ValueInfo{"x", DataType::kFloat}};
+  const std::vector<std::pair<std::string, Tensor>> inits{{"w", RandomFloat({8, 5}, 3)}, {"bias", RandomFloat({5}, 4)}};
+  auto model = [&](std::vector<Node> extra) {
+    std::vector<Node> nodes{MakeNode("MatMul", {"x", "w"}, {"xw"}, "head"), MakeNode("Add", {"xw", "bias"}, {"y"}, "bias_add")};
+    for (Node& n : extra) nodes.push_back(std::move(n));
+    return OutputY(in, std::move(nodes), inits);
+  };
+  const std::map<std::string, Tensor> feeds{{"x", RandomFloat({2, 6, 8}, 5)}};
+  {
+    Session s(model({}));
+    EXPECT_EQ(s.product_rewrites().last_positions, 1);
+    const Tensor full = s.Run(feeds)[0], last = s.Run(feeds, {}, false, /*last_position_only=*/true)[0];
+    ASSERT_EQ(full.shape(), (Shape{2, 6, 5}));
+    ASSERT_EQ(last.shape(), (Shape{2, 1, 5}));
+    for (int64_t b = 0; b < 2; ++b)
+      for (int64_t j = 0; j < 5; ++j)
+        EXPECT_NEAR(last.data<float>()[b * 5 + j], full.data<float>()[(b * 6 + 5) * 5 + j], 1e-5f) << b << "," << j;
+    EXPECT_EQ(s.Run(feeds)[0].shape(), (Shape{2, 6, 5}));  // a full run after it
+  }
+  // The bias sum read by another node too: y is not made from one position.
+  EXPECT_EQ(Session(model({MakeNode("Relu", {"xw"}, {"r"}, "relu")})).product_rewrites().last_positions, 0);
+  // The name LastPosition would make is a value of the graph already.
+  EXPECT_EQ(Session(model({MakeNode("Relu", {"x"}, {"xw/last_position_input"}, "taken")})).product_rewrites().last_positions,
+            0);
+}
+
 TEST(ProductRewrite, GroupedQueryAttentionReadsTheCacheInPlace) {
   Model m = GqaModel({1, 1, 2, 1, 1});
   SessionOptions on{.profile = true}, off{.profile = true};
