@@ -3,8 +3,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -215,6 +217,37 @@ TEST(Generate, PromptStepComputesTheLastPositionOnly) {
   opt.prompt_ids = prompt;
   opt.max_new_tokens = 8;
   EXPECT_EQ(Generate(p, opt).tokens, Generate(s, opt).tokens);
+}
+
+// The vectorized argmax answers as std::max_element does: the first of equal maxima, a NaN
+// skipped unless it comes first, on [batch, seq, vocab] (last position, batch row 0) and [b, vocab].
+TEST(Generate, ArgmaxLastPositionAgreesWithMaxElement) {
+  const float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  auto argmax = [](std::vector<float> row) {
+    Tensor t = Tensor::Uninitialized(DataType::kFloat, {1, 1, static_cast<int64_t>(row.size())});
+    std::copy(row.begin(), row.end(), t.data<float>());
+    return ArgmaxLastPosition(t);
+  };
+  auto reference = [](const std::vector<float>& row) {
+    return static_cast<int64_t>(std::max_element(row.begin(), row.end()) - row.begin());
+  };
+  const std::vector<std::vector<float>> rows = {
+      {1, 3, 2, 3}, {nan, 5, 7}, {0, nan, 7, nan, 7}, {-inf, -inf}, {nan, nan}, {-inf, nan, -inf},
+      {2}, {-1, -2, inf, inf}};
+  for (const auto& row : rows) EXPECT_EQ(argmax(row), reference(row)) << ::testing::PrintToString(row);
+  std::vector<float> random(32000);
+  uint32_t s = 7;
+  for (float& v : random) v = static_cast<float>((s = s * 1664525u + 1013904223u) >> 8) / 16777216.f;
+  random[31999] = 2.f;  // the maximum in the tail past every vector block
+  EXPECT_EQ(argmax(random), 31999);
+  random[5] = 2.f;  // and a tie before it: the first wins
+  EXPECT_EQ(argmax(random), 5);
+  // [batch, seq, vocab]: the last position of batch row 0; [batch, vocab]: row 0.
+  Tensor t = Tensor::Uninitialized(DataType::kFloat, {2, 2, 3});
+  const float v[] = {9, 0, 0, 0, 1, 0, 0, 0, 9, 9, 0, 0};
+  std::copy(std::begin(v), std::end(v), t.data<float>());
+  EXPECT_EQ(ArgmaxLastPosition(t), 1);
+  EXPECT_EQ(ArgmaxLastPosition(t.Reshaped({4, 3})), 0);
 }
 
 TEST(Generate, StopsAtEos) {
