@@ -281,7 +281,7 @@ struct BlockedChain::Impl {
   BlockedChain::LayoutStore store;
   // What the layout choice depends on, for the store (see LayoutStore).
   std::string ChoiceKey(const std::vector<Shape>& in_shapes, int threads) const {
-    std::string k = fmt::format("blocked-chain v3 dnnl {}.{}.{} threads {} inputs", DNNL_VERSION_MAJOR,
+    std::string k = fmt::format("blocked-chain v4 dnnl {}.{}.{} threads {} inputs", DNNL_VERSION_MAJOR,
                                 DNNL_VERSION_MINOR, DNNL_VERSION_PATCH, threads);
     for (const Shape& sh : in_shapes) k += " " + ShapeToString(sh);
     k += fmt::format(" nhwc in {} out {}", fmt::join(boundary.nhwc_in, ","), fmt::join(boundary.nhwc_out, ","));

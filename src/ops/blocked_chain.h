@@ -51,7 +51,7 @@ class BlockedChain {
     int concat_in_place = 0;  // Concat inputs written straight into their slices
     int concat_copies = 0;    // Concat inputs copied into their slices
     int residuals_in_place = 0;  // residual Adds written into the residual's buffer (sum post-op)
-    int reorders_inside = 0;  // sources of convolutions no optimized kernel reads blocked
+    int reorders_inside = 0;  // sources of convolutions no optimized kernel reads blocked; NHWC round trips (2 each)
     int convs_winograd = 0;   // convolutions run by a Winograd kernel
     int convs_measured = 0;   // convolutions whose kernel was chosen by timing its candidates now
     int swish_passes = 0;     // Swish run as a pass after its convolution, not as its post-op

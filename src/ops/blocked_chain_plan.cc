@@ -734,13 +734,50 @@ void ChainPlanner::EmitConv(const Op& op, int k) {
       plan_->stats.reorders_inside++;
     }
   }
-  bool swish_after = false;
+  bool swish_after = false, nhwc = false;
   {
     const dnnl::memory::desc src_md = pd.src_desc();
+    // A strided convolution with a window (ResNet's and CSP networks' downsampling 3x3) may run on
+    // NHWC between two reorders (ConvCandidate::nhwc): only where the chain is channel-blocked and
+    // its source and destination are whole values of their own (no residual, no Concat slice).
+    const bool nhwc_candidate = channel_blocked_ && G == 1 && !src_plain && !src_direct && conv_src == op.in[0] &&
+                                op.residual.empty() && !Placed(op.out) && x.size() == 4 && w.rank() == 4 &&
+                                (g.s[1] > 1 || g.s[2] > 1) && w.dim(2) * w.dim(3) > 1;
+    const std::function<ConvDesc(alg)> nhwc_desc = [&](alg a) {
+      return dnnl::convolution_forward::desc(
+          dnnl::prop_kind::forward_inference, a, dnnl::memory::desc(Dims(x), dt::f32, tag::nhwc),
+          dnnl::memory::desc(wd, dt::f32, tag::any), dnnl::memory::desc({M}, dt::f32, tag::x),
+          dnnl::memory::desc(Dims(ShapeOf(op.out)), dt::f32, tag::nhwc), strides, dil, pad_l, pad_r);
+    };
     const ConvCandidate chosen = ChooseConvImpl(op, pd, [&](alg a) { return make_desc(src_md, a); }, attr,
-                                                attr_without_swish ? &*attr_without_swish : nullptr, sum_in_place);
+                                                attr_without_swish ? &*attr_without_swish : nullptr, sum_in_place,
+                                                nhwc_candidate ? &nhwc_desc : nullptr);
     pd = chosen.pd;
     swish_after = chosen.swish_after;
+    nhwc = chosen.nhwc;
+  }
+  if (nhwc) {
+    // The source reordered into NHWC, the convolution, its destination reordered back.
+    const std::string in = op.out + "#nhwc-src", out = op.out + "#nhwc-dst";
+    for (const auto& [v, md] : {std::pair{in, pd.src_desc()}, std::pair{out, pd.dst_desc()}}) {
+      value_md_[v] = md;
+      buffer_of_[v] = assigned_[v] = NewBuffer(md.get_size());
+      last_use_[v] = k;
+    }
+    const int to = AddStep(dnnl::reorder(dnnl::reorder::primitive_desc(eng_, MdOf(conv_src), eng_, pd.src_desc())), {});
+    ReadBlocked(conv_src, to, DNNL_ARG_FROM);
+    ReadBlocked(in, to, DNNL_ARG_TO);
+    const auto [wm, bm] = ConvWeights(op, w, wd, G, pd);
+    const int st = AddStep(dnnl::convolution_forward(pd), {{DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_BIAS, bm}});
+    ReadBlocked(in, st, DNNL_ARG_SRC);
+    ReadBlocked(out, st, DNNL_ARG_DST);
+    const int back = AddStep(dnnl::reorder(dnnl::reorder::primitive_desc(eng_, pd.dst_desc(), eng_, MdOf(op.out))), {});
+    ReadBlocked(out, back, DNNL_ARG_FROM);
+    ReadBlocked(op.out, back, DNNL_ARG_TO);
+    plan_->stats.reorders_inside += 2;
+    plan_->stats.convs++;
+    plan_->stats.post_ops += op.absorbed;
+    return;
   }
   const auto [wm, bm] = ConvWeights(op, w, wd, G, pd);
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_WEIGHTS, wm}, {DNNL_ARG_BIAS, bm}};
@@ -773,7 +810,8 @@ void ChainPlanner::EmitConv(const Op& op, int k) {
 // (ops/conv_choice.h), or `pd` where there is nothing to choose from.
 ConvCandidate ChainPlanner::ChooseConvImpl(const Op& op, const ConvPd& pd, const std::function<ConvDesc(alg)>& desc,
                                            const dnnl::primitive_attr& attr,
-                                           const dnnl::primitive_attr* attr_without_swish, bool sum_in_place) {
+                                           const dnnl::primitive_attr* attr_without_swish, bool sum_in_place,
+                                           const std::function<ConvDesc(alg)>* nhwc_desc) {
   const size_t index = plan_->conv_impls.size();
   auto take = [&](const ConvCandidate& chosen) {
     plan_->conv_impls.push_back(chosen.name);
@@ -784,6 +822,7 @@ ConvCandidate ChainPlanner::ChooseConvImpl(const Op& op, const ConvPd& pd, const
   if (!conv_choice_.measure && conv_choice_.stored.empty()) return take(library);
   std::vector<ConvCandidate> candidates = ConvCandidates(desc, attr, conv_choice_.winograd, 3, attr_without_swish);
   if (candidates.empty()) return take(library);
+  if (nhwc_desc != nullptr) AppendNhwcCandidate(*nhwc_desc, attr, &candidates);
   if (index < conv_choice_.stored.size()) {
     for (const ConvCandidate& c : candidates)
       if (c.name == conv_choice_.stored[index]) return take(c);

@@ -178,9 +178,10 @@ class ChainPlanner {
   // 4. Primitives.
   void EmitSteps();
   void EmitConv(const Op& op, int k);
+  // nhwc_desc (or nullptr): the convolution on NHWC, for an nhwc candidate (ConvCandidate::nhwc).
   ConvCandidate ChooseConvImpl(const Op& op, const ConvPd& pd, const std::function<ConvDesc(alg)>& desc,
                                const dnnl::primitive_attr& attr, const dnnl::primitive_attr* attr_without_swish,
-                               bool sum_in_place);
+                               bool sum_in_place, const std::function<ConvDesc(alg)>* nhwc_desc = nullptr);
   std::pair<dnnl::memory, dnnl::memory> ConvWeights(const Op& op, const Tensor& w, const dnnl::memory::dims& wd,
                                                     int64_t G, const dnnl::convolution_forward::primitive_desc& pd);
   void EmitBatchNorm(const Op& op, int k);

@@ -44,9 +44,14 @@ struct Timed {
   dnnl::primitive prim;
   std::unordered_map<int, dnnl::memory> args;
   bool swish_after = false;
+  // An nhwc candidate: the reorders from the chain's layout and back, and the chain's buffers.
+  dnnl::primitive to_nhwc, from_nhwc;
+  dnnl::memory outer_src, outer_dst;
   double Once(dnnl::stream& s) {
     const auto t0 = std::chrono::steady_clock::now();
+    if (to_nhwc) to_nhwc.execute(s, {{DNNL_ARG_FROM, outer_src}, {DNNL_ARG_TO, args.at(DNNL_ARG_SRC)}});
     prim.execute(s, args);
+    if (from_nhwc) from_nhwc.execute(s, {{DNNL_ARG_FROM, args.at(DNNL_ARG_DST)}, {DNNL_ARG_TO, outer_dst}});
     s.wait();
     if (swish_after) {
       const dnnl::memory& d = args.at(DNNL_ARG_DST);
@@ -90,6 +95,21 @@ std::vector<ConvCandidate> ConvCandidates(const std::function<ConvDesc(dnnl::alg
   return out;
 }
 
+void AppendNhwcCandidate(const std::function<ConvDesc(dnnl::algorithm)>& nhwc_desc, const dnnl::primitive_attr& attr,
+                         std::vector<ConvCandidate>* out) {
+  try {
+    const ConvDesc d = nhwc_desc(dnnl::algorithm::convolution_direct);
+    std::vector<ConvCandidate> found;
+    Collect(ConvPd(d, attr, DnnlEngine()), false, 1, &found);
+    for (ConvCandidate& c : found) {
+      c.name += kNhwcRoundTrip;
+      c.nhwc = true;
+      out->push_back(std::move(c));
+    }
+  } catch (const dnnl::error&) {  // no convolution on NHWC with these post-ops
+  }
+}
+
 ConvChoice MeasureConvCandidates(const std::vector<ConvCandidate>& candidates,
                                  const std::unordered_map<int, dnnl::memory::desc>& extra, double margin) {
   ConvChoice choice;
@@ -106,6 +126,13 @@ ConvChoice MeasureConvCandidates(const std::vector<ConvCandidate>& candidates,
                     {DNNL_ARG_BIAS, Zeroed(pd.bias_desc())},
                     {DNNL_ARG_DST, Zeroed(pd.dst_desc())}};
     for (const auto& [arg, md] : extra) runs[i].args[arg] = Zeroed(md);
+    if (candidates[i].nhwc) {
+      const ConvPd& outer = candidates[0].pd;
+      runs[i].outer_src = Zeroed(outer.src_desc());
+      runs[i].outer_dst = Zeroed(outer.dst_desc());
+      runs[i].to_nhwc = dnnl::reorder(dnnl::reorder::primitive_desc(DnnlEngine(), outer.src_desc(), DnnlEngine(), pd.src_desc()));
+      runs[i].from_nhwc = dnnl::reorder(dnnl::reorder::primitive_desc(DnnlEngine(), pd.dst_desc(), DnnlEngine(), outer.dst_desc()));
+    }
     const double warm = runs[i].Once(s);  // warm-up: first touches of the scratch, caches
     // A convolution this slow is not timed over and over (a measurement would take seconds):
     // oneDNN's choice stands.

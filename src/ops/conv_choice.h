@@ -41,8 +41,16 @@ struct ConvCandidate {
   // ~0.76 ns per element there against ~0.37 ns in the pass, so a 64-channel 1x1 convolution with
   // SiLU ran faster as convolution, then pass.
   bool swish_after = false;
+  // The convolution reads and writes NHWC in a chain on the channel-blocked layout: a reorder from
+  // the chain's layout before it and one back after it, timed with it. oneDNN has its brgemm
+  // convolution kernels for NHWC only; on the strided 3x3 convolutions of ResNet-50 they ran
+  // 16-29% faster than the blocked layout's jit kernel (one AMD Zen 5 core and two, cold caches:
+  // 512 channels 14x14 to 7x7 1.44 against 1.75 ms at one thread, 128 channels 56x56 to 28x28
+  // 0.76 against 1.06 ms at two).
+  bool nhwc = false;
 };
 inline constexpr const char* kSwishPass = "+swish-pass";
+inline constexpr const char* kNhwcRoundTrip = "+nhwc";
 
 // x[i] * sigmoid(x[i]) in place for i < n, on the calling thread's OpenMP team size (relative
 // error ~2e-7).
@@ -61,12 +69,18 @@ std::vector<ConvCandidate> ConvCandidates(const std::function<ConvDesc(dnnl::alg
                                           const dnnl::primitive_attr& attr, bool winograd, int max_direct = 3,
                                           const dnnl::primitive_attr* attr_without_swish = nullptr);
 
+// Appends oneDNN's first optimized direct implementation of the convolution `nhwc_desc` describes
+// (NHWC source and destination) as an nhwc candidate, when there is one.
+void AppendNhwcCandidate(const std::function<ConvDesc(dnnl::algorithm)>& nhwc_desc, const dnnl::primitive_attr& attr,
+                         std::vector<ConvCandidate>* out);
+
 struct ConvChoice {
   size_t index = 0;          // into the candidates
   std::vector<double> ms;    // median ms per candidate (0 for one dropped after its first run)
 };
 
-// Times every candidate on zeroed scratch memory of its own descriptors, `extra` giving the
+// Times every candidate on zeroed scratch memory of its own descriptors (an nhwc candidate with
+// its reorders from and to candidate 0's source and destination layouts), `extra` giving the
 // descriptors of further arguments (binary post-op sources) by argument id: a warm-up run each,
 // one run each that drops candidates over 1.5x the fastest, then 3 to 7 interleaved rounds of the
 // rest (fewer for slow convolutions: about 15 ms of runs per candidate). Index 0 is

@@ -407,6 +407,53 @@ TEST(BlockedChain, ConvolutionKernelsAreTimedOnceAndRemembered) {
   EXPECT_EQ(puts, 1);
 }
 
+// A strided 3x3 convolution may run on NHWC between two reorders (ConvCandidate::nhwc: oneDNN's
+// brgemm kernels): taken from a store that names it, without timing, it computes what the
+// reference does.
+TEST(BlockedChain, StridedConvolutionOnNhwcMatchesTheReference) {
+  using tag = dnnl::memory::format_tag;
+  const int64_t c = 32, o = 48, h = 30, w = 31;
+  auto desc = [&](dnnl::algorithm a) {
+    return ConvDesc(dnnl::prop_kind::forward_inference, a, dnnl::memory::desc({1, c, h, w}, dnnl::memory::data_type::f32, tag::nhwc),
+                    dnnl::memory::desc({o, c, 3, 3}, dnnl::memory::data_type::f32, tag::any),
+                    dnnl::memory::desc({o}, dnnl::memory::data_type::f32, tag::x),
+                    dnnl::memory::desc({1, o, (h + 1) / 2, (w + 1) / 2}, dnnl::memory::data_type::f32, tag::nhwc), {2, 2},
+                    {0, 0}, {1, 1}, {1, 1});
+  };
+  std::vector<ConvCandidate> nhwc;
+  AppendNhwcCandidate(desc, dnnl::primitive_attr(), &nhwc);
+  if (nhwc.empty()) GTEST_SKIP() << "oneDNN has no optimized NHWC convolution on this machine";
+  ASSERT_TRUE(nhwc[0].nhwc);
+  ASSERT_NE(nhwc[0].name.find(kNhwcRoundTrip), std::string::npos) << nhwc[0].name;
+  Net n;
+  const std::string y = n.Op("Relu", {n.BN(n.Conv("x", c, o, 3, 2), o)});
+  const std::string z = n.Op("Relu", {n.Conv(y, o, o, 1)});
+  Model m = n.Finish({1, c, h, w}, {z});
+  std::map<std::string, Tensor> constants;
+  for (const auto& [k, t] : m.graph.initializers) constants[k] = t;
+  auto chain = BlockedChain::Create(m.graph.nodes, {"x"}, {m.graph.outputs[0].name}, constants, nullptr);
+  ASSERT_TRUE(chain);
+  BlockedChain::LayoutStore store;
+  store.get = [&](const std::string&) { return "nChw16c\n" + nhwc[0].name + "\n-"; };
+  store.put = [](const std::string&, const std::string&) {};
+  chain->SetLayoutStore(store);
+  Tensor x = testing::RandomFloat({1, c, h, w}, 11, -1.f, 1.f);
+  ASSERT_EQ(chain->Prepare({x.shape()}), "");
+  EXPECT_EQ(chain->stats().convs, 2);
+  EXPECT_EQ(chain->stats().reorders_inside, 2) << chain->Describe();
+  EXPECT_NE(chain->Describe().find(nhwc[0].name), std::string::npos) << chain->Describe();
+  const Tensor got = chain->Run({&x})[0];
+  const Tensor want = Session(m).Run({{"x", x}})[0];
+  ASSERT_EQ(got.shape(), want.shape());
+  double worst = 0, scale = 0;
+  for (int64_t k = 0; k < want.numel(); ++k) {
+    worst = std::max(worst, std::abs(double(got.data<float>()[k]) - want.data<float>()[k]));
+    scale = std::max(scale, std::abs(double(want.data<float>()[k])));
+  }
+  EXPECT_GT(scale, 0.5);
+  EXPECT_LT(worst, 1e-4 * scale);
+}
+
 TEST(ConvChoice, MeasurementKeepsOneDnnsChoiceUnlessAnotherIsFaster) {
   using tag = dnnl::memory::format_tag;
   const dnnl::memory::desc src({1, 32, 28, 28}, dnnl::memory::data_type::f32, tag::nChw16c);
