@@ -737,12 +737,12 @@ void ChainPlanner::EmitConv(const Op& op, int k) {
   bool swish_after = false, nhwc = false;
   {
     const dnnl::memory::desc src_md = pd.src_desc();
-    // A strided convolution with a window (ResNet's and CSP networks' downsampling 3x3) may run on
-    // NHWC between two reorders (ConvCandidate::nhwc): only where the chain is channel-blocked and
-    // its source and destination are whole values of their own (no residual, no Concat slice).
-    const bool nhwc_candidate = channel_blocked_ && G == 1 && !src_plain && !src_direct && conv_src == op.in[0] &&
+    // A convolution with a window (ResNet's and CSP networks' strided 3x3, depthwise ones) may run
+    // on NHWC between two reorders (ConvCandidate::nhwc): only where the chain is channel-blocked
+    // and its source and destination are whole values of their own (no residual, no Concat slice).
+    const bool nhwc_candidate = channel_blocked_ && !src_plain && !src_direct && conv_src == op.in[0] &&
                                 op.residual.empty() && !Placed(op.out) && x.size() == 4 && w.rank() == 4 &&
-                                (g.s[1] > 1 || g.s[2] > 1) && w.dim(2) * w.dim(3) > 1;
+                                w.dim(2) * w.dim(3) > 1;
     const std::function<ConvDesc(alg)> nhwc_desc = [&](alg a) {
       return dnnl::convolution_forward::desc(
           dnnl::prop_kind::forward_inference, a, dnnl::memory::desc(Dims(x), dt::f32, tag::nhwc),
