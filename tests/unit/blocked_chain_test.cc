@@ -454,6 +454,52 @@ TEST(BlockedChain, StridedConvolutionOnNhwcMatchesTheReference) {
   EXPECT_LT(worst, 1e-4 * scale);
 }
 
+// DenseNet's transition (BN, ReLU, 1x1 convolution with a bias, 2x2 average pool): the chain pools
+// first and convolves the pooled pixels, with the reference's result; a padded pool, a 3x3
+// convolution or a convolution output read twice keep their order.
+TEST(BlockedChain, AveragePoolMovesBeforeItsPointwiseConvolution) {
+  auto pool = [](Net& n, const std::string& x, std::vector<int64_t> pads) {
+    return n.Op("AveragePool", {x}, {IntsAttr("kernel_shape", {2, 2}), IntsAttr("strides", {2, 2}), IntsAttr("pads", pads)});
+  };
+  struct Case {
+    const char* what;
+    int moved;
+  };
+  for (const Case& c : {Case{"transition", 1}, Case{"padded pool", 0}, Case{"3x3 convolution", 0}, Case{"read twice", 0}}) {
+    Net n;
+    const std::string a = n.Op("Relu", {n.BN("x", 32)});
+    const std::string y = n.Conv(a, 32, 16, std::string(c.what) == "3x3 convolution" ? 3 : 1);
+    const std::string z = pool(n, y, std::string(c.what) == "padded pool" ? std::vector<int64_t>{1, 1, 1, 1}
+                                                                            : std::vector<int64_t>{0, 0, 0, 0});
+    std::vector<std::string> outs{n.Op("Relu", {z})};
+    if (std::string(c.what) == "read twice") outs.push_back(n.Op("Sigmoid", {y}));
+    Model m = n.Finish({1, 32, 18, 22}, outs);
+    std::map<std::string, Tensor> constants;
+    for (const auto& [k, t] : m.graph.initializers) constants[k] = t;
+    std::vector<std::string> out_names;
+    for (const auto& o : m.graph.outputs) out_names.push_back(o.name);
+    auto chain = BlockedChain::Create(m.graph.nodes, {"x"}, out_names, constants, nullptr);
+    ASSERT_TRUE(chain) << c.what;
+    Tensor x = testing::RandomFloat({1, 32, 18, 22}, 13, -1.f, 1.f);
+    ASSERT_EQ(chain->Prepare({x.shape()}), "") << c.what;
+    const bool moved = chain->Describe().find("1 average pool(s) moved before their 1x1 convolution") != std::string::npos;
+    EXPECT_EQ(moved, c.moved == 1) << c.what << ": " << chain->Describe();
+    const std::vector<Tensor> got = chain->Run({&x});
+    const std::vector<Tensor> want = Session(m).Run({{"x", x}});
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t o = 0; o < want.size(); ++o) {
+      ASSERT_EQ(got[o].shape(), want[o].shape()) << c.what;
+      double worst = 0, scale = 0;
+      for (int64_t k = 0; k < want[o].numel(); ++k) {
+        worst = std::max(worst, std::abs(double(got[o].data<float>()[k]) - want[o].data<float>()[k]));
+        scale = std::max(scale, std::abs(double(want[o].data<float>()[k])));
+      }
+      EXPECT_GT(scale, 0.1) << c.what;
+      EXPECT_LT(worst, 1e-5 + 1e-4 * scale) << c.what;
+    }
+  }
+}
+
 TEST(ConvChoice, MeasurementKeepsOneDnnsChoiceUnlessAnotherIsFaster) {
   using tag = dnnl::memory::format_tag;
   const dnnl::memory::desc src({1, 32, 28, 28}, dnnl::memory::data_type::f32, tag::nChw16c);
