@@ -282,6 +282,16 @@ TEST(BlockedChain, InputsOfSeveralSizes) {
 }
 
 // oneDNN's Winograd kernels (ops/conv_choice.h) run where its avx512_core kernels do.
+// The largest |got - want| and the largest |want| over the elements of two tensors of one shape.
+std::pair<double, double> WorstAndScale(const Tensor& got, const Tensor& want) {
+  double worst = 0, scale = 0;
+  for (int64_t k = 0; k < want.numel(); ++k) {
+    worst = std::max(worst, std::abs(double(got.data<float>()[k]) - want.data<float>()[k]));
+    scale = std::max(scale, std::abs(double(want.data<float>()[k])));
+  }
+  return {worst, scale};
+}
+
 bool HasWinogradIsa() {
   return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
@@ -344,11 +354,7 @@ TEST(BlockedChain, WinogradKernelsMatchTheReference) {
     const Tensor got = chain->Run({&x})[0];
     const Tensor want = Session(m).Run({{"x", x}})[0];
     ASSERT_EQ(got.shape(), want.shape());
-    double worst = 0, scale = 0;
-    for (int64_t k = 0; k < want.numel(); ++k) {
-      worst = std::max(worst, std::abs(double(got.data<float>()[k]) - want.data<float>()[k]));
-      scale = std::max(scale, std::abs(double(want.data<float>()[k])));
-    }
+    const auto [worst, scale] = WorstAndScale(got, want);
     EXPECT_GT(scale, 0.5);
     EXPECT_LT(worst, 1e-4 * scale) << name;
   }
@@ -445,11 +451,7 @@ TEST(BlockedChain, StridedConvolutionOnNhwcMatchesTheReference) {
   const Tensor got = chain->Run({&x})[0];
   const Tensor want = Session(m).Run({{"x", x}})[0];
   ASSERT_EQ(got.shape(), want.shape());
-  double worst = 0, scale = 0;
-  for (int64_t k = 0; k < want.numel(); ++k) {
-    worst = std::max(worst, std::abs(double(got.data<float>()[k]) - want.data<float>()[k]));
-    scale = std::max(scale, std::abs(double(want.data<float>()[k])));
-  }
+  const auto [worst, scale] = WorstAndScale(got, want);
   EXPECT_GT(scale, 0.5);
   EXPECT_LT(worst, 1e-4 * scale);
 }
@@ -489,11 +491,7 @@ TEST(BlockedChain, AveragePoolMovesBeforeItsPointwiseConvolution) {
     ASSERT_EQ(got.size(), want.size());
     for (size_t o = 0; o < want.size(); ++o) {
       ASSERT_EQ(got[o].shape(), want[o].shape()) << c.what;
-      double worst = 0, scale = 0;
-      for (int64_t k = 0; k < want[o].numel(); ++k) {
-        worst = std::max(worst, std::abs(double(got[o].data<float>()[k]) - want[o].data<float>()[k]));
-        scale = std::max(scale, std::abs(double(want[o].data<float>()[k])));
-      }
+      const auto [worst, scale] = WorstAndScale(got[o], want[o]);
       EXPECT_GT(scale, 0.1) << c.what;
       EXPECT_LT(worst, 1e-5 + 1e-4 * scale) << c.what;
     }
