@@ -189,7 +189,10 @@ Tensor LastPositionLogits(const Tensor& logits) {
 
 int64_t ArgmaxLastPosition(const Tensor& logits) {
   Tensor f;
-  const auto [p, vocab] = LastRow(logits, f);
+  // Plain variables, not structured bindings: clang's OpenMP cannot capture those in the simd loop.
+  const std::pair<const float*, int64_t> row = LastRow(logits, f);
+  const float* p = row.first;
+  const int64_t vocab = row.second;
   // std::max_element's answer (the first largest; a NaN never wins unless it comes first) in two
   // vectorized passes: std::max_element took 116 us over 32,000 logits here, a decode step's 1%;
   // these take 6.
