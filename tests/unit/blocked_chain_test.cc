@@ -467,9 +467,10 @@ TEST(BlockedChain, AveragePoolMovesBeforeItsPointwiseConvolution) {
     const char* what;
     int moved;
   };
-  for (const Case& c : {Case{"transition", 1}, Case{"padded pool", 0}, Case{"3x3 convolution", 0}, Case{"read twice", 0}}) {
+  for (const Case& c : {Case{"transition", 1}, Case{"padded pool", 0}, Case{"3x3 convolution", 0}, Case{"read twice", 0},
+                        Case{"on the chain's input", 1}}) {
     Net n;
-    const std::string a = n.Op("Relu", {n.BN("x", 32)});
+    const std::string a = std::string(c.what) == "on the chain's input" ? "x" : n.Op("Relu", {n.BN("x", 32)});
     const std::string y = n.Conv(a, 32, 16, std::string(c.what) == "3x3 convolution" ? 3 : 1);
     const std::string z = pool(n, y, std::string(c.what) == "padded pool" ? std::vector<int64_t>{1, 1, 1, 1}
                                                                             : std::vector<int64_t>{0, 0, 0, 0});
