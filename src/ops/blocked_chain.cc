@@ -358,9 +358,17 @@ bool NoAutoPad(const Node& n) {
 int PoolBeforePointwiseConv(std::vector<Node>& nodes, const std::vector<std::string>& outputs,
                             const std::function<const Tensor*(const std::string&)>& constant) {
   std::set<std::string> names;
-  for (const Node& n : nodes) {
+  // Each value's readers: how many inputs name it, and the last node that reads it. A swap keeps
+  // these for every value a later convolution may output (its source is read at the same place).
+  std::map<std::string, std::pair<size_t, size_t>> readers;
+  for (size_t j = 0; j < nodes.size(); ++j) {
+    const Node& n = nodes[j];
     names.insert(n.inputs.begin(), n.inputs.end());
     names.insert(n.outputs.begin(), n.outputs.end());
+    for (const std::string& in : n.inputs) {
+      auto& r = readers[in];
+      ++r.first, r.second = j;
+    }
   }
   int swapped = 0;
   for (size_t i = 0; i < nodes.size(); ++i) {
@@ -372,11 +380,9 @@ int PoolBeforePointwiseConv(std::vector<Node>& nodes, const std::vector<std::str
       continue;
     const std::string y = conv.outputs[0];
     if (std::find(outputs.begin(), outputs.end(), y) != outputs.end()) continue;
-    size_t readers = 0, pool_at = 0;
-    for (size_t j = 0; j < nodes.size(); ++j)
-      for (const std::string& in : nodes[j].inputs)
-        if (in == y) ++readers, pool_at = j;
-    if (readers != 1 || pool_at <= i) continue;
+    const auto r = readers.find(y);
+    if (r == readers.end() || r->second.first != 1 || r->second.second <= i) continue;
+    const size_t pool_at = r->second.second;
     Node& pool = nodes[pool_at];
     if (pool.op_type != "AveragePool" || pool.inputs.size() != 1 || pool.inputs[0] != y || pool.outputs.size() != 1 ||
         !AllOr(pool, "pads", 0) || pool.GetInt("ceil_mode", 0) != 0 || !AllOr(pool, "dilations", 1) || !NoAutoPad(pool))
