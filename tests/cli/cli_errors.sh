@@ -19,7 +19,7 @@ expect_error() {  # description, command...
     pass=$((pass + 1))
   else
     fail=$((fail + 1))
-    echo "FAIL $what: rc=$rc, stderr:"; head -5 "$TMP/err"
+    echo "FAIL $what: rc=$rc, stderr:"; head -n 5 "$TMP/err"
   fi
 }
 expect_ok_or_error() {
@@ -30,7 +30,7 @@ expect_ok_or_error() {
     pass=$((pass + 1))
   else
     fail=$((fail + 1))
-    echo "FAIL $what: rc=$rc (crash?), stderr:"; head -5 "$TMP/err"
+    echo "FAIL $what: rc=$rc (crash?), stderr:"; head -n 5 "$TMP/err"
   fi
 }
 MODEL="$SRC/tests/fixtures/torch/resnet_like/model.onnx"
@@ -51,20 +51,21 @@ if "$BIN" run "$MODEL" --warmup 2 --repeat 3 --profile >"$TMP/out" 2>"$TMP/err" 
    grep -qE '^  MaxPool +3 calls' "$TMP/out"; then  # one MaxPool per run
   pass=$((pass + 1))
 else
-  fail=$((fail + 1)); echo "FAIL --warmup: the timing line or the profile's call counts:"; head -3 "$TMP/out" "$TMP/err"
+  fail=$((fail + 1)); echo "FAIL --warmup: the timing line or the profile's call counts:"; head -n 3 "$TMP/out" "$TMP/err"
 fi
 # A CNN fused into a oneDNN chain: `run --profile` lists the chain's slowest steps by node and kernel,
-# and the chains' time by kind of step.
+# and the chains' time by kind of step (sorted by share: with two timed runs on a loaded machine one
+# preempted reorder or pool can outweigh the convolutions, so the test does not ask for convolution first).
 # Plain fuse says that it measured nothing.
 if "$BIN" fuse "$MODEL" --preset cnn -o "$TMP/chain.onnx" >"$TMP/fuse_out" 2>"$TMP/err" &&
    grep -q '^Not measured: the groups were fused without the precision and speed gates' "$TMP/fuse_out" &&
    "$BIN" run "$TMP/chain.onnx" --warmup 1 --repeat 2 --profile >"$TMP/out" 2>"$TMP/err" &&
    grep -q '^slowest steps of the oneDNN chains' "$TMP/out" &&
    grep -qE "^ +[0-9.]+ ms +[0-9.]+%  node '.*' \(Conv\) \[convolution .* to 1x" "$TMP/out" &&
-   grep -qE '^  by kind of step: convolution [0-9.]+% \([0-9]+ steps\)' "$TMP/out"; then
+   grep -qE '^  by kind of step: (.*, )?convolution [0-9.]+% \([0-9]+ steps\)' "$TMP/out"; then
   pass=$((pass + 1))
 else
-  fail=$((fail + 1)); echo "FAIL run --profile of a fused CNN: no chain steps listed:"; tail -5 "$TMP/out" "$TMP/err"
+  fail=$((fail + 1)); echo "FAIL run --profile of a fused CNN: no chain steps listed:"; tail -n 5 "$TMP/out" "$TMP/err"
 fi
 python3 - "$TMP/wrong.npy" <<'PY'
 import sys, struct
