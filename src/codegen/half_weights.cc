@@ -31,12 +31,13 @@ struct HalfCopy {
   std::shared_ptr<PreparedMatMul> prepared;  // null below kPackedMatMulMinWeight
 };
 
-std::shared_ptr<HalfCopy> MakeHalfCopy(const Tensor& weight, HalfWeights mode) {
+// panels false: no panel copy (a gate pair's weights stream from the pair's copy).
+std::shared_ptr<HalfCopy> MakeHalfCopy(const Tensor& weight, HalfWeights mode, bool panels = true) {
   GAF_CHECK(weight.dtype() == DataType::kFloat && weight.shape().size() == 2, "float16 weight storage needs a float32 [K,N] weight");
   auto c = std::make_shared<HalfCopy>();
   c->K = weight.shape()[0];
   c->N = weight.shape()[1];
-  c->panels = std::make_unique<HalfPanelWeight>(weight.data<float>(), c->K, c->N);
+  if (panels) c->panels = std::make_unique<HalfPanelWeight>(weight.data<float>(), c->K, c->N);
   if (mode == HalfWeights::kAll) {
     c->half.resize(static_cast<size_t>(c->K * c->N));
     ConvertToHalf(weight.data<float>(), c->half.data(), c->K * c->N);
@@ -126,6 +127,42 @@ KernelInfo SiblingKernelOf(std::vector<std::shared_ptr<HalfCopy>> cs, HalfWeight
   return info;
 }
 
+// GatedMatMul(A, W_gate, W_up) of the plan (SiLU(A W_gate) * (A W_up)): calls of at most
+// kHalfPanelMaxRows rows stream one float16 copy of the pair (HalfPanelWeight::GatePair) and apply
+// the gate in each task; longer calls within max_rows (HalfWeights::kAll) take each product on its
+// float16 weight, then the gate; longer ones the float32 weights' prepared gated kernel.
+KernelInfo GatedKernelOf(const Tensor& wg, const Tensor& wu, std::shared_ptr<HalfCopy> g, std::shared_ptr<HalfCopy> u,
+                         HalfWeights mode) {
+  const KernelInfo* reference = OpRegistry::Global().Find(kPlanDomain, "GatedMatMul");
+  KernelInfo info = *reference;
+  std::function<void(KernelContext&)> prompt = reference->fn;
+  if (g->prepared && u->prepared) prompt = PreparedGatedMatMulKernel(g->prepared, u->prepared).fn;
+  auto pair = std::make_shared<HalfPanelWeight>(HalfPanelWeight::GatePair(wg.data<float>(), wu.data<float>(), g->K, g->N));
+  const int64_t max_rows = MaxHalfRows(mode);
+  info.fn = [g, u, pair, max_rows, prompt](KernelContext& ctx) {
+    const Tensor& a = ctx.input(0);
+    const int64_t K = g->K, F = g->N;
+    const bool ok = a.dtype() == DataType::kFloat && !a.shape().empty() && a.shape().back() == K &&
+                    ctx.num_inputs() == 3 && ctx.input(1).shape() == Shape{K, F} && ctx.input(2).shape() == Shape{K, F};
+    const int64_t M = ok && K > 0 ? a.numel() / K : 0;
+    if (!ok || M < 1 || M > max_rows) return prompt(ctx);
+    Shape s = a.shape();
+    s.back() = F;
+    ctx.outputs[0] = Tensor::Uninitialized(DataType::kFloat, s);
+    float* y = ctx.outputs[0].data<float>();
+    if (M <= kHalfPanelMaxRows) {
+      const HalfPanelProduct p{pair.get(), y, F};
+      HalfPanelGemmMany(a.data<float>(), M, K, &p, 1);
+      return;
+    }
+    Tensor G = Tensor::Uninitialized(DataType::kFloat, {M, F}), U = Tensor::Uninitialized(DataType::kFloat, {M, F});
+    MatMulF16Weight(a.data<float>(), g->half.data(), G.data<float>(), M, K, F);
+    MatMulF16Weight(a.data<float>(), u->half.data(), U.data<float>(), M, K, F);
+    StoreGated(G.data<float>(), F, U.data<float>(), F, M, F, y, F);
+  };
+  return info;
+}
+
 }  // namespace
 
 KernelInfo HalfWeightMatMulKernel(const Tensor& weight, HalfWeights mode) {
@@ -143,7 +180,9 @@ std::function<std::optional<KernelInfo>(const Node&, const Model&)> HalfWeightPr
   auto mu = std::make_shared<std::mutex>();
   return [copies, mu, mode](const Node& n, const Model& m) -> std::optional<KernelInfo> {
     const bool sibling = n.op_type == "SiblingMatMul" && n.domain == kPlanDomain;
-    if (!sibling && (n.op_type != "MatMul" || !n.domain.empty() || n.inputs.size() != 2)) return std::nullopt;
+    const bool gated = n.op_type == "GatedMatMul" && n.domain == kPlanDomain;
+    if (gated && n.inputs.size() != 3) return std::nullopt;
+    if (!sibling && !gated && (n.op_type != "MatMul" || !n.domain.empty() || n.inputs.size() != 2)) return std::nullopt;
     if (n.inputs.size() < 2) return std::nullopt;
     std::vector<const Tensor*> ws;
     for (size_t i = 1; i < n.inputs.size(); ++i) {
@@ -154,13 +193,17 @@ std::function<std::optional<KernelInfo>(const Node&, const Model&)> HalfWeightPr
       if (!ws.empty() && ws.front()->shape()[0] != w->shape()[0]) return std::nullopt;
       ws.push_back(w);
     }
+    if (gated && ws[0]->shape() != ws[1]->shape()) return std::nullopt;
     std::lock_guard<std::mutex> lock(*mu);
     std::vector<std::shared_ptr<HalfCopy>> cs;
     for (size_t i = 0; i < ws.size(); ++i) {
-      auto it = copies->find(n.inputs[1 + i]);
-      if (it == copies->end()) it = copies->emplace(n.inputs[1 + i], MakeHalfCopy(*ws[i], mode)).first;
+      // A gate pair's weights have no panel copies of their own (a separate entry).
+      const std::string key = gated ? n.inputs[1 + i] + "#gated" : n.inputs[1 + i];
+      auto it = copies->find(key);
+      if (it == copies->end()) it = copies->emplace(key, MakeHalfCopy(*ws[i], mode, !gated)).first;
       cs.push_back(it->second);
     }
+    if (gated) return GatedKernelOf(*ws[0], *ws[1], cs[0], cs[1], mode);
     return sibling ? SiblingKernelOf(std::move(cs), mode) : MatMulKernelOf(cs.front(), mode);
   };
 }

@@ -65,6 +65,10 @@ inline constexpr int64_t kPackedMatMulMinWeight = int64_t{1} << 18;
 // other input types run the registry's kernel.
 KernelInfo PreparedMatMulKernel(std::shared_ptr<PreparedMatMul> mm);
 KernelInfo PreparedSiblingMatMulKernel(std::vector<std::shared_ptr<PreparedMatMul>> mms);
+// A GatedMatMul node (A, W_gate, W_up: SiLU(A W_gate) * (A W_up)) with both weights prepared: up to
+// kPanelMaxRows rows stream one panel copy of the pair (PanelWeight::GatePair, made on the first
+// call) and apply the gate in each task; more rows take the two prepared products, then the gate.
+KernelInfo PreparedGatedMatMulKernel(std::shared_ptr<PreparedMatMul> gate, std::shared_ptr<PreparedMatMul> up);
 
 // A Gemm node (Y = alpha * A' * B' + beta * C) with a constant float32 B of at least
 // kPackedMatMulMinWeight elements, transA 0 and alpha 1 (torch's Linear, a classifier head): B as

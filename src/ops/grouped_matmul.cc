@@ -353,11 +353,18 @@ void ConcatShapeKernel(KernelContext& ctx) {
   ctx.outputs[0] = ShapeSlice(shape, ctx.node);
 }
 
+// GatedMatMul (inputs A, W_gate, W_up; attr fallback): SiLU(A W_gate) * (A W_up), a SwiGLU MLP's
+// gate and up products with the SiLUGate that reads them (runtime/plan_rewrite.h). Its kernel on
+// weights packed at load is the session's (ops/gemm.h PreparedGatedMatMulKernel); this one, for
+// weights that are not constants, runs the nodes it replaced.
+void GatedMatMulKernel(KernelContext& ctx) { RunPlanFallback(ctx); }
+
 void RegisterPlanKernels(OpRegistry& r) {
   r.Register({"ai.graph_autofusion.plan", "ConcatShape", OpKind::kOpaque, ConcatShapeKernel, false,
               /*reads_padded_caches=*/true});
   r.Register({"ai.graph_autofusion.plan", "GroupedMatMul", OpKind::kContraction, GroupedMatMulKernel, true});
   r.Register({"ai.graph_autofusion.plan", "SiblingMatMul", OpKind::kContraction, SiblingMatMulKernel, true});
+  r.Register({"ai.graph_autofusion.plan", "GatedMatMul", OpKind::kContraction, GatedMatMulKernel, true});
 }
 
 }  // namespace gaf

@@ -58,6 +58,24 @@ HalfPanelWeight::HalfPanelWeight(const float* w, int64_t K, int64_t N)
   });
 }
 
+HalfPanelWeight HalfPanelWeight::GatePair(const float* gate, const float* up, int64_t K, int64_t F) {
+  HalfPanelWeight hw;
+  const int64_t half = CeilDiv(F, W);
+  hw.K_ = K;
+  hw.N_ = 2 * half * W;
+  hw.panels_ = 2 * half;
+  hw.packed_ = Tensor(DataType::kFloat16, {K, hw.N_});  // zeroed: the padding stays 0
+  uint16_t* dst = hw.packed_.data<uint16_t>();
+  ParallelFor(K, 64, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k)
+      for (int64_t p = 0; p < hw.panels_; ++p) {
+        const int64_t c0 = p / 2 * W, cols = std::min(W, F - c0);
+        FloatToHalfRow((p % 2 == 0 ? gate : up) + k * F + c0, dst + p * K * W + k * W, cols);
+      }
+  });
+  return hw;
+}
+
 void HalfPanelGemmMany(const float* x, int64_t M, int64_t K, const HalfPanelProduct* ps, int count) {
   GAF_CHECK(M >= 1 && M <= kHalfPanelMaxRows, "HalfPanelGemmMany: {} rows (1 to {})", M, kHalfPanelMaxRows);
   struct Task {
@@ -70,11 +88,17 @@ void HalfPanelGemmMany(const float* x, int64_t M, int64_t K, const HalfPanelProd
   for (int i = 0; i < count; ++i) {
     const HalfPanelWeight& w = *ps[i].w;
     GAF_CHECK(w.K() == K, "HalfPanelGemmMany: weight {} has K {} (expected {})", i, w.K(), K);
-    for (int64_t p = 0; p < w.panels(); p += group) tasks.push_back({i, p, std::min(group, w.panels() - p)});
+    // A gate pair's tasks hold whole pairs: at least two panels.
+    const bool gated = ps[i].gated_cols > 0;
+    GAF_CHECK(!gated || w.N() == 2 * CeilDiv(ps[i].gated_cols, W) * W,
+              "HalfPanelGemmMany: weight {} is not a gate pair of {} columns", i, ps[i].gated_cols);
+    const int64_t g = gated ? std::max<int64_t>(2, group) : group;
+    for (int64_t p = 0; p < w.panels(); p += g) tasks.push_back({i, p, std::min(g, w.panels() - p)});
     weights += K * w.N();
   }
-  if (K == 0) {
-    for (int i = 0; i < count; ++i) std::fill(ps[i].y, ps[i].y + M * ps[i].w->N(), 0.f);
+  if (K == 0) {  // empty sums (SiLU(0) * 0 for a gate pair)
+    for (int i = 0; i < count; ++i)
+      std::fill(ps[i].y, ps[i].y + M * (ps[i].gated_cols > 0 ? ps[i].gated_cols : ps[i].w->N()), 0.f);
     return;
   }
   auto run = [&](int64_t t) {
@@ -82,7 +106,19 @@ void HalfPanelGemmMany(const float* x, int64_t M, int64_t K, const HalfPanelProd
     const HalfPanelWeight& w = *ps[task.w].w;
     constexpr int64_t ldo = 4 * W;
     alignas(64) float out[kHalfPanelMaxRows * ldo];
-    kTiles[M - 1][task.n - 1](x, K, w.panel(task.p), K, K * W, out, ldo);
+    if (kTiles[M - 1][task.n - 1] != nullptr) {
+      kTiles[M - 1][task.n - 1](x, K, w.panel(task.p), K, K * W, out, ldo);
+    } else {  // a pair at 4 rows: its two panels one after the other
+      for (int64_t q = 0; q < task.n; ++q) kTiles[M - 1][0](x, K, w.panel(task.p + q), K, K * W, out + q * W, ldo);
+    }
+    if (const int64_t F = ps[task.w].gated_cols; F > 0) {
+      for (int64_t q = 0; q < task.n / 2; ++q) {
+        const int64_t c = (task.p / 2 + q) * W;
+        if (c < F)
+          StoreGated(out + 2 * q * W, ldo, out + (2 * q + 1) * W, ldo, M, std::min(W, F - c), ps[task.w].y + c, F);
+      }
+      return;
+    }
     const int64_t c0 = task.p * W, cols = std::min(task.n * W, w.N() - c0);
     for (int64_t m = 0; m < M; ++m) std::memcpy(ps[task.w].y + m * w.N() + c0, out + m * ldo, sizeof(float) * cols);
   };

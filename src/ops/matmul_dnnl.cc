@@ -3,6 +3,7 @@
 
 #include <map>
 #include <mutex>
+#include <memory>
 
 #include "ops/copy_kernels.h"
 #include "ops/dnnl_util.h"
@@ -205,6 +206,50 @@ KernelInfo PreparedSiblingMatMulKernel(std::vector<std::shared_ptr<PreparedMatMu
         SgemmF32(false, false, M, w.dim(1), K, 1.f, A.data<float>(), K, w.data<float>(), w.dim(1), 0.f,
                  ctx.outputs[i].data<float>(), w.dim(1));
     }
+  };
+  return k;
+}
+
+KernelInfo PreparedGatedMatMulKernel(std::shared_ptr<PreparedMatMul> gate, std::shared_ptr<PreparedMatMul> up) {
+  const KernelInfo* reference = OpRegistry::Global().Find("ai.graph_autofusion.plan", "GatedMatMul");
+  KernelInfo k = *reference;
+  GAF_CHECK(gate && up && gate->K() == up->K() && gate->N() == up->N(), "GatedMatMul: gate and up weights differ");
+  struct Pair {
+    std::once_flag once;
+    PanelWeight panels;
+  };
+  auto pair = std::make_shared<Pair>();
+  k.fn = [gate, up, pair, fallback = reference->fn](KernelContext& ctx) {
+    const Tensor& A = ctx.input(0);
+    const int64_t K = gate->K(), F = gate->N();
+    int64_t M = 0;
+    if (A.rank() < 2 || !RowsOf(A, K, &M) || ctx.num_inputs() != 3 || ctx.num_outputs() != 1) return fallback(ctx);
+    for (size_t i = 1; i < 3; ++i) {
+      const Tensor& w = ctx.input(i);
+      if (w.dtype() != DataType::kFloat || w.shape() != Shape{K, F}) return fallback(ctx);
+    }
+    Shape s = A.shape();
+    s.back() = F;
+    ctx.outputs[0] = Tensor::Uninitialized(DataType::kFloat, s);
+    float* y = ctx.outputs[0].data<float>();
+    if (M == 0) return;
+    if (M <= kPanelMaxRows) {
+      std::call_once(pair->once, [&] {
+        pair->panels = PanelWeight::GatePair(gate->weight().data<float>(), up->weight().data<float>(), K, F);
+      });
+      const PanelProduct p{&pair->panels, y, F};
+      PanelGemmMany(A.data<float>(), M, K, &p, 1);
+      return;
+    }
+    // A prompt: each product on its packed weight, then the gate row by row.
+    Tensor G = Tensor::Uninitialized(DataType::kFloat, {M, F}), U = Tensor::Uninitialized(DataType::kFloat, {M, F});
+    gate->Run(A.data<float>(), M, G.data<float>());
+    up->Run(A.data<float>(), M, U.data<float>());
+    const float* g = G.data<float>();
+    const float* u = U.data<float>();
+    ParallelFor(M, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(F, 1)), [&](int64_t m0, int64_t m1) {
+      StoreGated(g + m0 * F, F, u + m0 * F, F, m1 - m0, F, y + m0 * F, F);
+    });
   };
   return k;
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ir/simd.h"  // GAF_AVX512
+#include "ops/fast_math.h"
 #include "ops/kernel_util.h"
 #include "ops/nn_internal.h"  // CeilDiv
 #include "ops/panel_tiles.h"
@@ -98,12 +99,9 @@ void RowsTileMulti(const float* x, int64_t ldx, const float* panels, int64_t K, 
   panel_detail::MultiPanelTile<float, 3, R, P>(x, ldx, panels, K, K * kPanelCols, kKBlock, out, ldo);
 }
 
-// y[0:M, c0:c0 + n * kPanelCols] = x * the n full panels from `panels` (M <= kMultiPanelMaxRows,
-// n <= MultiPanels(M)).
-void MultiPanelTask(const float* x, int64_t M, int64_t K, const float* panels, int64_t n, float* y, int64_t ldy,
-                    int64_t c0) {
-  constexpr int64_t ldo = 4 * kPanelCols;
-  alignas(64) float out[kMultiPanelMaxRows * ldo];
+// out[0:M, 0:n * kPanelCols] (leading dimension ldo) = x * the n full panels from `panels`
+// (M <= kMultiPanelMaxRows, n <= MultiPanels(M)).
+void MultiPanelSums(const float* x, int64_t M, int64_t K, const float* panels, int64_t n, float* out, int64_t ldo) {
   using Fn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
   // kFns[R - 1][P - 1]
   static constexpr Fn kFns[4][4] = {
@@ -113,7 +111,18 @@ void MultiPanelTask(const float* x, int64_t M, int64_t K, const float* panels, i
       {&RowsTileMulti<4, 1>, &RowsTileMulti<4, 2>, nullptr, nullptr}};
   static_assert(MultiPanels(1) <= 4 && MultiPanels(2) <= 4 && MultiPanels(3) <= 2 && MultiPanels(4) <= 2);
   kFns[M - 1][n - 1](x, K, panels, K, out, ldo);
-  for (int64_t m = 0; m < M; ++m) std::memcpy(y + m * ldy + c0, out + m * ldo, sizeof(float) * n * kPanelCols);
+}
+
+// The sums of a multi-panel task (on the stack: at most kMultiPanelMaxRows rows of 4 panels).
+constexpr int64_t kMultiLdo = 4 * kPanelCols;
+
+// y[0:M, c0:c0 + n * kPanelCols] = x * the n full panels from `panels` (M <= kMultiPanelMaxRows,
+// n <= MultiPanels(M)).
+void MultiPanelTask(const float* x, int64_t M, int64_t K, const float* panels, int64_t n, float* y, int64_t ldy,
+                    int64_t c0) {
+  alignas(64) float out[kMultiPanelMaxRows * kMultiLdo];
+  MultiPanelSums(x, M, K, panels, n, out, kMultiLdo);
+  for (int64_t m = 0; m < M; ++m) std::memcpy(y + m * ldy + c0, out + m * kMultiLdo, sizeof(float) * n * kPanelCols);
 }
 
 using TileFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, bool, const char*, int64_t);
@@ -129,18 +138,10 @@ constexpr std::array<std::array<TileFn, kTileRows>, 3> kTiles = {
     TilesOfWidth<3>(std::make_integer_sequence<int, kTileRows>{})};
 static_assert(kPanelCols == 48);
 
-// y[0:M, c0:c0+cols] = x * panel (16 * vecs floats per k), through a block of M x kPanelCols sums:
-// the rows in tiles of nearly equal size that take each k-block in turn (from L1 after the
-// first), each tile prefetching its share of the next k-block.
-void PanelTask(const float* x, int64_t M, int64_t K, const float* panel, int vecs, float* y, int64_t ldy,
-               int64_t c0, int64_t cols) {
-  // The sums: on the stack for a few rows, else in a block the thread keeps (64-byte aligned).
-  constexpr int64_t kStackRows = 16;
-  alignas(64) float small[kStackRows * kPanelCols];
-  thread_local std::vector<float> large;
-  if (M > kStackRows && static_cast<int64_t>(large.size()) < M * kPanelCols + 16) large.resize(M * kPanelCols + 16);
-  float* out = M <= kStackRows ? small
-                               : large.data() + (16 - reinterpret_cast<uintptr_t>(large.data()) / 4 % 16) % 16;
+// out[0:M, 0:kPanelCols] (64-byte aligned, leading dimension kPanelCols) = x * panel (16 * vecs
+// floats per k): the rows in tiles of nearly equal size that take each k-block in turn (from L1
+// after the first), each tile prefetching its share of the next k-block.
+void PanelSums(const float* x, int64_t M, int64_t K, const float* panel, int vecs, float* out) {
   const int64_t tiles = CeilDiv(M, kTileRows), row_bytes = 64 * vecs;
   const int64_t block = tiles == 1 ? K : kKBlock;  // one tile: no reuse to block for
   for (int64_t k0 = 0; k0 < K; k0 += block) {
@@ -154,7 +155,49 @@ void PanelTask(const float* x, int64_t M, int64_t K, const float* panel, int vec
                                     row_bytes / tiles);
     }
   }
+}
+
+// A block of `blocks` x M x kPanelCols sums the thread keeps (64-byte aligned), for more rows than
+// the stack holds.
+float* ThreadSums(int64_t M, int blocks) {
+  thread_local std::vector<float> large;
+  const int64_t need = blocks * M * kPanelCols + 16;
+  if (static_cast<int64_t>(large.size()) < need) large.resize(static_cast<size_t>(need));
+  return large.data() + (16 - reinterpret_cast<uintptr_t>(large.data()) / 4 % 16) % 16;
+}
+
+// y[0:M, c0:c0+cols] = x * panel (16 * vecs floats per k), through a block of M x kPanelCols sums.
+void PanelTask(const float* x, int64_t M, int64_t K, const float* panel, int vecs, float* y, int64_t ldy,
+               int64_t c0, int64_t cols) {
+  // The sums: on the stack for a few rows, else in a block the thread keeps.
+  constexpr int64_t kStackRows = 16;
+  alignas(64) float small[kStackRows * kPanelCols];
+  float* out = M <= kStackRows ? small : ThreadSums(M, 1);
+  PanelSums(x, M, K, panel, vecs, out);
   for (int64_t m = 0; m < M; ++m) std::memcpy(y + m * ldy + c0, out + m * kPanelCols, sizeof(float) * cols);
+}
+
+// Panels [p, p + n) of a gate pair (PanelWeight::GatePair; p and n even): their sums, then
+// y[:, c] = SiLU(gate sums) * up sums for the n / 2 panels' columns below F.
+void GatedTask(const float* x, int64_t M, int64_t K, const PanelWeight& w, int64_t p, int64_t n, float* y,
+               int64_t F) {
+  const int64_t c0 = p / 2 * kPanelCols;
+  if (M <= kMultiPanelMaxRows && n <= MultiPanels(M)) {  // the pairs' panels side by side
+    alignas(64) float out[kMultiPanelMaxRows * kMultiLdo];
+    MultiPanelSums(x, M, K, w.panel(p), n, out, kMultiLdo);
+    for (int64_t q = 0; q < n / 2; ++q) {
+      const int64_t c = c0 + q * kPanelCols;
+      if (c < F)
+        StoreGated(out + 2 * q * kPanelCols, kMultiLdo, out + (2 * q + 1) * kPanelCols, kMultiLdo, M,
+                   std::min(kPanelCols, F - c), y + c, F);
+    }
+    return;
+  }
+  float* g = ThreadSums(M, 2);  // more rows: one panel at a time, n == 2
+  float* u = g + M * kPanelCols;
+  PanelSums(x, M, K, w.panel(p), 3, g);
+  PanelSums(x, M, K, w.panel(p + 1), 3, u);
+  StoreGated(g, kPanelCols, u, kPanelCols, M, std::min(kPanelCols, F - c0), y + c0, F);
 }
 
 }  // namespace
@@ -179,6 +222,45 @@ PanelWeight::PanelWeight(const float* w, int64_t K, int64_t N)
   });
 }
 
+PanelWeight PanelWeight::GatePair(const float* gate, const float* up, int64_t K, int64_t F) {
+  PanelWeight pw;
+  const int64_t half = CeilDiv(F, kPanelCols);
+  pw.K_ = K;
+  pw.N_ = 2 * half * kPanelCols;
+  pw.panels_ = 2 * half;
+  pw.packed_ = Tensor::Uninitialized(DataType::kFloat, {CheckedMul(K, pw.N_, "gate pair weight")});
+  float* dst = pw.packed_.data<float>();
+  ParallelFor(CeilDiv(K, kKBlock), 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t k0 = b0 * kKBlock; k0 < std::min(K, b1 * kKBlock); k0 += kKBlock) {
+      const int64_t k1 = std::min(K, k0 + kKBlock);
+      for (int64_t p = 0; p < pw.panels_; ++p) {
+        const float* src = p % 2 == 0 ? gate : up;
+        const int64_t c0 = p / 2 * kPanelCols, cols = std::min(kPanelCols, F - c0);
+        float* d = dst + p * kPanelCols * K + k0 * kPanelCols;
+        for (int64_t k = k0; k < k1; ++k, d += kPanelCols) {
+          std::memcpy(d, src + k * F + c0, sizeof(float) * cols);
+          if (cols < kPanelCols) std::memset(d + cols, 0, sizeof(float) * (kPanelCols - cols));
+        }
+      }
+    }
+  });
+  return pw;
+}
+
+void StoreGated(const float* g, int64_t ldg, const float* u, int64_t ldu, int64_t M, int64_t cols, float* y,
+                int64_t ldy) {
+  for (int64_t m = 0; m < M; ++m) {
+    const float* gr = g + m * ldg;
+    const float* ur = u + m * ldu;
+    float* yr = y + m * ldy;
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) {
+      const float silu = gr[c] * gaf_fast::FastSigmoid(gr[c]);
+      yr[c] = silu * ur[c];
+    }
+  }
+}
+
 void PanelGemmMany(const float* x, int64_t M, int64_t K, const PanelProduct* ps, int count) {
   GAF_CHECK(M >= 1 && M <= kPanelMaxRows, "PanelGemmMany: {} rows (1 to {})", M, kPanelMaxRows);
   // Tasks: (weight, first panel, panels). A few rows take up to MultiPanels(M) full panels a task
@@ -193,21 +275,30 @@ void PanelGemmMany(const float* x, int64_t M, int64_t K, const PanelProduct* ps,
   for (int i = 0; i < count; ++i) {
     GAF_CHECK(ps[i].w->K() == K, "PanelGemmMany: weight {} has K {} (expected {})", i, ps[i].w->K(), K);
     const PanelWeight& w = *ps[i].w;
+    weights += K * w.N();
+    if (ps[i].gated_cols > 0) {  // whole pairs a task: at least two panels
+      GAF_CHECK(w.N() == 2 * CeilDiv(ps[i].gated_cols, kPanelCols) * kPanelCols,
+                "PanelGemmMany: weight {} is not a gate pair of {} columns", i, ps[i].gated_cols);
+      const int64_t pairs = std::max<int64_t>(2, group);
+      for (int64_t p = 0; p < w.panels(); p += pairs) tasks.push_back({i, p, std::min(pairs, w.panels() - p)});
+      continue;
+    }
     const int64_t full = w.N() / kPanelCols;  // panels of 3 vectors
     for (int64_t p = 0; p < w.panels();) {
       const int64_t n = p < full ? std::min(group, full - p) : 1;
       tasks.push_back({i, p, n});
       p += n;
     }
-    weights += K * w.N();
   }
-  if (K == 0) {  // empty sums
-    for (int i = 0; i < count; ++i) std::fill(ps[i].y, ps[i].y + M * ps[i].w->N(), 0.f);
+  if (K == 0) {  // empty sums (SiLU(0) * 0 for a gate pair)
+    for (int i = 0; i < count; ++i)
+      std::fill(ps[i].y, ps[i].y + M * (ps[i].gated_cols > 0 ? ps[i].gated_cols : ps[i].w->N()), 0.f);
     return;
   }
   auto run = [&](int64_t t) {
     const Task& task = tasks[t];
     const PanelWeight& w = *ps[task.w].w;
+    if (ps[task.w].gated_cols > 0) return GatedTask(x, M, K, w, task.p, task.n, ps[task.w].y, ps[task.w].gated_cols);
     const int64_t c0 = task.p * kPanelCols;
     if (task.n == 1) {
       PanelTask(x, M, K, w.panel(task.p), w.vectors(task.p), ps[task.w].y, w.N(), c0,

@@ -27,8 +27,14 @@ inline constexpr int64_t kPanelMaxRows = 128;
 
 class PanelWeight {
  public:
+  PanelWeight() = default;
   // Packs w[K, N] (row-major, contiguous), in parallel.
   PanelWeight(const float* w, int64_t K, int64_t N);
+  // A SwiGLU MLP's gate and up weights (each [K, F], row-major) as one weight whose panels
+  // alternate: gate columns [48q, 48q + 48), then up's same columns, each panel full (zeros past F).
+  // Its N() is 2 * 48 * ceil(F / 48). A product by it with PanelProduct::gated_cols = F writes
+  // SiLU(x G) * (x U), [M, F]: each task holds both halves of its outputs in registers.
+  static PanelWeight GatePair(const float* gate, const float* up, int64_t K, int64_t F);
   int64_t K() const { return K_; }
   int64_t N() const { return N_; }
   int64_t panels() const { return panels_; }
@@ -40,13 +46,14 @@ class PanelWeight {
   int64_t bytes() const { return packed_.nbytes(); }
 
  private:
-  int64_t K_, N_, panels_;
+  int64_t K_ = 0, N_ = 0, panels_ = 0;
   Tensor packed_;
 };
 
 struct PanelProduct {
   const PanelWeight* w;
-  float* y;  // [M, w->N()] row-major, leading dimension w->N()
+  float* y;  // [M, w->N()] row-major, leading dimension w->N(); [M, gated_cols] for a gate pair
+  int64_t gated_cols = 0;  // > 0: w is a GatePair of that many columns; y = SiLU(x G) * (x U)
 };
 
 // y_i = x[M, K] * W_i for each product (x row m at x + m * K), as one set of tasks (one per panel
@@ -64,8 +71,11 @@ inline constexpr int64_t kHalfPanelMaxRows = 4;
 
 class HalfPanelWeight {
  public:
+  HalfPanelWeight() = default;
   // Rounds w[K, N] (row-major, contiguous) to float16 (to nearest even) and packs it, in parallel.
   HalfPanelWeight(const float* w, int64_t K, int64_t N);
+  // The gate and up weights as one, panels alternating (as PanelWeight::GatePair, 64 columns).
+  static HalfPanelWeight GatePair(const float* gate, const float* up, int64_t K, int64_t F);
   int64_t K() const { return K_; }
   int64_t N() const { return N_; }
   int64_t panels() const { return panels_; }
@@ -73,14 +83,20 @@ class HalfPanelWeight {
   int64_t bytes() const { return static_cast<int64_t>(packed_.nbytes()); }
 
  private:
-  int64_t K_, N_, panels_;
+  int64_t K_ = 0, N_ = 0, panels_ = 0;
   Tensor packed_;  // float16, 64-byte aligned
 };
 
 struct HalfPanelProduct {
   const HalfPanelWeight* w;
-  float* y;  // [M, w->N()] row-major
+  float* y;  // [M, w->N()] row-major; [M, gated_cols] for a gate pair
+  int64_t gated_cols = 0;  // > 0: w is a GatePair of that many columns; y = SiLU(x G) * (x U)
 };
+
+// y[m, c] = SiLU(g[m * ldg + c]) * u[m * ldu + c] for c < cols, m < M (y's leading dimension ldy):
+// the SiLUGate kernel's arithmetic (ops/silu_gate.cc), so the pair's results have its bits.
+void StoreGated(const float* g, int64_t ldg, const float* u, int64_t ldu, int64_t M, int64_t cols, float* y,
+                int64_t ldy);
 
 // y_i = x[M, K] * W_i for each product, as one set of tasks taken dynamically by the threads;
 // M in [1, kHalfPanelMaxRows], every weight's K the same.

@@ -25,6 +25,7 @@ constexpr AheadOp kAheadOfKernels[] = {
     {"FusedAttention", "attention reading the key/value cache where it is"},
     {"GroupedMatMul", "a product reading its transposed or repeated operand where it is"},
     {"SiblingMatMul", "products of one input on weights packed at load"},
+    {"GatedMatMul", "a SwiGLU MLP's gate and up products on one copy of their weights packed at load, the gate in their tasks"},
 };
 
 // Rounds of the trial below: each keeps the calls the last one found and drops the others, so it

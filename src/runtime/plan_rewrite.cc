@@ -472,6 +472,7 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
   FoldSoftmaxEpilogues(g, opset, stats);
   FoldAttention(g, stats);
   FoldSiLUGates(g, stats);
+  FoldGatedProducts(g, stats);
   FoldRMSNorms(g, opset, stats);
   FoldRotaryHalves(g, stats);
   MarkLastPositions(g, stats);

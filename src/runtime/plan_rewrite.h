@@ -14,6 +14,8 @@
 //   GroupedMatMul(A, past, new) append
 //   MatMul(A, W1), MatMul(A, W2), ... with constant [K, N] weights  -> SiblingMatMul(A, W1, W2, ...)
 //   (query/key/value, gate/up: a decode step streams all their weights in one set of tasks)
+//   SiLUGate(SiblingMatMul(A, Wg, Wu)) (a SwiGLU MLP's gate and up)  -> GatedMatMul(A, Wg, Wu):
+//   the gate applied inside the products' tasks, G and U never written out
 //   a tree of Concat/Transpose/Slice/Reshape/Flatten/Identity (each value read by the next
 //   alone, at least three of them moving data)  -> FusedCopy(inputs): every element copied once,
 //   from the tree's inputs to its output (a detector head's Concat, Reshape, Concat, Transpose;
@@ -54,6 +56,7 @@ struct ProductRewrites {
   int copy_groups = 0, copies = 0;        // FusedCopy nodes, and the operators they replace
   int softmax_epilogues = 0;  // MaskedSoftmax nodes: a Softmax with the scale and/or mask Add before it
   int silu_gates = 0, silus = 0;  // SiLUGate nodes: SiLU(G) * U (SwiGLU), and SiLU(G) alone
+  int gated_products = 0;         // GatedMatMul nodes: a SiblingMatMul of gate and up with its SiLUGate
   int rms_norms = 0;              // RMSNorm nodes: Pow, ReduceMean, Add, Sqrt, reciprocal, Mul(s)
   int rotaries = 0;               // RotaryHalf nodes: x * cos + rotate_half(x) * sin
   int attention_blocks = 0;       // FusedAttention nodes: scores product, MaskedSoftmax, values product

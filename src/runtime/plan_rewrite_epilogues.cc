@@ -203,6 +203,46 @@ void FoldSiLUGates(Graph& g, ProductRewrites& stats) {
   DropNodes(g, absorbed);
 }
 
+// ---- SiblingMatMul(A, W_gate, W_up) and the SiLUGate of its two outputs -> GatedMatMul ----
+
+// A SiLUGate(G, U) whose G and U are the two outputs of one SiblingMatMul (two constant float32
+// weights of one shape), each read by the SiLUGate alone: one GatedMatMul(A, W_gate, W_up) at the
+// SiblingMatMul's place, so the gate applies inside the product's tasks (ops/panel_gemm.h
+// PanelWeight::GatePair) and G and U are never written out. Its fallback is the two nodes.
+void FoldGatedProducts(Graph& g, ProductRewrites& stats) {
+  const ProductIndex ix(g);
+  std::unordered_set<const Node*> absorbed;
+  for (Node& gate : g.nodes) {
+    if (gate.op_type != "SiLUGate" || gate.domain != kPlanDomain || gate.inputs.size() != 2 ||
+        gate.outputs.size() != 1 || gate.inputs[0] == gate.inputs[1])
+      continue;
+    const Node* sib = ix.SoleProducer(g, gate.inputs[0], "SiblingMatMul", kPlanDomain);
+    if (sib == nullptr || sib != ix.SoleProducer(g, gate.inputs[1], "SiblingMatMul", kPlanDomain) ||
+        sib->inputs.size() != 3 || sib->outputs.size() != 2)
+      continue;
+    const int gi = sib->outputs[0] == gate.inputs[0] ? 0 : 1;  // which product is the gate
+    const Tensor* wg = g.FindInitializer(sib->inputs[1 + gi]);
+    const Tensor* wu = g.FindInitializer(sib->inputs[2 - gi]);
+    if (wg == nullptr || wu == nullptr || wg->dtype() != DataType::kFloat || wu->dtype() != DataType::kFloat ||
+        wg->rank() != 2 || wg->shape() != wu->shape())
+      continue;
+    auto fallback = std::make_shared<Graph>();
+    fallback->name = sib->name + "/gated/fallback";
+    fallback->inputs = {ValueInfo{sib->inputs[0]}, ValueInfo{sib->inputs[1 + gi]}, ValueInfo{sib->inputs[2 - gi]}};
+    fallback->nodes = {*sib, gate};
+    fallback->outputs = {ValueInfo{gate.outputs[0]}};
+    stats.notes.push_back(fmt::format("{} and {}: SiLU({}) * {} inside the products' tasks (one pass over both weights)",
+                                      sib->Describe(), gate.Describe(), gate.inputs[0], gate.inputs[1]));
+    Node& n = g.nodes[static_cast<size_t>(ix.index.Producer(gate.inputs[0]))];  // keeps its place
+    n.op_type = "GatedMatMul";
+    n.inputs = {n.inputs[0], n.inputs[1 + gi], n.inputs[2 - gi]};
+    n.outputs = {gate.outputs[0]};
+    n.attributes = {FallbackAttr(std::move(fallback))};
+    absorbed.insert(&gate);
+    ++stats.gated_products;
+  }
+  DropNodes(g, absorbed);
+}
 
 // ---- RMSNorm: Pow, ReduceMean, Add(eps), Sqrt, the reciprocal and the Muls -> RMSNorm ----
 

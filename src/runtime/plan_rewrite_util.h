@@ -68,6 +68,7 @@ void DropNodes(Graph& g, const std::unordered_set<const Node*>& absorbed);
 void FoldSoftmaxEpilogues(Graph& g, int64_t opset, ProductRewrites& stats);
 void FoldAttention(Graph& g, ProductRewrites& stats);
 void FoldSiLUGates(Graph& g, ProductRewrites& stats);
+void FoldGatedProducts(Graph& g, ProductRewrites& stats);
 void FoldRMSNorms(Graph& g, int64_t opset, ProductRewrites& stats);
 void FoldRotaryHalves(Graph& g, ProductRewrites& stats);
 

@@ -458,6 +458,12 @@ Session::Session(const Model& model, SessionOptions options) : model_(model), op
           call_kernels_.push_back(PreparedSiblingMatMulKernel(std::move(mms)));
           call_kernel_of_[&n] = &call_kernels_.back();
         }
+      } else if (n.op_type == "GatedMatMul" && n.domain == kPlanDomain && n.inputs.size() == 3) {
+        std::shared_ptr<PreparedMatMul> gate = prepared(n.inputs[1]), up = prepared(n.inputs[2]);
+        if (gate && up) {  // else the registry's kernel: the SiblingMatMul and SiLUGate it replaced
+          call_kernels_.push_back(PreparedGatedMatMulKernel(std::move(gate), std::move(up)));
+          call_kernel_of_[&n] = &call_kernels_.back();
+        }
       }
     }
     for (const Node& n : model_.graph.nodes) {

@@ -16,6 +16,8 @@
 namespace gaf {
 namespace {
 
+using testing::MakeModel;
+using testing::MakeNode;
 using testing::RandomFloat;
 
 // Worst |x * w - y| against double precision, over every element.
@@ -219,6 +221,118 @@ TEST(HalfPanelGemm, EqualsTheRoundedWeightsProductAndRowsDoNotDependOnTheBatch) 
   EXPECT_EQ(y2, b);
   EXPECT_THROW(HalfPanelGemmMany(x.data<float>(), kHalfPanelMaxRows + 1, K, &one1, 1), Error);
   EXPECT_THROW(HalfPanelGemmMany(x.data<float>(), 2, K + 1, &one1, 1), Error);
+}
+
+// A SwiGLU gate and up as one weight (PanelWeight::GatePair): SiLU(x G) * (x U) applied inside
+// each task equals the two products run apart followed by the gate (StoreGated, the SiLUGate
+// kernel's arithmetic), bit for bit, for every row count and thread count; F not a multiple of the
+// panel width (zeros past it), K of one, and K zero (empty sums: zeros).
+TEST(PanelGemm, GatePairAppliesTheGateInsideItsTasks) {
+  for (auto [K, F] : {std::pair<int64_t, int64_t>{300, 130}, {37, 96}, {1, 200}, {0, 50}}) {
+    const Tensor wg = RandomFloat({K, F}, 31 + K, -0.5f, 0.5f), wu = RandomFloat({K, F}, 32 + K, -0.5f, 0.5f);
+    const PanelWeight pg(wg.data<float>(), K, F), pu(wu.data<float>(), K, F);
+    const PanelWeight pair = PanelWeight::GatePair(wg.data<float>(), wu.data<float>(), K, F);
+    ASSERT_EQ(pair.N(), 2 * ((F + kPanelCols - 1) / kPanelCols) * kPanelCols);
+    const Tensor x = RandomFloat({kPanelMaxRows, K}, 33, -2.f, 2.f);
+    for (int threads : {1, 2})
+      for (int64_t M : {1, 2, 3, 4, 5, 8, 17, 128}) {
+        std::vector<float> g(M * F), u(M * F), want(M * F), got(M * F, -7.f);
+        const PanelProduct apart[2] = {{&pg, g.data()}, {&pu, u.data()}};
+        const PanelProduct gated{&pair, got.data(), F};
+        const int saved = omp_get_max_threads();
+        omp_set_num_threads(threads);
+        PanelGemmMany(x.data<float>(), M, K, apart, 2);
+        PanelGemmMany(x.data<float>(), M, K, &gated, 1);
+        omp_set_num_threads(saved);
+        StoreGated(g.data(), F, u.data(), F, M, F, want.data(), F);
+        ASSERT_EQ(got, want) << "K " << K << " F " << F << ", " << M << " rows, " << threads << " threads";
+        for (int64_t i = 0; i < M * F; ++i) {  // and the gate is SiLU(g) * u
+          const double silu = g[i] / (1.0 + std::exp(-double(g[i])));
+          ASSERT_NEAR(want[i], silu * u[i], 1e-5 * (1 + std::abs(silu * u[i]))) << i;
+        }
+      }
+  }
+  const Tensor w = RandomFloat({8, 48}, 1);
+  const PanelWeight plain(w.data<float>(), 8, 48);
+  std::vector<float> x(8), y(48);
+  const PanelProduct wrong{&plain, y.data(), 48};  // 48 columns: a pair of two panels, not one
+  EXPECT_THROW(PanelGemmMany(x.data(), 1, 8, &wrong, 1), Error);
+}
+
+// The float16 pair (HalfPanelWeight::GatePair) likewise: bit for bit the two float16 products and
+// the gate, at 1 to 4 rows (4 rows run the pair's two panels one after the other).
+TEST(HalfPanelGemm, GatePairAppliesTheGateInsideItsTasks) {
+  for (auto [K, F] : {std::pair<int64_t, int64_t>{300, 650}, {37, 64}, {1, 200}, {0, 50}}) {
+    const Tensor wg = RandomFloat({K, F}, 41 + K, -0.5f, 0.5f), wu = RandomFloat({K, F}, 42 + K, -0.5f, 0.5f);
+    const HalfPanelWeight hg(wg.data<float>(), K, F), hu(wu.data<float>(), K, F);
+    const HalfPanelWeight pair = HalfPanelWeight::GatePair(wg.data<float>(), wu.data<float>(), K, F);
+    const Tensor x = RandomFloat({kHalfPanelMaxRows, K}, 43, -2.f, 2.f);
+    for (int threads : {1, 2})
+      for (int64_t M = 1; M <= kHalfPanelMaxRows; ++M) {
+        std::vector<float> g(M * F), u(M * F), want(M * F), got(M * F, -7.f);
+        const HalfPanelProduct apart[2] = {{&hg, g.data()}, {&hu, u.data()}};
+        const HalfPanelProduct gated{&pair, got.data(), F};
+        const int saved = omp_get_max_threads();
+        omp_set_num_threads(threads);
+        HalfPanelGemmMany(x.data<float>(), M, K, apart, 2);
+        HalfPanelGemmMany(x.data<float>(), M, K, &gated, 1);
+        omp_set_num_threads(saved);
+        StoreGated(g.data(), F, u.data(), F, M, F, want.data(), F);
+        ASSERT_EQ(got, want) << "K " << K << " F " << F << ", " << M << " rows, " << threads << " threads";
+      }
+  }
+}
+
+// A SwiGLU MLP as exporters write it (gate and up products of one input, Mul(Mul(g, Sigmoid(g)),
+// up)): the plan makes one GatedMatMul of the two products and the gate, whose results are the
+// original graph's (the products' sums run in another order than the library's: 1e-4) at one row,
+// a few, the panels' most, and past them (129: oneDNN's products, then the gate). With the up
+// product also a graph output, the products stay siblings and the gate a SiLUGate.
+Model GatedMlp(int64_t K, int64_t F, bool up_out) {
+  Graph g;
+  g.inputs = {testing::FloatValue("x", {-1, K})};
+  g.SetInitializer("wg", RandomFloat({K, F}, 51, -0.1f, 0.1f));
+  g.SetInitializer("wu", RandomFloat({K, F}, 52, -0.1f, 0.1f));
+  g.nodes.push_back(MakeNode("MatMul", {"x", "wg"}, {"g"}, "gate_proj"));
+  g.nodes.push_back(MakeNode("MatMul", {"x", "wu"}, {"u"}, "up_proj"));
+  g.nodes.push_back(MakeNode("Sigmoid", {"g"}, {"s"}, "sigmoid"));
+  g.nodes.push_back(MakeNode("Mul", {"g", "s"}, {"silu"}, "silu"));
+  g.nodes.push_back(MakeNode("Mul", {"u", "silu"}, {"y"}, "gate"));  // up first: the pair finds the gate
+  g.outputs = {ValueInfo{"y", DataType::kFloat}};
+  if (up_out) g.outputs.push_back(ValueInfo{"u", DataType::kFloat});
+  return MakeModel(std::move(g), 17);
+}
+
+TEST(PanelGemm, GatedMlpRunsAsOneGatedMatMul) {
+  const int64_t K = 512, F = 520;
+  static_assert(512 * 520 >= kPackedMatMulMinWeight);  // both weights prepared
+  SessionOptions on{.profile = true}, off;
+  off.rewrite_products = false;
+  off.prepared_kernels = false;
+  for (bool up_out : {false, true}) {
+    Model m = GatedMlp(K, F, up_out);
+    Session fast(m, on), plain(m, off);
+    EXPECT_EQ(fast.product_rewrites().gated_products, up_out ? 0 : 1);
+    EXPECT_EQ(fast.product_rewrites().silu_gates, 1);
+    int runs = 0;
+    for (int64_t rows : {1, 2, 5, 128, 129}) {
+      std::map<std::string, Tensor> feeds = {{"x", RandomFloat({rows, K}, 60 + rows)}};
+      const std::vector<Tensor> a = fast.Run(feeds), b = plain.Run(feeds);
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) {
+        ASSERT_EQ(a[i].shape(), b[i].shape());
+        const std::vector<double> x = a[i].ToDoubles(), y = b[i].ToDoubles();
+        double worst = 0;
+        for (size_t j = 0; j < x.size(); ++j) worst = std::max(worst, std::abs(x[j] - y[j]));
+        EXPECT_LT(worst, 1e-4) << rows << " rows, output " << i << (up_out ? ", up an output" : "");
+      }
+      ++runs;
+    }
+    EXPECT_EQ(testing::ProfiledCalls(fast, "GatedMatMul"), up_out ? 0 : runs);
+    EXPECT_EQ(testing::ProfiledCalls(fast, "SiLUGate"), up_out ? runs : 0);
+    EXPECT_EQ(testing::ProfiledCalls(fast, "SiblingMatMul"), up_out ? runs : 0);
+    EXPECT_EQ(testing::ProfiledCalls(fast, "Sigmoid"), 0);  // no fallback ran
+  }
 }
 
 }  // namespace

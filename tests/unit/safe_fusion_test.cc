@@ -12,6 +12,7 @@
 
 #include "codegen/fused_session.h"
 #include "codegen/half_weights.h"
+#include "ops/panel_gemm.h"
 #include "codegen/safe_fusion.h"
 #include "codegen/verify.h"
 #include "cost/cost_model.h"
@@ -127,7 +128,7 @@ TEST(SafeFusion, TinyLlamaKernelsPassGatesAndKeepTokens) {
   // operators (the cache read and appended in place, the gate/up weights packed at load): those
   // groups are rolled back ungated, saying so (their kernels: ShapeGeneric.EveryFusedGroup...).
   EXPECT_NE(by_runtime["AttentionFusion"].find("FusedAttention"), std::string::npos) << r.ToText();
-  EXPECT_NE(by_runtime["SwiGLUFusion"].find("SiblingMatMul"), std::string::npos) << r.ToText();
+  EXPECT_NE(by_runtime["SwiGLUFusion"].find("GatedMatMul"), std::string::npos) << r.ToText();
   EXPECT_FALSE(kinds.count("AttentionFusion") || kinds.count("SwiGLUFusion")) << r.ToText();
   EXPECT_EQ(r.skipped_by_reason.at("Skip: runtime"), 2 * LlamaPreset("tiny").num_layers) << r.ToText();
   for (double c : r.output_cosine) EXPECT_GE(c, 0.9999);
@@ -554,6 +555,46 @@ TEST(HalfWeights, SiblingsStreamTheirCopiesTogether) {
   UseHalfWeights(all, HalfWeights::kAll);
   Session gate(m, all);
   expect_lone(gate, HalfWeights::kAll, 9, 70);
+}
+
+// A SwiGLU gate and up with float16 storage: one GatedMatMul streams the pair's float16 copy at 1
+// to 4 rows, bit for bit the two lone float16 products followed by the gate; 9 rows (a prompt)
+// take the float32 weights, then the gate (as the lone kernel takes them).
+TEST(HalfWeights, GatePairStreamsOneCopy) {
+  const int64_t K = 96, F = 200;
+  Graph g;
+  g.inputs = {testing::FloatValue("x", {-1, K})};
+  g.SetInitializer("wg", testing::RandomFloat({K, F}, 81, -0.5f, 0.5f));
+  g.SetInitializer("wu", testing::RandomFloat({K, F}, 82, -0.5f, 0.5f));
+  g.nodes.push_back(MakeNode("MatMul", {"x", "wg"}, {"g"}, "gate_proj"));
+  g.nodes.push_back(MakeNode("MatMul", {"x", "wu"}, {"u"}, "up_proj"));
+  g.nodes.push_back(MakeNode("Sigmoid", {"g"}, {"s"}, "sigmoid"));
+  g.nodes.push_back(MakeNode("Mul", {"g", "s"}, {"silu"}, "silu"));
+  g.nodes.push_back(MakeNode("Mul", {"silu", "u"}, {"y"}, "gate"));
+  g.outputs = {ValueInfo{"y", DataType::kFloat}};
+  Model m = MakeModel(std::move(g), 17);
+  SessionOptions half{.profile = true};
+  UseHalfWeights(half);
+  Session s(m, half);
+  ASSERT_EQ(s.product_rewrites().gated_products, 1);
+  for (int64_t rows : {1, 3, 4, 9}) {
+    std::map<std::string, Tensor> feeds = {{"x", testing::RandomFloat({rows, K}, 90 + rows)}};
+    const std::vector<Tensor> got = s.Run(feeds);
+    std::vector<Tensor> lone;
+    for (const char* w : {"wg", "wu"}) {
+      const Tensor& wt = *m.graph.FindInitializer(w);
+      Node n = MakeNode("MatMul", {"x", "w"}, {"y"}, "mm");
+      KernelContext ctx{n, 17, {&feeds["x"], &wt}, {}, nullptr, 2};
+      ctx.outputs.resize(1);
+      HalfWeightMatMulKernel(wt, HalfWeights::kDecode).fn(ctx);
+      lone.push_back(ctx.outputs[0]);
+    }
+    Tensor want = Tensor::Uninitialized(DataType::kFloat, {rows, F});
+    StoreGated(lone[0].data<float>(), F, lone[1].data<float>(), F, rows, F, want.data<float>(), F);
+    EXPECT_EQ(got[0].ToDoubles(), want.ToDoubles()) << rows << " rows";
+  }
+  EXPECT_EQ(testing::ProfiledCalls(s, "GatedMatMul"), 4);
+  EXPECT_EQ(testing::ProfiledCalls(s, "MatMul"), 0);
 }
 
 // fuse --safe --half-weights: float16 weight storage is gated end to end with every product on

@@ -408,7 +408,7 @@ TEST(ShapeGeneric, EveryFusedGroupOfTheBuiltinLlamaRunsAKernel) {
   int attention = 0, swiglu = 0;
   for (const std::string& line : planned.run_by_plan) {
     const bool att = line.rfind("FusedAttention at ", 0) == 0 && line.find("as FusedAttention") != std::string::npos;
-    const bool mlp = line.rfind("FusedSwiGLU at ", 0) == 0 && line.find("SiblingMatMul") != std::string::npos;
+    const bool mlp = line.rfind("FusedSwiGLU at ", 0) == 0 && line.find("GatedMatMul") != std::string::npos;
     EXPECT_TRUE(att || mlp) << line;
     attention += att;
     swiglu += mlp;
