@@ -20,10 +20,11 @@
 
 #include "ops/attention_kernels.h"
 #include "ops/gemm.h"
-#include "ops/grouped_matmul.h"
 #include "ops/gemv.h"
+#include "ops/grouped_matmul.h"
 #include "ops/kernel.h"
 #include "ops/kernel_util.h"
+#include "ops/panel_gemm.h"
 
 namespace gaf {
 
@@ -291,6 +292,25 @@ void GroupedMatMulKernel(KernelContext& ctx) {
 
 // SiblingMatMul: inputs A, W_1..W_n (float32 [K, N_i] constants), outputs Y_i = MatMul(A, W_i).
 // A batch-1 A streams all the weights in one set of GEMV tasks; other batches run each product.
+// The products a[M, K] * w_i into outs[i] (weights as given, row-major) in one set of tasks where
+// the GEMV takes a few rows.
+void SiblingProducts(const float* a, int64_t M, int64_t K, std::vector<GemvOutput>& outs) {
+  if (M == 1) {
+    GemvF32Many(a, K, outs.data(), static_cast<int>(outs.size()));
+    return;
+  }
+  // Rows up to which siblings whose weights are not prepared take the multi-row GEMV, all weights
+  // in one task set (on the bench Llama here: 2-4 rows stream faster that way, 26.6 vs 29.3 ms at
+  // 2; 6 rows 33-34 vs 35.6 ms through the library).
+  constexpr int64_t kSiblingGemvMaxRows = 5;
+  if (M <= kSiblingGemvMaxRows) {
+    GemvF32ManyRows(a, M, K, outs.data(), static_cast<int>(outs.size()));
+    return;
+  }
+  for (const GemvOutput& o : outs)
+    if (M > 0) SgemmF32(false, false, M, o.N, K, 1.f, a, K, o.w, o.ldw, 0.f, o.y, o.N);
+}
+
 void SiblingMatMulKernel(KernelContext& ctx) {
   const Tensor& A = ctx.input(0);
   const int n = static_cast<int>(ctx.num_inputs()) - 1;
@@ -310,20 +330,7 @@ void SiblingMatMulKernel(KernelContext& ctx) {
     ctx.outputs[i] = Tensor::Uninitialized(DataType::kFloat, s);
     outs.push_back({w.data<float>(), w.dim(1), ctx.outputs[i].data<float>(), w.dim(1)});
   }
-  if (M == 1) {
-    GemvF32Many(A.data<float>(), K, outs.data(), n);
-    return;
-  }
-  // Rows up to which siblings whose weights are not prepared take the multi-row GEMV, all weights
-  // in one task set (on the bench Llama here: 2-4 rows stream faster that way, 26.6 vs 29.3 ms at
-  // 2; 6 rows 33-34 vs 35.6 ms through the library).
-  constexpr int64_t kSiblingGemvMaxRows = 5;
-  if (M <= kSiblingGemvMaxRows) {
-    GemvF32ManyRows(A.data<float>(), M, K, outs.data(), n);
-    return;
-  }
-  for (const GemvOutput& o : outs)
-    if (M > 0) SgemmF32(false, false, M, o.N, K, 1.f, A.data<float>(), K, o.w, o.ldw, 0.f, o.y, o.N);
+  SiblingProducts(A.data<float>(), M, K, outs);
 }
 
 }  // namespace
@@ -355,9 +362,27 @@ void ConcatShapeKernel(KernelContext& ctx) {
 
 // GatedMatMul (inputs A, W_gate, W_up; attr fallback): SiLU(A W_gate) * (A W_up), a SwiGLU MLP's
 // gate and up products with the SiLUGate that reads them (runtime/plan_rewrite.h). Its kernel on
-// weights packed at load is the session's (ops/gemm.h PreparedGatedMatMulKernel); this one, for
-// weights that are not constants, runs the nodes it replaced.
-void GatedMatMulKernel(KernelContext& ctx) { RunPlanFallback(ctx); }
+// weights packed at load is the session's (ops/gemm.h PreparedGatedMatMulKernel); this one (weights
+// too small to pack) runs the registry's SiblingMatMul products and the SiLUGate arithmetic, the
+// same bits as the two nodes; other types and shapes run the nodes it replaced.
+void GatedMatMulKernel(KernelContext& ctx) {
+  if (ctx.num_inputs() != 3 || ctx.num_outputs() != 1) return RunPlanFallback(ctx);
+  const Tensor& A = ctx.input(0);
+  const Tensor& wg = ctx.input(1);
+  const Tensor& wu = ctx.input(2);
+  const int64_t K = A.rank() >= 1 ? A.shape().back() : 0;
+  if (A.dtype() != DataType::kFloat || A.rank() < 1 || K == 0 || wg.dtype() != DataType::kFloat ||
+      wu.dtype() != DataType::kFloat || wg.rank() != 2 || wg.dim(0) != K || wu.shape() != wg.shape())
+    return RunPlanFallback(ctx);
+  const int64_t M = A.numel() / K, F = wg.dim(1);
+  Tensor G = Tensor::Uninitialized(DataType::kFloat, {M, F}), U = Tensor::Uninitialized(DataType::kFloat, {M, F});
+  std::vector<GemvOutput> outs = {{wg.data<float>(), F, G.data<float>(), F}, {wu.data<float>(), F, U.data<float>(), F}};
+  SiblingProducts(A.data<float>(), M, K, outs);
+  Shape s = A.shape();
+  s.back() = F;
+  ctx.outputs[0] = Tensor::Uninitialized(DataType::kFloat, s);
+  StoreGated(G.data<float>(), F, U.data<float>(), F, M, F, ctx.outputs[0].data<float>(), F);
+}
 
 void RegisterPlanKernels(OpRegistry& r) {
   r.Register({"ai.graph_autofusion.plan", "ConcatShape", OpKind::kOpaque, ConcatShapeKernel, false,

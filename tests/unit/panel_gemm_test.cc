@@ -333,6 +333,19 @@ TEST(PanelGemm, GatedMlpRunsAsOneGatedMatMul) {
     EXPECT_EQ(testing::ProfiledCalls(fast, "SiblingMatMul"), up_out ? runs : 0);
     EXPECT_EQ(testing::ProfiledCalls(fast, "Sigmoid"), 0);  // no fallback ran
   }
+  // Weights too small to pack: the registry's GatedMatMul (the sibling products as given, then the
+  // gate), with no fallback either.
+  Model small = GatedMlp(16, 40, false);
+  Session fast(small, on), plain(small, off);
+  ASSERT_EQ(fast.product_rewrites().gated_products, 1);
+  for (int64_t rows : {1, 3, 9}) {
+    std::map<std::string, Tensor> feeds = {{"x", RandomFloat({rows, 16}, 70 + rows)}};
+    const std::vector<double> x = fast.Run(feeds)[0].ToDoubles(), y = plain.Run(feeds)[0].ToDoubles();
+    ASSERT_EQ(x.size(), y.size());
+    for (size_t j = 0; j < x.size(); ++j) EXPECT_NEAR(x[j], y[j], 1e-5) << rows << " rows, " << j;
+  }
+  EXPECT_EQ(testing::ProfiledCalls(fast, "GatedMatMul"), 3);
+  EXPECT_EQ(testing::ProfiledCalls(fast, "SiblingMatMul") + testing::ProfiledCalls(fast, "SiLUGate"), 0);
 }
 
 }  // namespace
