@@ -327,11 +327,12 @@ void DecodeSteps(const Tensor& Q, Cache& K, Cache& V, int64_t scale, float c, co
   const int64_t parts = heads >= threads ? 1 : std::min<int64_t>(r, (threads + heads - 1) / heads);
   const float* q = Q.data<float>();
   float* y = Y->data<float>();
-  auto task = [&](int64_t t) {
+  // prefetch: the task asks for its cache head's rows first (in a team; on one thread every head's
+  // rows are asked for at once before the first task).
+  auto task = [&](int64_t t, bool prefetch) {
     const int64_t i = t / parts, p = t % parts, bi = i / g;
     const int64_t h0 = i % g * r + r * p / parts, h1 = i % g * r + r * (p + 1) / parts, M = (h1 - h0) * S;
-    PrefetchHead(K, i);  // (cheap when the rows are there already)
-    PrefetchHead(V, i);
+    if (prefetch) PrefetchHead(K, i), PrefetchHead(V, i);
     thread_local std::vector<float> scores;
     if (static_cast<int64_t>(scores.size()) < M * T) scores.resize(static_cast<size_t>(M * T));
     float* sb = scores.data();
@@ -370,11 +371,11 @@ void DecodeSteps(const Tensor& Q, Cache& K, Cache& V, int64_t scale, float c, co
   const int64_t tasks = heads * parts;
   if (threads > 1 && tasks > 1 && heads * r * S * T * (d + dv) > kParallelMultiplyAdds) {
     ParallelFor(tasks, 1, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) task(t);
+      for (int64_t t = t0; t < t1; ++t) task(t, true);
     });
   } else {
     for (int64_t i = 0; i < heads; ++i) PrefetchHead(K, i), PrefetchHead(V, i);  // every head's rows at once
-    for (int64_t t = 0; t < tasks; ++t) task(t);
+    for (int64_t t = 0; t < tasks; ++t) task(t, false);
   }
 }
 

@@ -33,7 +33,8 @@ class PanelWeight {
   // A SwiGLU MLP's gate and up weights (each [K, F], row-major) as one weight whose panels
   // alternate: gate columns [48q, 48q + 48), then up's same columns, each panel full (zeros past F).
   // Its N() is 2 * 48 * ceil(F / 48). A product by it with PanelProduct::gated_cols = F writes
-  // SiLU(x G) * (x U), [M, F]: each task holds both halves of its outputs in registers.
+  // SiLU(x G) * (x U), [M, F]: each task holds both sums of its outputs (in its tile's buffer on
+  // the stack) and writes only the gated value.
   static PanelWeight GatePair(const float* gate, const float* up, int64_t K, int64_t F);
   int64_t K() const { return K_; }
   int64_t N() const { return N_; }
