@@ -103,5 +103,7 @@ void RegisterRMSNormKernels(OpRegistry& r);     // RMSNorm: Pow, ReduceMean, Add
 void RegisterRotaryKernels(OpRegistry& r);      // RotaryHalf: x * cos + rotate_half(x) * sin in one pass (plan rewrite)
 void RegisterSiLUGateKernels(OpRegistry& r);  // SiLUGate: SiLU, or SwiGLU's SiLU(gate) * up, in one pass (plan rewrite)
 void RegisterCopyKernels(OpRegistry& r);         // FusedCopy: a tree of data-movement operators in one pass (plan rewrite)
+void RegisterTransformerKernels(OpRegistry& r);  // RMSNormalization, RotaryEmbedding, Swish, SwiGLU (opsets 23-28)
+void RegisterAttentionOpKernels(OpRegistry& r);  // Attention (opsets 23-24): grouped-query, masks, KV caches
 
 }  // namespace gaf

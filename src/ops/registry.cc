@@ -19,6 +19,8 @@ static void RegisterAllKernels(OpRegistry& r) {
   RegisterAttentionKernels(r);
   RegisterRMSNormKernels(r);
   RegisterRotaryKernels(r);
+  RegisterTransformerKernels(r);
+  RegisterAttentionOpKernels(r);
 }
 
 OpRegistry& OpRegistry::Global() {

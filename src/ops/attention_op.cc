@@ -1,0 +1,277 @@
+// ONNX's Attention operator (opsets 23 and 24), as exporters that target recent opsets write a
+// transformer's attention, decode steps with a key/value cache included:
+//
+//   inputs   Q, K, V [, attn_mask, past_key, past_value, nonpad_kv_seqlen (24)]
+//            4-D [batch, heads, sequence, head size], or 3-D [batch, sequence, heads * head size]
+//            with q_num_heads and kv_num_heads; past_* 4-D
+//   outputs  Y [, present_key, present_value, qk_matmul_output]
+//   attrs    is_causal, kv_num_heads, q_num_heads, qk_matmul_output_mode, scale, softcap,
+//            softmax_precision (float32 here always)
+//
+// Per cache head (and batch), its query heads' rows together (grouped-query attention: query head
+// h reads cache head h / (q_heads / kv_heads)): the scores against the present keys, scaled, soft-
+// capped, the mask, causal and padding bias added, a softmax (a row with every key masked gives
+// zeros), then the products with the present values. The scores stay in a buffer of the thread
+// (unless qk_matmul_output asks for them); the products are those of the fused decode attention
+// (AttentionSegment). The present caches: in a generation (KernelContext::cache_room) the new rows
+// are appended to the past's storage in place where it has room (as the fused attention does), so
+// a decode step does not copy its whole cache.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ops/grouped_matmul.h"
+#include "ops/kernel.h"
+#include "ops/kernel_util.h"
+
+namespace gaf {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Multiply-adds of a call below which its heads run on the calling thread.
+constexpr int64_t kParallelMultiplyAdds = int64_t{1} << 16;
+
+// Rows per head of a new cache with room for t rows (as the fused attention's caches).
+int64_t RoomFor(int64_t t) {
+  const int64_t extra = std::max<int64_t>(t / 2, 64);
+  return t > std::numeric_limits<int64_t>::max() - extra ? t : t + extra;
+}
+
+// A [B, H, rows, D] operand in cache layout: head (b, h) starts at data + (b * H + h) * stride.
+struct Heads {
+  const float* data = nullptr;
+  int64_t stride = 0;
+};
+
+// The present cache of past (may be absent) and the new rows `cur` (4-D [B, H, L, D], or 3-D
+// [B, L, H * D] when heads3d > 0), as a tensor [B, H, P + L, D]; appended in place to a past
+// with room when the run allows it.
+Tensor PresentOf(const Tensor* past, const Tensor& cur, int64_t heads3d, int64_t D, bool cache_room,
+                 const std::string& where, const char* what) {
+  const bool three = cur.rank() == 3;
+  const int64_t B = cur.dim(0), H = three ? heads3d : cur.dim(1), L = three ? cur.dim(1) : cur.dim(2);
+  const int64_t P = past != nullptr ? past->dim(2) : 0;
+  if (past != nullptr && (past->rank() != 4 || past->dim(0) != B || past->dim(1) != H || past->dim(3) != D))
+    throw Error(fmt::format("{}: {} of shape {} does not match the new rows' [{}, {}, *, {}]", where, what,
+                            ShapeToString(past->shape()), B, H, D));
+  const int64_t T = CheckedAdd(P, L, "present cache length");
+  const Shape shape{B, H, T, D};
+  Tensor present;
+  bool in_place = false;
+  if (past == nullptr && !three) return cur;  // no cache: the keys as they are
+  if (past != nullptr && cache_room) {
+    present = past->AppendInPlace(L);
+    in_place = present.defined();
+    if (!in_place) {
+      try {
+        present = Tensor::WithCacheRoom(DataType::kFloat, shape, RoomFor(T));
+      } catch (const Error&) {  // the room past the memory limit: a cache without room
+        present = Tensor::Uninitialized(DataType::kFloat, shape);
+      }
+    }
+  } else {
+    present = Tensor::Uninitialized(DataType::kFloat, shape);
+  }
+  float* dst = present.cache_data<float>();
+  const int64_t ds = present.head_stride();
+  const float* c = cur.data<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h) {
+      float* o = dst + (b * H + h) * ds;
+      if (past != nullptr && !in_place)
+        std::copy_n(past->cache_data<float>() + (b * H + h) * past->head_stride(), P * D, o);
+      for (int64_t l = 0; l < L; ++l) {
+        const float* src = three ? c + ((b * L + l) * H + h) * D : c + ((b * H + h) * L + l) * D;
+        std::copy_n(src, D, o + (P + l) * D);
+      }
+    }
+  return present;
+}
+
+void AttentionKernel(KernelContext& ctx) {
+  const std::string& where = ctx.node.Describe();
+  const Tensor& Q = ctx.input(0);
+  const Tensor& Kin = ctx.input(1);
+  const Tensor& Vin = ctx.input(2);
+  for (const Tensor* t : {&Q, &Kin, &Vin})
+    if (t->dtype() != DataType::kFloat)
+      throw UnsupportedError(
+          fmt::format("{}: input type {} (float, float16, bfloat16 are supported)", where, DataTypeName(t->dtype())));
+  const Tensor* mask = ctx.has_input(3) ? ctx.inputs[3] : nullptr;
+  const Tensor* past_k = ctx.has_input(4) ? ctx.inputs[4] : nullptr;
+  const Tensor* past_v = ctx.has_input(5) ? ctx.inputs[5] : nullptr;
+  const Tensor* nonpad = ctx.has_input(6) ? ctx.inputs[6] : nullptr;
+  if ((past_k == nullptr) != (past_v == nullptr))
+    throw Error(fmt::format("{}: past_key and past_value come together", where));
+  for (const Tensor* t : {past_k, past_v})
+    if (t != nullptr && t->dtype() != DataType::kFloat)
+      throw UnsupportedError(fmt::format("{}: cache type {}", where, DataTypeName(t->dtype())));
+
+  const int64_t rank = Q.rank();
+  if ((rank != 3 && rank != 4) || Kin.rank() != rank || Vin.rank() != rank)
+    throw Error(fmt::format("{}: Q, K and V of ranks {}, {}, {} (all 3 or all 4)", where, Q.rank(), Kin.rank(),
+                            Vin.rank()));
+  const int64_t B = Q.dim(0);
+  int64_t Hq, Hkv, S, L, Dq, Dv;
+  if (rank == 4) {
+    Hq = Q.dim(1), S = Q.dim(2), Dq = Q.dim(3);
+    Hkv = Kin.dim(1), L = Kin.dim(2), Dv = Vin.dim(3);
+    if (Kin.dim(3) != Dq || Vin.dim(1) != Hkv || Vin.dim(2) != L)
+      throw Error(fmt::format("{}: K {} and V {} do not match Q {}", where, ShapeToString(Kin.shape()),
+                              ShapeToString(Vin.shape()), ShapeToString(Q.shape())));
+  } else {
+    Hq = ctx.node.GetInt("q_num_heads", 0), Hkv = ctx.node.GetInt("kv_num_heads", 0);
+    if (Hq <= 0 || Hkv <= 0 || Q.dim(2) % Hq != 0 || Kin.dim(2) % Hkv != 0 || Vin.dim(2) % Hkv != 0)
+      throw Error(fmt::format("{}: 3-D inputs need q_num_heads and kv_num_heads dividing their last dimensions "
+                              "(got {} and {} for Q {}, K {}, V {})",
+                              where, Hq, Hkv, ShapeToString(Q.shape()), ShapeToString(Kin.shape()),
+                              ShapeToString(Vin.shape())));
+    S = Q.dim(1), Dq = Q.dim(2) / Hq, L = Kin.dim(1), Dv = Vin.dim(2) / Hkv;
+    if (Kin.dim(2) / Hkv != Dq || Vin.dim(1) != L)
+      throw Error(fmt::format("{}: K {} and V {} do not match Q {}", where, ShapeToString(Kin.shape()),
+                              ShapeToString(Vin.shape()), ShapeToString(Q.shape())));
+  }
+  if (Kin.dim(0) != B || Vin.dim(0) != B)
+    throw Error(fmt::format("{}: Q, K and V have different batch sizes", where));
+  if (Hkv <= 0 || Hq % Hkv != 0)
+    throw Error(fmt::format("{}: {} query heads are not a multiple of {} key/value heads", where, Hq, Hkv));
+  const int64_t r = Hq / Hkv;
+
+  const Tensor present_k = PresentOf(past_k, Kin, Hkv, Dq, ctx.cache_room, where, "past_key");
+  const Tensor present_v = PresentOf(past_v, Vin, Hkv, Dv, ctx.cache_room, where, "past_value");
+  const int64_t P = past_k != nullptr ? past_k->dim(2) : 0;
+  const int64_t T = present_k.dim(2);
+  if (present_v.dim(2) != T) throw Error(fmt::format("{}: past_key and past_value differ in length", where));
+  const Heads kh{present_k.cache_data<float>(), present_k.head_stride()};
+  const Heads vh{present_v.cache_data<float>(), present_v.head_stride()};
+
+  // Scale, softcap, and what qk_matmul_output holds: 0 or 1 the scaled (and softcapped) scores,
+  // 2 with the bias added, 3 the probabilities.
+  const float scale = ctx.node.HasAttr("scale") ? ctx.node.GetFloat("scale", 1.f)
+                                                 : 1.f / std::sqrt(static_cast<float>(Dq));
+  const float softcap = ctx.node.GetFloat("softcap", 0.f);
+  const bool causal = ctx.node.GetInt("is_causal", 0) != 0;
+  const int64_t qk_mode = ctx.node.GetInt("qk_matmul_output_mode", 0);
+  if (qk_mode < 0 || qk_mode > 3)
+    throw Error(fmt::format("{}: qk_matmul_output_mode {} (0 to 3)", where, qk_mode));
+
+  // The mask's element strides over [B, Hq, S, Tm] (right-aligned broadcast; Tm <= T, the keys
+  // past Tm masked), bool (true attends) or float (added).
+  int64_t mst[4] = {0, 0, 0, 0}, Tm = T;
+  const bool* mb = nullptr;
+  const float* mf = nullptr;
+  if (mask != nullptr) {
+    if (mask->rank() < 1 || mask->rank() > 4)
+      throw Error(fmt::format("{}: attn_mask of rank {} (1 to 4)", where, mask->rank()));
+    if (mask->dtype() == DataType::kBool) mb = mask->data<bool>();
+    else if (mask->dtype() == DataType::kFloat) mf = mask->data<float>();
+    else throw UnsupportedError(fmt::format("{}: attn_mask of type {}", where, DataTypeName(mask->dtype())));
+    Tm = mask->dim(mask->rank() - 1);
+    if (Tm > T) throw Error(fmt::format("{}: attn_mask has {} keys, more than the {} of the present cache", where, Tm, T));
+    const int64_t xs[4] = {B, Hq, S, Tm};
+    int64_t st = 1;
+    for (int64_t a = mask->rank() - 1; a >= 0; --a) {
+      const int64_t xa = 4 - mask->rank() + a, md = mask->dim(a);
+      if (md != xs[xa] && md != 1)
+        throw Error(fmt::format("{}: attn_mask of shape {} does not broadcast to [{}, {}, {}, {}]", where,
+                                ShapeToString(mask->shape()), B, Hq, S, Tm));
+      mst[xa] = md == 1 ? 0 : st;
+      st *= md;
+    }
+  }
+  std::vector<int64_t> valid;  // nonpad_kv_seqlen: keys per batch row
+  if (nonpad != nullptr) {
+    valid = nonpad->ToInt64s();
+    if (static_cast<int64_t>(valid.size()) != B)
+      throw Error(fmt::format("{}: nonpad_kv_seqlen has {} values for a batch of {}", where, valid.size(), B));
+  }
+  // Causal offset per batch row: a query at index s attends keys j <= s + offset.
+  auto offset = [&](int64_t b) { return past_k != nullptr ? P : nonpad != nullptr ? valid[b] - S : int64_t{0}; };
+
+  const Shape yshape = rank == 4 ? Shape{B, Hq, S, Dv} : Shape{B, S, Hq * Dv};
+  Tensor Y = Tensor::Uninitialized(DataType::kFloat, yshape);
+  Tensor QK;
+  const bool want_qk = ctx.num_outputs() > 3 && ctx.has_output(3);
+  if (want_qk) QK = Tensor::Uninitialized(DataType::kFloat, {B, Hq, S, T});
+  const float* q = Q.data<float>();
+  float* y = Y.data<float>();
+  float* qk = want_qk ? QK.data<float>() : nullptr;
+
+  const int64_t M = r * S;  // query rows per cache head
+  auto task = [&](int64_t t) {
+    const int64_t b = t / Hkv, g = t % Hkv;
+    thread_local std::vector<float> buf;
+    const int64_t need = M * T + (rank == 3 ? M * (Dq + Dv) : 0);
+    if (static_cast<int64_t>(buf.size()) < need) buf.resize(static_cast<size_t>(need));
+    float* sc = buf.data();
+    // The query rows (head g * r + m / S, position m % S), and where the outputs go.
+    const float* qa;
+    float* yo;
+    if (rank == 4) {
+      qa = q + (b * Hq + g * r) * S * Dq;
+      yo = y + (b * Hq + g * r) * S * Dv;
+    } else {
+      float* qg = buf.data() + M * T;
+      for (int64_t m = 0; m < M; ++m)
+        std::copy_n(q + (b * S + m % S) * Hq * Dq + (g * r + m / S) * Dq, Dq, qg + m * Dq);
+      qa = qg;
+      yo = qg + M * Dq;
+    }
+    if (T > 0) AttentionSegment(M, T, Dq, true, qa, Dq, kh.data + (b * Hkv + g) * kh.stride, sc, T, false);
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t h = g * r + m / S, s = m % S;
+      float* row = sc + m * T;
+      for (int64_t j = 0; j < T; ++j) row[j] *= scale;
+      if (softcap > 0.f)
+        for (int64_t j = 0; j < T; ++j) row[j] = softcap * std::tanh(row[j] / softcap);
+      float* qo = qk != nullptr ? qk + ((b * Hq + h) * S + s) * T : nullptr;
+      if (qo != nullptr && qk_mode <= 1) std::copy_n(row, T, qo);
+      const int64_t moff = b * mst[0] + h * mst[1] + s * mst[2];
+      const int64_t last = causal ? s + offset(b) : T - 1;  // the last key the query may attend
+      const int64_t keys = nonpad != nullptr ? std::min(T, valid[b]) : T;
+      float top = kNegInf;
+      for (int64_t j = 0; j < T; ++j) {
+        float v = row[j];
+        if (j > last || j >= keys || j >= Tm) v = kNegInf;
+        else if (mb != nullptr && !mb[moff + j * mst[3]]) v = kNegInf;
+        else if (mf != nullptr) v += mf[moff + j * mst[3]];
+        row[j] = v;
+        top = std::max(top, v);
+      }
+      if (qo != nullptr && qk_mode == 2) std::copy_n(row, T, qo);
+      if (top == kNegInf) {  // every key masked: no weight anywhere
+        std::fill(row, row + T, 0.f);
+      } else {
+        SoftmaxRowF32(row, row, T);
+      }
+      if (qo != nullptr && qk_mode == 3) std::copy_n(row, T, qo);
+    }
+    if (T > 0) {
+      AttentionSegment(M, Dv, T, false, sc, T, vh.data + (b * Hkv + g) * vh.stride, yo, Dv, false);
+    } else {
+      std::fill(yo, yo + M * Dv, 0.f);
+    }
+    if (rank == 3)
+      for (int64_t m = 0; m < M; ++m)
+        std::copy_n(yo + m * Dv, Dv, y + (b * S + m % S) * Hq * Dv + (g * r + m / S) * Dv);
+  };
+  const int64_t tasks = B * Hkv;
+  const int64_t work = tasks * M * T * (Dq + Dv);
+  ParallelFor(tasks, work > kParallelMultiplyAdds ? 1 : tasks, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) task(t);
+  });
+  ctx.outputs[0] = std::move(Y);
+  if (ctx.num_outputs() > 1 && ctx.has_output(1)) ctx.outputs[1] = present_k;
+  if (ctx.num_outputs() > 2 && ctx.has_output(2)) ctx.outputs[2] = present_v;
+  if (want_qk) ctx.outputs[3] = std::move(QK);
+}
+
+}  // namespace
+
+void RegisterAttentionOpKernels(OpRegistry& r) {
+  KernelInfo info{"", "Attention", OpKind::kOpaque, AttentionKernel};
+  info.reads_padded_caches = true;  // a generation's past caches with room, read where they are
+  r.Register(std::move(info));
+}
+
+}  // namespace gaf
