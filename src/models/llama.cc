@@ -30,6 +30,7 @@
 // Weights of MatMuls are stored [in, out] (the exporter's constant-folded transpose of nn.Linear).
 #include "models/llama.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <random>
@@ -86,7 +87,8 @@ int64_t LlamaParameterCount(const LlamaConfig& c) {
                             + h * c.num_heads * hd * 2             // q, o
                             + h * c.num_kv_heads * hd * 2          // k, v
                             + 3 * h * c.intermediate_size;         // gate, up, down
-  return c.vocab_size * h * 2 + h + c.num_layers * per_layer + 2 * c.max_position_embeddings * hd;
+  const int64_t rotary = c.opset >= 23 ? hd / 2 : hd;  // RotaryEmbedding's caches hold the first halves
+  return c.vocab_size * h * 2 + h + c.num_layers * per_layer + 2 * c.max_position_embeddings * rotary;
 }
 
 namespace {
@@ -100,6 +102,7 @@ void ValidateConfig(const LlamaConfig& c) {
   GAF_CHECK(c.head_dim() % 2 == 0, "llama config: head_dim {} must be even for rotary embedding", c.head_dim());
   GAF_CHECK(c.num_kv_heads > 0 && c.num_heads % c.num_kv_heads == 0,
             "llama config: num_heads {} is not a multiple of num_kv_heads {}", c.num_heads, c.num_kv_heads);
+  GAF_CHECK(c.opset == 17 || c.opset == 23 || c.opset == 28, "llama config: opset {} (17, 23 or 28)", c.opset);
 }
 
 class LlamaBuilder {
@@ -109,8 +112,8 @@ class LlamaBuilder {
   Model Build() {
     Graph& g = model_.graph;
     g.name = "main_graph";
-    model_.ir_version = 8;
-    model_.opset_imports = {OpsetImport{"", 17}};
+    model_.ir_version = c_.opset >= 23 ? 11 : 8;
+    model_.opset_imports = {OpsetImport{"", c_.opset}};
     model_.producer_name = "graph-autofusion";
     model_.producer_version = "0.1";
     model_.doc_string = "Llama-architecture decoder with seeded random weights (graph-autofusion example)";
@@ -189,6 +192,11 @@ class LlamaBuilder {
       }
     }
     const std::string s = "/model/rotary_emb";
+    if (c_.opset >= 23) {  // RotaryEmbedding reads the caches' first halves at the position ids itself
+      cos_ = b_.Init("model.rotary_emb.cos_cache", HalfColumns(cos_t));
+      sin_ = b_.Init("model.rotary_emb.sin_cache", HalfColumns(sin_t));
+      return;
+    }
     std::string cos = b_.Op(s, "Gather", {b_.Init("model.rotary_emb.cos_cached", std::move(cos_t)), "position_ids"});
     std::string sin = b_.Op(s, "Gather", {b_.Init("model.rotary_emb.sin_cached", std::move(sin_t)), "position_ids"});
     cos_ = b_.Op(s, "Unsqueeze", {cos, axis1_});
@@ -216,7 +224,19 @@ class LlamaBuilder {
                                b_.FloatScalar("/model/constants/finfo_min", std::numeric_limits<float>::lowest())});
   }
 
+  // The first half of each row of t [rows, 2h].
+  static Tensor HalfColumns(const Tensor& t) {
+    const int64_t rows = t.dim(0), h = t.dim(1) / 2;
+    Tensor out(DataType::kFloat, {rows, h});
+    for (int64_t p = 0; p < rows; ++p)
+      std::copy_n(t.data<float>() + p * 2 * h, h, out.data<float>() + p * h);
+    return out;
+  }
+
   std::string RmsNorm(const std::string& s, const std::string& weight_name, const std::string& x) {
+    if (c_.opset >= 23)
+      return b_.Op(s, "RMSNormalization", {x, b_.Init(weight_name, NormWeight())},
+                   {IntAttr("axis", -1), FloatAttr("epsilon", c_.rms_norm_eps)});
     std::string sq = b_.Op(s, "Pow", {x, two_});
     std::string var = b_.Op(s, "ReduceMean", {sq}, {IntsAttr("axes", {-1}), IntAttr("keepdims", 1)});
     std::string ve = b_.Op(s, "Add", {var, eps_});
@@ -256,6 +276,18 @@ class LlamaBuilder {
     q = b_.Op(s, "Transpose", {b_.Op(s, "Reshape", {q, q_shape_})}, {IntsAttr("perm", to_heads)});
     k = b_.Op(s, "Transpose", {b_.Op(s, "Reshape", {k, kv_shape_})}, {IntsAttr("perm", to_heads)});
     v = b_.Op(s, "Transpose", {b_.Op(s, "Reshape", {v, kv_shape_})}, {IntsAttr("perm", to_heads)});
+    if (c_.opset >= 23) {  // RotaryEmbedding and Attention (grouped-query, past and present caches)
+      q = b_.Op(s, "RotaryEmbedding", {q, cos_, sin_, "position_ids"});
+      k = b_.Op(s, "RotaryEmbedding", {k, cos_, sin_, "position_ids"});
+      const std::vector<std::string> outs = {s + "/Attention_output_0", fmt::format("present.{}.key", i),
+                                             fmt::format("present.{}.value", i)};
+      b_.Op(s, "Attention",
+            {q, k, v, mask_, fmt::format("past_key_values.{}.key", i), fmt::format("past_key_values.{}.value", i)}, {},
+            outs);
+      std::string ctx = b_.Op(s, "Transpose", {outs[0]}, {IntsAttr("perm", to_heads)});
+      ctx = b_.Op(s, "Reshape", {ctx, out_shape_});
+      return b_.Op(s + "/o_proj", "MatMul", {ctx, b_.Init(w + "o_proj.weight", Normal({c_.num_heads * hd, h}))});
+    }
     q = Rotary(s, q);
     k = Rotary(s, k);
     std::string present_k = b_.Op(s, "Concat", {fmt::format("past_key_values.{}.key", i), k}, {IntAttr("axis", 2)},
@@ -280,6 +312,11 @@ class LlamaBuilder {
     const std::string w = fmt::format("model.layers.{}.mlp.", i);
     const int64_t h = c_.hidden_size, f = c_.intermediate_size;
     std::string gate = b_.Op(s + "/gate_proj", "MatMul", {xn, b_.Init(w + "gate_proj.weight", Normal({h, f}))});
+    if (c_.opset >= 28) {
+      std::string up = b_.Op(s + "/up_proj", "MatMul", {xn, b_.Init(w + "up_proj.weight", Normal({h, f}))});
+      std::string prod = b_.Op(s + "/act_fn", "SwiGLU", {gate, up});
+      return b_.Op(s + "/down_proj", "MatMul", {prod, b_.Init(w + "down_proj.weight", Normal({f, h}))});
+    }
     std::string sig = b_.Op(s + "/act_fn", "Sigmoid", {gate});
     std::string act = b_.Op(s + "/act_fn", "Mul", {gate, sig});
     std::string up = b_.Op(s + "/up_proj", "MatMul", {xn, b_.Init(w + "up_proj.weight", Normal({h, f}))});
@@ -312,6 +349,7 @@ class LlamaBuilder {
     md.emplace_back("rms_norm_eps", fmt::format("{}", c_.rms_norm_eps));
     md.emplace_back("rope_theta", fmt::format("{}", c_.rope_theta));
     md.emplace_back("seed", std::to_string(c_.seed));
+    md.emplace_back("opset", std::to_string(c_.opset));
     md.emplace_back("parameters", std::to_string(LlamaParameterCount(c_)));
   }
 

@@ -29,6 +29,11 @@ struct LlamaConfig {
   float rope_theta = 10000.f;
   float init_std = 0.02f;  // stddev of the projection and embedding weights
   uint32_t seed = 0;
+  // The opset the model is written for: 17 writes attention, RMS norm and rotary embedding as
+  // torch.onnx.export does at opset 17 (MatMul, Softmax, Pow, ReduceMean, Slice, ...); 23 writes
+  // them as the operators Attention, RMSNormalization and RotaryEmbedding; 28 also the MLP's gate
+  // as SwiGLU. The weights are drawn in the same order, so one seed gives the same model.
+  int64_t opset = 17;
 
   int64_t head_dim() const { return hidden_size / num_heads; }
 };
@@ -41,7 +46,8 @@ std::vector<std::string> LlamaPresetNames();
 // Number of parameters (initializer elements, rotary tables included) the model will have.
 int64_t LlamaParameterCount(const LlamaConfig& config);
 
-// Builds the model (opset 17, ir_version 8). Throws gaf::Error for an inconsistent config.
+// Builds the model (config.opset; ir_version 8, or 11 from opset 23). Throws gaf::Error for an
+// inconsistent config.
 Model BuildLlamaModel(const LlamaConfig& config);
 
 }  // namespace gaf

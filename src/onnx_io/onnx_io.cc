@@ -638,6 +638,21 @@ void SaveTensorPb(const Tensor& t, const std::string& name, const std::string& p
   WriteFileAtomic(path, tp.SerializeAsString());
 }
 
+std::string CheckerScope(const Model& model) {
+  if (model.ir_version > onnx::IR_VERSION)
+    return fmt::format("the model's IR version {} is newer than this ONNX library's checker knows ({})", model.ir_version,
+                       static_cast<int64_t>(onnx::IR_VERSION));
+  const auto& ranges = onnx::OpSchemaRegistry::DomainToVersionRange::Instance().Map();
+  for (const OpsetImport& o : model.opset_imports) {
+    const std::string domain = o.domain == "ai.onnx" ? "" : o.domain;
+    auto it = ranges.find(domain);
+    if (it != ranges.end() && o.version > it->second.second)
+      return fmt::format("the model's opset {} of '{}' is newer than this ONNX library knows ({})", o.version,
+                         domain.empty() ? "ai.onnx" : domain, it->second.second);
+  }
+  return "";
+}
+
 std::string CheckModel(const Model& model) {
   onnx::ModelProto mp;
   ModelToProto(model, &mp, nullptr);

@@ -47,6 +47,9 @@ void SaveTensorPb(const Tensor& t, const std::string& name, const std::string& p
 
 // Runs the ONNX checker (full check); returns "" when it passes, else its message.
 std::string CheckModel(const Model& model);
+// "" when this build's ONNX library knows the model's IR version and opsets, else why its checker
+// cannot judge the model (Debian 12's ONNX 1.13 knows IR 8 and opset 18: Attention is opset 23).
+std::string CheckerScope(const Model& model);
 // Runs ONNX shape inference and stores the inferred types/shapes in graph.value_info (replacing
 // it) and graph outputs. Returns "" or the inference error message (the model is unchanged then).
 std::string InferShapes(Model& model);

@@ -305,6 +305,53 @@ TEST(CnnModel, PassesCheckerAndRuns) {
 // The bytes a decode step reads (bench's bandwidth floor): every projection and the head in full
 // (7 per layer and the head, [in, out] MatMul initializers), one row of each Gather's table (the
 // embedding's at least, not the table), and the other initializers (the RMSNorm weights at least).
+// The same Llama written for opset 23 (Attention, RMSNormalization, RotaryEmbedding) and 28 (also
+// SwiGLU): the weights are drawn in the same order, so a prompt step and decode steps with the
+// cache give the opset-17 model's logits and presents, and a generation the same tokens.
+TEST(LlamaModel, RecentOpsetOperatorsGiveTheOpset17Results) {
+  std::vector<Tensor> base;
+  for (int64_t opset : {17, 23, 28}) {
+    LlamaConfig c = LlamaPreset("tiny");
+    c.opset = opset;
+    const Model m = BuildLlamaModel(c);
+    std::set<std::string> ops;
+    for (const Node& n : m.graph.nodes) ops.insert(n.op_type);
+    EXPECT_EQ(ops.count("Attention"), opset >= 23 ? 1u : 0u) << opset;
+    EXPECT_EQ(ops.count("RMSNormalization"), opset >= 23 ? 1u : 0u) << opset;
+    EXPECT_EQ(ops.count("RotaryEmbedding"), opset >= 23 ? 1u : 0u) << opset;
+    EXPECT_EQ(ops.count("SwiGLU"), opset >= 28 ? 1u : 0u) << opset;
+    Session s(m);
+    DecoderSignature sig = DecoderSignature::Discover(s.inputs(), s.outputs());
+    std::map<std::string, Tensor> feeds;
+    feeds["input_ids"] = Tensor::FromVector<int64_t>({1, 2, 3, 4, 5, 9, 8, 7}, {2, 4});
+    feeds["attention_mask"] = Tensor::FromVector<int64_t>({1, 1, 1, 1, 0, 1, 1, 1}, {2, 4});  // row 2 padded
+    feeds["position_ids"] = Tensor::FromVector<int64_t>({0, 1, 2, 3, 0, 0, 1, 2}, {2, 4});
+    for (const auto& [past, present] : sig.cache) feeds[past] = Tensor(DataType::kFloat, {2, 2, 0, 16});
+    std::vector<Tensor> outs = s.Run(feeds);
+    feeds["input_ids"] = Tensor::FromVector<int64_t>({11, 12}, {2, 1});
+    feeds["attention_mask"] = Tensor::FromVector<int64_t>({1, 1, 1, 1, 1, 0, 1, 1, 1, 1}, {2, 5});
+    feeds["position_ids"] = Tensor::FromVector<int64_t>({4, 3}, {2, 1});
+    for (size_t i = 0; i < sig.cache.size(); ++i) feeds[sig.cache[i].first] = outs[1 + i];
+    std::vector<Tensor> step = s.Run(feeds);
+    outs.insert(outs.end(), step.begin(), step.end());
+    if (opset == 17) {
+      base = outs;
+      continue;
+    }
+    ASSERT_EQ(outs.size(), base.size());
+    for (size_t i = 0; i < outs.size(); ++i) {
+      ASSERT_EQ(outs[i].shape(), base[i].shape()) << opset << " output " << i;
+      const std::vector<double> a = outs[i].ToDoubles(), b = base[i].ToDoubles();
+      for (size_t j = 0; j < a.size(); ++j) ASSERT_NEAR(a[j], b[j], 2e-5) << opset << " output " << i << " at " << j;
+    }
+    GenerateOptions opt;
+    opt.prompt_ids = {17, 3, 250, 96, 41};
+    opt.max_new_tokens = 10;
+    Session s17(TinyLlama());
+    EXPECT_EQ(Generate(s, sig, opt).tokens, Generate(s17, opt).tokens) << opset;
+  }
+}
+
 TEST(LlamaModel, DecodeStepBytesCountEveryWeightOnce) {
   const LlamaConfig c = LlamaPreset("tiny");
   const Model m = BuildLlamaModel(c);
