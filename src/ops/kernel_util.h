@@ -15,6 +15,24 @@
 
 namespace gaf {
 
+// A node's description for error messages, formatted only when a message is: kernels on a decode
+// step's hot path would otherwise build the string on every call.
+struct NodeDescription {
+  const Node& node;
+};
+
+}  // namespace gaf
+
+template <>
+struct fmt::formatter<gaf::NodeDescription> : fmt::formatter<std::string> {
+  template <class Ctx>
+  auto format(const gaf::NodeDescription& d, Ctx& ctx) const {
+    return fmt::formatter<std::string>::format(d.node.Describe(), ctx);
+  }
+};
+
+namespace gaf {
+
 // Normalizes a possibly negative axis into [0, rank); throws naming the node when out of range.
 int64_t NormalizeAxis(int64_t axis, int64_t rank, const Node& node);
 

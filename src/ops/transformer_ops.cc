@@ -87,12 +87,22 @@ void RMSNormalizationKernel(KernelContext& ctx) {
   int64_t n = 1;
   for (int64_t d : norm) n *= d;
   const int64_t rows = n == 0 ? 0 : X.numel() / n;
-  const std::vector<float> w = BroadcastTo(W, norm, ctx, "scale");
+  // The scale over the normalized shape: as it is when it has that many elements (a valid
+  // broadcast of as many elements is the identity), else laid out over it.
+  std::vector<float> laid;
+  const float* w = W.data<float>();
+  if (W.numel() == n) {
+    StridesOver(W, norm, ctx, "scale");  // throws for a scale of the wrong shape
+  } else {
+    laid = BroadcastTo(W, norm, ctx, "scale");
+    w = laid.data();
+  }
   Tensor Y = Tensor::Uninitialized(DataType::kFloat, X.shape());
   const float* x = X.data<float>();
   float* y = Y.data<float>();
   ParallelFor(rows, std::max<int64_t>(1, kGrain / std::max<int64_t>(n, 1)), [&](int64_t r0, int64_t r1) {
-    std::vector<float> sq(static_cast<size_t>(n));
+    thread_local std::vector<float> sq;
+    if (static_cast<int64_t>(sq.size()) < n) sq.resize(static_cast<size_t>(n));
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * n;
       float* yr = y + r * n;
@@ -116,7 +126,7 @@ void RotaryEmbeddingKernel(KernelContext& ctx) {
   const Tensor& X = ctx.input(0);
   const Tensor& C = ctx.input(1);
   const Tensor& S = ctx.input(2);
-  const std::string& where = ctx.node.Describe();
+  const NodeDescription where{ctx.node};
   if (X.dtype() != DataType::kFloat || C.dtype() != DataType::kFloat || S.dtype() != DataType::kFloat)
     throw UnsupportedError(fmt::format("{}: input type {} (float, float16, bfloat16 are supported)", where,
                                        DataTypeName(X.dtype())));
@@ -144,17 +154,23 @@ void RotaryEmbeddingKernel(KernelContext& ctx) {
   const int64_t half = rot / 2;
   // cos/sin rows: [max_position, >= half] read at position_ids[b, s], or [B, S, >= half].
   const bool positions = ctx.has_input(3);
-  std::vector<int64_t> pos;
+  std::vector<int64_t> converted;
+  const int64_t* pos = nullptr;
   if (positions) {
     const Tensor& P = ctx.input(3);
     if (P.rank() != 2 || P.dim(0) != B || P.dim(1) != L)
       throw Error(fmt::format("{}: position_ids of shape {} (expected [{}, {}])", where, ShapeToString(P.shape()), B, L));
-    pos = P.ToInt64s();
+    if (P.dtype() == DataType::kInt64) {
+      pos = P.data<int64_t>();
+    } else {
+      converted = P.ToInt64s();
+      pos = converted.data();
+    }
     if (C.rank() != 2 || S.shape() != C.shape() || C.dim(1) < half)
       throw Error(fmt::format("{}: cos/sin caches of shapes {} and {} (expected [max_position, >= {}])", where,
                               ShapeToString(C.shape()), ShapeToString(S.shape()), half));
-    for (int64_t p : pos)
-      if (p < 0 || p >= C.dim(0))
+    for (int64_t i = 0; i < B * L; ++i)
+      if (const int64_t p = pos[i]; p < 0 || p >= C.dim(0))
         throw Error(fmt::format("{}: position id {} outside the cos/sin caches' {} rows", where, p, C.dim(0)));
   } else if (C.rank() != 3 || S.shape() != C.shape() || C.dim(0) != B || C.dim(1) != L || C.dim(2) < half) {
     throw Error(fmt::format("{}: cos/sin of shapes {} and {} (expected [{}, {}, >= {}] without position_ids)", where,

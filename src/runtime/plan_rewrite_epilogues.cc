@@ -143,6 +143,28 @@ void FoldAttention(Graph& g, ProductRewrites& stats) {
 // Mul(G, Sigmoid(G)) (either order), the Sigmoid read by that Mul alone: one SiLUGate(G), or
 // SiLUGate(G, U) at the place of a Mul(that, U) that alone reads it (ops/silu_gate.cc).
 void FoldSiLUGates(Graph& g, ProductRewrites& stats) {
+  // ONNX's own SwiGLU(A, B) (opset 28) and Swish(X) with alpha 1 are SiLU(A) * B and SiLU(X), with
+  // the SiLUGate kernel's arithmetic (ops/transformer_ops.cc): the plan's node, the operator its
+  // fallback.
+  for (Node& n : g.nodes) {
+    if (!n.domain.empty() || (n.op_type != "SwiGLU" && n.op_type != "Swish") || n.outputs.size() != 1 ||
+        n.GetFloat("alpha", 1.f) != 1.f || n.inputs.size() != (n.op_type == "SwiGLU" ? 2u : 1u))
+      continue;
+    bool inputs = true;
+    for (const std::string& in : n.inputs) inputs = inputs && !in.empty();
+    if (!inputs) continue;
+    auto fallback = std::make_shared<Graph>();
+    fallback->name = n.name + "/fallback";
+    for (const std::string& in : n.inputs) fallback->inputs.push_back(ValueInfo{in});
+    fallback->nodes.push_back(n);
+    fallback->outputs.push_back(ValueInfo{n.outputs[0]});
+    stats.notes.push_back(fmt::format("{}: SiLU of {}{} in one pass", n.Describe(), n.inputs[0],
+                                      n.inputs.size() > 1 ? fmt::format(" times {}", n.inputs[1]) : ""));
+    ++(n.inputs.size() > 1 ? stats.silu_gates : stats.silus);
+    n.op_type = "SiLUGate";
+    n.domain = kPlanDomain;
+    n.attributes = {FallbackAttr(std::move(fallback))};
+  }
   const ProductIndex ix(g);
   struct SiLU {
     const Node* sigmoid;
