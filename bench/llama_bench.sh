@@ -7,7 +7,9 @@
 # /tmp/gaf-bench-models), PROMPT_LEN (16), NEW_TOKENS (50), REPEAT (3, generations per process after
 # one warm-up), ROUNDS (3, each runs every configuration once, interleaved), THREADS (1,2),
 # ORT_OPT (disabled,all), JSON_DIR (write one JSON per preset there), SKIP_BUILD=1 (use the
-# binaries in $BUILD as they are: autofusion, bench/membw, bench/gaf_bench_tool).
+# binaries in $BUILD as they are: autofusion, bench/membw, bench/gaf_bench_tool), OPSET (17, 23 or
+# 28: the decoder as `example llama --opset` writes it; 23 and 28 use ONNX's Attention,
+# RMSNormalization, RotaryEmbedding (and SwiGLU) operators; models go to $MODELS/PRESET-opsetN).
 # Needs: the build (autofusion, bench/membw, bench/gaf_bench_tool) and `npm install` in bench/
 # (ONNXRUNTIME_NODE_INSTALL=skip npm install --prefix bench).
 set -euo pipefail
@@ -19,6 +21,7 @@ NEW_TOKENS=${NEW_TOKENS:-50}
 REPEAT=${REPEAT:-3}
 ROUNDS=${ROUNDS:-3}
 THREADS=${THREADS:-1,2}
+OPSET=${OPSET:-17}
 ORT_OPT=${ORT_OPT:-disabled,all}
 presets=("$@")
 [ ${#presets[@]} -gt 0 ] || presets=(tiny small bench)
@@ -37,11 +40,12 @@ echo "load:    $(cut -d' ' -f1-3 /proc/loadavg)"
 
 for p in "${presets[@]}"; do
   dir="$MODELS/$p"
+  [ "$OPSET" = 17 ] || dir="$MODELS/$p-opset$OPSET"
   if [ ! -f "$dir/model.onnx" ]; then
-    "$BUILD"/autofusion example llama --preset "$p" -o "$dir" >/dev/null
+    "$BUILD"/autofusion example llama --preset "$p" --opset "$OPSET" -o "$dir" >/dev/null
   fi
   echo
-  echo "=== preset $p ==="
+  echo "=== preset $p (opset $OPSET) ==="
   json_args=()
   [ -n "${JSON_DIR:-}" ] && mkdir -p "$JSON_DIR" && json_args=(--json "$JSON_DIR/$p.json")
   node bench/llama_bench.js --model "$dir/model.onnx" --build "$BUILD" --prompt-len "$PROMPT_LEN" \

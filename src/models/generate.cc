@@ -379,6 +379,10 @@ DecodeStepBytes CountDecodeStepBytes(const Graph& g) {
         ++b.gather_tensors;
       } else if (n.op_type == "Gather" && i == 1) {
         continue;  // constant indices: negligible, and not weights
+      } else if (n.op_type == "RotaryEmbedding" && (i == 1 || i == 2) && n.inputs.size() > 3 &&
+                 !n.inputs[3].empty() && t->rank() == 2 && t->dim(0) > 0) {
+        b.gather += bytes / t->dim(0);  // the cos/sin row at the one new token's position id
+        ++b.gather_tensors;
       } else {
         b.other += bytes;
         ++b.other_tensors;

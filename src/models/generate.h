@@ -97,7 +97,8 @@ Tensor ForwardNoCache(Session& session, const DecoderSignature& sig, const std::
 
 // Bytes of initializers one decode step (batch 1, one new token) reads, by category: every
 // MatMul/Gemm input that is an initializer, in full (`matmul`); for a Gather whose data is an
-// initializer, one slice along its axis (the embedding row, the rotary rows: `gather`); every other
+// initializer, one slice along its axis (the embedding row, the rotary rows: `gather`; so too the
+// cos and sin rows a RotaryEmbedding reads at the position ids); every other
 // initializer a node reads, in full (`other`; a Gather's constant indices are not counted). An
 // initializer read by several nodes counts once per node. The bandwidth floor of a decode step is
 // total() / the machine's read bandwidth.

@@ -364,6 +364,19 @@ TEST(LlamaModel, DecodeStepBytesCountEveryWeightOnce) {
   EXPECT_LT(b.gather, 4 * h * c.vocab_size);  // not the whole table
   EXPECT_GT(b.other, 4 * h * (2 * c.num_layers + 1));  // the RMSNorm weights at least
   EXPECT_EQ(b.total(), b.matmul + b.gather + b.other);
+
+  // Written with RotaryEmbedding (opset 23), the step reads one cos and one sin row per node of
+  // the caches it indexes by position id, not the caches whole.
+  LlamaConfig c23 = c;
+  c23.opset = 23;
+  const DecodeStepBytes b23 = CountDecodeStepBytes(BuildLlamaModel(c23).graph);
+  const int64_t rotary_nodes = 2 * c.num_layers, half_row = 4 * c.head_dim() / 2;
+  EXPECT_EQ(b23.matmul, b.matmul);
+  EXPECT_EQ(b23.gather, 4 * h + rotary_nodes * 2 * half_row);  // the embedding row, cos and sin rows
+  // The norm weights and a few shape constants, not the caches (each 4 * max_position * head_dim / 2
+  // bytes, 8 KiB here).
+  EXPECT_GE(b23.other, 4 * h * (2 * c.num_layers + 1));
+  EXPECT_LT(b23.other, 4 * h * (2 * c.num_layers + 1) + 1024);
 }
 
 }  // namespace
