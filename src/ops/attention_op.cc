@@ -16,6 +16,7 @@
 // (AttentionSegment). The present caches: in a generation (KernelContext::cache_room) the new rows
 // are appended to the past's storage in place where it has room (as the fused attention does), so
 // a decode step does not copy its whole cache.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -28,6 +29,8 @@ namespace gaf {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+// Scores a task holds at once (floats): a long prompt's query rows go in blocks.
+constexpr int64_t kScoreFloats = int64_t{1} << 22;
 // Multiply-adds of a call below which its heads run on the calling thread.
 constexpr int64_t kParallelMultiplyAdds = int64_t{1} << 16;
 
@@ -56,10 +59,10 @@ Tensor PresentOf(const Tensor* past, const Tensor& cur, int64_t heads3d, int64_t
                  const NodeDescription& where, const char* what) {
   const bool three = cur.rank() == 3;
   const int64_t B = cur.dim(0), H = three ? heads3d : cur.dim(1), L = three ? cur.dim(1) : cur.dim(2);
-  const int64_t P = past != nullptr ? past->dim(2) : 0;
   if (past != nullptr && (past->rank() != 4 || past->dim(0) != B || past->dim(1) != H || past->dim(3) != D))
     throw Error(fmt::format("{}: {} of shape {} does not match the new rows' [{}, {}, *, {}]", where, what,
                             ShapeToString(past->shape()), B, H, D));
+  const int64_t P = past != nullptr ? past->dim(2) : 0;
   const int64_t T = CheckedAdd(P, L, "present cache length");
   const Shape shape{B, H, T, D};
   Tensor present;
@@ -190,6 +193,7 @@ void AttentionKernel(KernelContext& ctx) {
     valid = nonpad->ToInt64s();
     if (static_cast<int64_t>(valid.size()) != B)
       throw Error(fmt::format("{}: nonpad_kv_seqlen has {} values for a batch of {}", where, valid.size(), B));
+    for (int64_t& v : valid) v = std::clamp<int64_t>(v, 0, T);  // keys that exist (the offset below stays in range)
   }
   // Causal offset per batch row: a query at index s attends keys j <= s + offset.
   auto offset = [&](int64_t b) { return past_k != nullptr ? P : nonpad != nullptr ? valid[b] - S : int64_t{0}; };
@@ -204,28 +208,32 @@ void AttentionKernel(KernelContext& ctx) {
   float* qk = want_qk ? QK.data<float>() : nullptr;
 
   const int64_t M = r * S;  // query rows per cache head
-  auto task = [&](int64_t t) {
-    const int64_t b = t / Hkv, g = t % Hkv;
+  // Rows whose scores a task holds at once: all of M, or blocks of them under kScoreFloats.
+  const int64_t block = std::clamp<int64_t>(kScoreFloats / std::max<int64_t>(T, 1), 1, std::max<int64_t>(M, 1));
+  auto rows = [&](int64_t b, int64_t g, int64_t m0, int64_t M) {
     thread_local std::vector<float> buf;
     const int64_t need = M * T + (rank == 3 ? M * (Dq + Dv) : 0);
     if (static_cast<int64_t>(buf.size()) < need) buf.resize(static_cast<size_t>(need));
     float* sc = buf.data();
     // The query rows (head g * r + m / S, position m % S), and where the outputs go.
+    // Row m of the block is row m0 + m of the cache head's M.
     const float* qa;
     float* yo;
     if (rank == 4) {
-      qa = q + (b * Hq + g * r) * S * Dq;
-      yo = y + (b * Hq + g * r) * S * Dv;
+      qa = q + ((b * Hq + g * r) * S + m0) * Dq;
+      yo = y + ((b * Hq + g * r) * S + m0) * Dv;
     } else {
       float* qg = buf.data() + M * T;
-      for (int64_t m = 0; m < M; ++m)
-        std::copy_n(q + (b * S + m % S) * Hq * Dq + (g * r + m / S) * Dq, Dq, qg + m * Dq);
+      for (int64_t m = 0; m < M; ++m) {
+        const int64_t mm = m0 + m;
+        std::copy_n(q + (b * S + mm % S) * Hq * Dq + (g * r + mm / S) * Dq, Dq, qg + m * Dq);
+      }
       qa = qg;
       yo = qg + M * Dq;
     }
     if (T > 0) AttentionSegment(M, T, Dq, true, qa, Dq, kh.data + (b * Hkv + g) * kh.stride, sc, T, false);
     for (int64_t m = 0; m < M; ++m) {
-      const int64_t h = g * r + m / S, s = m % S;
+      const int64_t h = g * r + (m0 + m) / S, s = (m0 + m) % S;
       float* row = sc + m * T;
       for (int64_t j = 0; j < T; ++j) row[j] *= scale;
       if (softcap > 0.f)
@@ -258,8 +266,14 @@ void AttentionKernel(KernelContext& ctx) {
       std::fill(yo, yo + M * Dv, 0.f);
     }
     if (rank == 3)
-      for (int64_t m = 0; m < M; ++m)
-        std::copy_n(yo + m * Dv, Dv, y + (b * S + m % S) * Hq * Dv + (g * r + m / S) * Dv);
+      for (int64_t m = 0; m < M; ++m) {
+        const int64_t mm = m0 + m;
+        std::copy_n(yo + m * Dv, Dv, y + (b * S + mm % S) * Hq * Dv + (g * r + mm / S) * Dv);
+      }
+  };
+  auto task = [&](int64_t t) {
+    const int64_t b = t / Hkv, g = t % Hkv;
+    for (int64_t m0 = 0; m0 < M; m0 += block) rows(b, g, m0, std::min(block, M - m0));
   };
   const int64_t tasks = B * Hkv;
   const int64_t work = tasks * M * T * (Dq + Dv);

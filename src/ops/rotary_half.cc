@@ -16,6 +16,7 @@
 // as the separate operators round them (this file is compiled without contracting a product
 // and a sum into one fused multiply-add), so results are bit-identical. Other shapes and types
 // run the fallback graph.
+#include <string>
 #include <vector>
 
 #include "ops/kernel.h"
@@ -99,9 +100,99 @@ void RotaryHalfKernel(KernelContext& ctx) {
   ctx.outputs[0] = std::move(Y);
 }
 
+// ONNX's RotaryEmbedding (opset 23), as exporters that target it write rotary position embedding:
+// a head's first rotary_embedding_dim values rotated as halves (x1, x2) or interleaved pairs, by cos
+// and sin rows read at position_ids from [max_position, >= rot / 2] caches (or given per position,
+// [batch, sequence, >= rot / 2]); 4-D [batch, heads, sequence, head] or 3-D [batch, sequence,
+// heads * head] input (num_heads). Each product is rounded before its sum, as the operator's
+// function body rounds it (this file is compiled without contraction).
+void RotaryEmbeddingKernel(KernelContext& ctx) {
+  const Tensor& X = ctx.input(0);
+  const Tensor& C = ctx.input(1);
+  const Tensor& S = ctx.input(2);
+  const NodeDescription where{ctx.node};
+  if (X.dtype() != DataType::kFloat || C.dtype() != DataType::kFloat || S.dtype() != DataType::kFloat)
+    throw UnsupportedError(fmt::format("{}: input type {} (float, float16, bfloat16 are supported)", where,
+                                       DataTypeName(X.dtype())));
+  const bool interleaved = ctx.node.GetInt("interleaved", 0) != 0;
+  const int64_t num_heads = ctx.node.GetInt("num_heads", 0);
+  // [B, H, S, D] (4-D) or [B, S, H * D] (3-D, num_heads given); element (b, h, s, d) at
+  // b * sb + h * sh + s * ss + d.
+  int64_t B, H, L, D, sb, sh, ss;
+  if (X.rank() == 4) {
+    B = X.dim(0), H = X.dim(1), L = X.dim(2), D = X.dim(3);
+    sb = H * L * D, sh = L * D, ss = D;
+  } else if (X.rank() == 3) {
+    if (num_heads <= 0 || X.dim(2) % num_heads != 0)
+      throw Error(fmt::format("{}: a 3-D input needs num_heads dividing its last dimension ({}), got num_heads {}",
+                              where, X.dim(2), num_heads));
+    B = X.dim(0), L = X.dim(1), H = num_heads, D = X.dim(2) / num_heads;
+    sb = L * H * D, sh = D, ss = H * D;
+  } else {
+    throw Error(fmt::format("{}: input of rank {} (3 or 4 expected)", where, X.rank()));
+  }
+  int64_t rot = ctx.node.GetInt("rotary_embedding_dim", 0);
+  if (rot == 0) rot = D;
+  if (rot < 0 || rot > D || rot % 2 != 0)
+    throw Error(fmt::format("{}: rotary_embedding_dim {} for a head of {} (even, at most the head)", where, rot, D));
+  const int64_t half = rot / 2;
+  // cos/sin rows: [max_position, >= half] read at position_ids[b, s], or [B, S, >= half].
+  const bool positions = ctx.has_input(3);
+  std::vector<int64_t> converted;
+  const int64_t* pos = nullptr;
+  if (positions) {
+    const Tensor& P = ctx.input(3);
+    if (P.rank() != 2 || P.dim(0) != B || P.dim(1) != L)
+      throw Error(fmt::format("{}: position_ids of shape {} (expected [{}, {}])", where, ShapeToString(P.shape()), B, L));
+    if (P.dtype() == DataType::kInt64) {
+      pos = P.data<int64_t>();
+    } else {
+      converted = P.ToInt64s();
+      pos = converted.data();
+    }
+    if (C.rank() != 2 || S.shape() != C.shape() || C.dim(1) < half)
+      throw Error(fmt::format("{}: cos/sin caches of shapes {} and {} (expected [max_position, >= {}])", where,
+                              ShapeToString(C.shape()), ShapeToString(S.shape()), half));
+    for (int64_t i = 0; i < B * L; ++i)
+      if (const int64_t p = pos[i]; p < 0 || p >= C.dim(0))
+        throw Error(fmt::format("{}: position id {} outside the cos/sin caches' {} rows", where, p, C.dim(0)));
+  } else if (C.rank() != 3 || S.shape() != C.shape() || C.dim(0) != B || C.dim(1) != L || C.dim(2) < half) {
+    throw Error(fmt::format("{}: cos/sin of shapes {} and {} (expected [{}, {}, >= {}] without position_ids)", where,
+                            ShapeToString(C.shape()), ShapeToString(S.shape()), B, L, half));
+  }
+  const int64_t cw = positions ? C.dim(1) : C.dim(2);
+  Tensor Y = Tensor::Uninitialized(DataType::kFloat, X.shape());
+  const float* x = X.data<float>();
+  const float* cc = C.data<float>();
+  const float* sc = S.data<float>();
+  float* y = Y.data<float>();
+  ParallelFor(B * L, std::max<int64_t>(1, (int64_t{1} << 14) / std::max<int64_t>(H * D, 1)), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t b = i / L, s = i % L;
+      const int64_t row = positions ? pos[i] : i;
+      const float* c = cc + row * cw;
+      const float* sn = sc + row * cw;
+      for (int64_t h = 0; h < H; ++h) {
+        const float* xh = x + b * sb + h * sh + s * ss;
+        float* yh = y + b * sb + h * sh + s * ss;
+        for (int64_t j = 0; j < half; ++j) {
+          const int64_t a = interleaved ? 2 * j : j, o = interleaved ? 2 * j + 1 : j + half;
+          const float x1 = xh[a], x2 = xh[o];
+          const float cx1 = c[j] * x1, sx2 = sn[j] * x2, sx1 = sn[j] * x1, cx2 = c[j] * x2;
+          yh[a] = cx1 - sx2;
+          yh[o] = sx1 + cx2;
+        }
+        for (int64_t d = rot; d < D; ++d) yh[d] = xh[d];
+      }
+    }
+  });
+  ctx.outputs[0] = std::move(Y);
+}
+
 }  // namespace
 
 void RegisterRotaryKernels(OpRegistry& r) {
+  r.Register({"", "RotaryEmbedding", OpKind::kInjective, RotaryEmbeddingKernel});
   // Not upcast: half-precision tensors run the fallback, which rounds in their type.
   r.Register({"ai.graph_autofusion.plan", "RotaryHalf", OpKind::kBroadcast, RotaryHalfKernel, false});
 }

@@ -1,12 +1,10 @@
 // The transformer operators of recent ONNX opsets, as exporters that target them write a decoder:
 //
 //   RMSNormalization (23)   Y = X / sqrt(mean(X^2 over axes [axis, rank)) + epsilon) * scale
-//   RotaryEmbedding (23)    rotary position embedding of a head's first rotary_embedding_dim
-//                           values (halves, or interleaved pairs), cos/sin from caches
 //   Swish (24)              Y = X * Sigmoid(alpha * X)
 //   SwiGLU (28)             Y = Swish(A, alpha) * B
 //
-// (Attention (23) is in ops/attention_op.cc.) Each follows the operator's function body in the
+// (Attention (23) is in ops/attention_op.cc, RotaryEmbedding (23) in ops/rotary_half.cc.) Each follows the operator's function body in the
 // ONNX schema, operator by operator, in float32 (float16 and bfloat16 inputs are computed in float32
 // and rounded once at the end). The plan treats SwiGLU with alpha 1 as its SiLUGate
 // (runtime/plan_rewrite_epilogues.cc), so a SwiGLU MLP's products take the gate inside their tasks.
@@ -122,89 +120,6 @@ void RMSNormalizationKernel(KernelContext& ctx) {
   ctx.outputs[0] = std::move(Y);
 }
 
-void RotaryEmbeddingKernel(KernelContext& ctx) {
-  const Tensor& X = ctx.input(0);
-  const Tensor& C = ctx.input(1);
-  const Tensor& S = ctx.input(2);
-  const NodeDescription where{ctx.node};
-  if (X.dtype() != DataType::kFloat || C.dtype() != DataType::kFloat || S.dtype() != DataType::kFloat)
-    throw UnsupportedError(fmt::format("{}: input type {} (float, float16, bfloat16 are supported)", where,
-                                       DataTypeName(X.dtype())));
-  const bool interleaved = ctx.node.GetInt("interleaved", 0) != 0;
-  const int64_t num_heads = ctx.node.GetInt("num_heads", 0);
-  // [B, H, S, D] (4-D) or [B, S, H * D] (3-D, num_heads given); element (b, h, s, d) at
-  // b * sb + h * sh + s * ss + d.
-  int64_t B, H, L, D, sb, sh, ss;
-  if (X.rank() == 4) {
-    B = X.dim(0), H = X.dim(1), L = X.dim(2), D = X.dim(3);
-    sb = H * L * D, sh = L * D, ss = D;
-  } else if (X.rank() == 3) {
-    if (num_heads <= 0 || X.dim(2) % num_heads != 0)
-      throw Error(fmt::format("{}: a 3-D input needs num_heads dividing its last dimension ({}), got num_heads {}",
-                              where, X.dim(2), num_heads));
-    B = X.dim(0), L = X.dim(1), H = num_heads, D = X.dim(2) / num_heads;
-    sb = L * H * D, sh = D, ss = H * D;
-  } else {
-    throw Error(fmt::format("{}: input of rank {} (3 or 4 expected)", where, X.rank()));
-  }
-  int64_t rot = ctx.node.GetInt("rotary_embedding_dim", 0);
-  if (rot == 0) rot = D;
-  if (rot < 0 || rot > D || rot % 2 != 0)
-    throw Error(fmt::format("{}: rotary_embedding_dim {} for a head of {} (even, at most the head)", where, rot, D));
-  const int64_t half = rot / 2;
-  // cos/sin rows: [max_position, >= half] read at position_ids[b, s], or [B, S, >= half].
-  const bool positions = ctx.has_input(3);
-  std::vector<int64_t> converted;
-  const int64_t* pos = nullptr;
-  if (positions) {
-    const Tensor& P = ctx.input(3);
-    if (P.rank() != 2 || P.dim(0) != B || P.dim(1) != L)
-      throw Error(fmt::format("{}: position_ids of shape {} (expected [{}, {}])", where, ShapeToString(P.shape()), B, L));
-    if (P.dtype() == DataType::kInt64) {
-      pos = P.data<int64_t>();
-    } else {
-      converted = P.ToInt64s();
-      pos = converted.data();
-    }
-    if (C.rank() != 2 || S.shape() != C.shape() || C.dim(1) < half)
-      throw Error(fmt::format("{}: cos/sin caches of shapes {} and {} (expected [max_position, >= {}])", where,
-                              ShapeToString(C.shape()), ShapeToString(S.shape()), half));
-    for (int64_t i = 0; i < B * L; ++i)
-      if (const int64_t p = pos[i]; p < 0 || p >= C.dim(0))
-        throw Error(fmt::format("{}: position id {} outside the cos/sin caches' {} rows", where, p, C.dim(0)));
-  } else if (C.rank() != 3 || S.shape() != C.shape() || C.dim(0) != B || C.dim(1) != L || C.dim(2) < half) {
-    throw Error(fmt::format("{}: cos/sin of shapes {} and {} (expected [{}, {}, >= {}] without position_ids)", where,
-                            ShapeToString(C.shape()), ShapeToString(S.shape()), B, L, half));
-  }
-  const int64_t cw = positions ? C.dim(1) : C.dim(2);
-  Tensor Y = Tensor::Uninitialized(DataType::kFloat, X.shape());
-  const float* x = X.data<float>();
-  const float* cc = C.data<float>();
-  const float* sc = S.data<float>();
-  float* y = Y.data<float>();
-  ParallelFor(B * L, std::max<int64_t>(1, kGrain / std::max<int64_t>(H * D, 1)), [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const int64_t b = i / L, s = i % L;
-      const int64_t row = positions ? pos[i] : i;
-      const float* c = cc + row * cw;
-      const float* sn = sc + row * cw;
-      for (int64_t h = 0; h < H; ++h) {
-        const float* xh = x + b * sb + h * sh + s * ss;
-        float* yh = y + b * sb + h * sh + s * ss;
-        for (int64_t j = 0; j < half; ++j) {
-          const int64_t a = interleaved ? 2 * j : j, o = interleaved ? 2 * j + 1 : j + half;
-          const float x1 = xh[a], x2 = xh[o];
-          const float cx1 = c[j] * x1, sx2 = sn[j] * x2, sx1 = sn[j] * x1, cx2 = c[j] * x2;
-          yh[a] = cx1 - sx2;
-          yh[o] = sx1 + cx2;
-        }
-        for (int64_t d = rot; d < D; ++d) yh[d] = xh[d];
-      }
-    }
-  });
-  ctx.outputs[0] = std::move(Y);
-}
-
 void SwishKernel(KernelContext& ctx) {
   const Tensor& X = ctx.input(0);
   if (X.dtype() != DataType::kFloat)
@@ -256,7 +171,6 @@ void SwiGLUKernel(KernelContext& ctx) {
 
 void RegisterTransformerKernels(OpRegistry& r) {
   r.Register({"", "RMSNormalization", OpKind::kReduction, RMSNormalizationKernel});
-  r.Register({"", "RotaryEmbedding", OpKind::kInjective, RotaryEmbeddingKernel});
   r.Register({"", "Swish", OpKind::kElementwise, SwishKernel});
   r.Register({"", "SwiGLU", OpKind::kBroadcast, SwiGLUKernel});
 }

@@ -1,0 +1,121 @@
+// ONNX's recent transformer operators (ops/attention_op.cc, ops/transformer_ops.cc) beyond what
+// ONNX's own node tests cover (tests/conformance/opset28.sh): a long prompt's query rows in blocks,
+// inputs of the wrong form, and the plan taking SwiGLU as its SiLUGate.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "runtime/session.h"
+#include "test_util.h"
+
+namespace gaf {
+namespace {
+
+using testing::ErrorOf;
+using testing::FloatValue;
+using testing::IntAttr;
+using testing::MakeModel;
+using testing::MakeNode;
+using testing::RandomFloat;
+
+// Attention(Q, K, V) with 3-D inputs: q_heads query heads over kv_heads cache heads.
+Model Attention3d(int64_t q_heads, int64_t kv_heads) {
+  Graph g;
+  g.inputs = {FloatValue("Q", {1, -1, -1}), FloatValue("K", {1, -1, -1}), FloatValue("V", {1, -1, -1})};
+  g.nodes.push_back(MakeNode("Attention", {"Q", "K", "V"}, {"Y"}, "attn",
+                             {IntAttr("q_num_heads", q_heads), IntAttr("kv_num_heads", kv_heads)}));
+  g.outputs.push_back(ValueInfo{"Y", DataType::kFloat});
+  return MakeModel(std::move(g), 23);
+}
+
+// Rows [s0, s0 + n) of a [1, S, w] tensor.
+Tensor Rows(const Tensor& t, int64_t s0, int64_t n) {
+  const int64_t w = t.dim(2);
+  Tensor out(DataType::kFloat, {1, n, w});
+  std::copy_n(t.data<float>() + s0 * w, n * w, out.data<float>());
+  return out;
+}
+
+// A prompt whose scores exceed what a task holds at once (4M floats; 2 query heads x 4096 rows x
+// 2048 keys here) runs its query rows in blocks; each row's arithmetic is the same, so the result
+// has the bits of the prompt's quarters run apart (2 x 1024 rows x 2048 keys: one block each).
+TEST(AttentionOp, LongPromptRowsInBlocksGiveTheSameBits) {
+  Session s(Attention3d(2, 1));
+  const Tensor q = RandomFloat({1, 4096, 32}, 1), k = RandomFloat({1, 2048, 16}, 2), v = RandomFloat({1, 2048, 16}, 3);
+  const Tensor whole = s.Run({{"Q", q}, {"K", k}, {"V", v}})[0];
+  ASSERT_EQ(whole.shape(), (Shape{1, 4096, 32}));
+  for (int64_t s0 = 0; s0 < 4096; s0 += 1024) {
+    const Tensor half = s.Run({{"Q", Rows(q, s0, 1024)}, {"K", k}, {"V", v}})[0];
+    const Tensor expect = Rows(whole, s0, 1024);
+    for (int64_t i = 0; i < half.numel(); ++i)
+      ASSERT_EQ(half.data<float>()[i], expect.data<float>()[i]) << "rows from " << s0 << ", element " << i;
+  }
+}
+
+TEST(AttentionOp, InputsOfTheWrongFormAreErrorsNamingTheNode) {
+  Session gqa(Attention3d(3, 2));  // 3 query heads over 2 cache heads
+  const std::string e1 = ErrorOf([&] {
+    gqa.Run({{"Q", RandomFloat({1, 2, 48}, 1)}, {"K", RandomFloat({1, 2, 32}, 2)}, {"V", RandomFloat({1, 2, 32}, 3)}});
+  });
+  EXPECT_NE(e1.find("attn"), std::string::npos) << e1;
+  EXPECT_NE(e1.find("not a multiple"), std::string::npos) << e1;
+
+  Session s(Attention3d(2, 1));
+  const std::string e2 = ErrorOf([&] {  // a last dimension the heads do not divide
+    s.Run({{"Q", RandomFloat({1, 2, 33}, 1)}, {"K", RandomFloat({1, 2, 16}, 2)}, {"V", RandomFloat({1, 2, 16}, 3)}});
+  });
+  EXPECT_NE(e2.find("q_num_heads"), std::string::npos) << e2;
+
+  // A past cache of the wrong rank is refused before any of its dimensions is read.
+  Graph g;
+  g.inputs = {FloatValue("Q", {1, 2, 1, 16}), FloatValue("K", {1, 2, 1, 16}), FloatValue("V", {1, 2, 1, 16}),
+              FloatValue("pk", {-1}), FloatValue("pv", {-1})};
+  g.nodes.push_back(MakeNode("Attention", {"Q", "K", "V", "", "pk", "pv"}, {"Y", "present_key", "present_value"}, "attn"));
+  for (const char* o : {"Y", "present_key", "present_value"}) g.outputs.push_back(ValueInfo{o, DataType::kFloat});
+  Session past(MakeModel(std::move(g), 23));
+  const std::string e3 = ErrorOf([&] {
+    past.Run({{"Q", RandomFloat({1, 2, 1, 16}, 1)}, {"K", RandomFloat({1, 2, 1, 16}, 2)},
+              {"V", RandomFloat({1, 2, 1, 16}, 3)}, {"pk", RandomFloat({5}, 4)}, {"pv", RandomFloat({5}, 5)}});
+  });
+  EXPECT_NE(e3.find("past_key of shape [5]"), std::string::npos) << e3;
+}
+
+TEST(RotaryEmbeddingOp, PositionIdsOutsideTheCachesAreErrors) {
+  Graph g;
+  g.inputs = {FloatValue("x", {1, 1, 2, 8}), FloatValue("cos", {4, 4}), FloatValue("sin", {4, 4})};
+  ValueInfo pos{"pos", DataType::kInt64};
+  g.inputs.push_back(pos);
+  g.nodes.push_back(MakeNode("RotaryEmbedding", {"x", "cos", "sin", "pos"}, {"y"}, "rope"));
+  g.outputs.push_back(ValueInfo{"y", DataType::kFloat});
+  Session s(MakeModel(std::move(g), 23));
+  const std::string e = ErrorOf([&] {
+    s.Run({{"x", RandomFloat({1, 1, 2, 8}, 1)}, {"cos", RandomFloat({4, 4}, 2)}, {"sin", RandomFloat({4, 4}, 3)},
+           {"pos", Tensor::FromVector<int64_t>({1, 9}, {1, 2})}});
+  });
+  EXPECT_NE(e.find("position id 9 outside"), std::string::npos) << e;
+}
+
+// SwiGLU(G, U) with alpha 1 runs as the plan's SiLUGate (the SiLUGate kernel's arithmetic: the
+// same bits as the operator's own kernel), and with another alpha as itself.
+TEST(SwiGLUOp, AlphaOneRunsAsSiLUGate) {
+  for (float alpha : {1.f, 0.5f}) {
+    Graph g;
+    g.inputs = {FloatValue("a", {3, 40}), FloatValue("b", {3, 40})};
+    g.nodes.push_back(MakeNode("SwiGLU", {"a", "b"}, {"y"}, "swiglu", {testing::FloatAttr("alpha", alpha)}));
+    g.outputs.push_back(ValueInfo{"y", DataType::kFloat});
+    const Model m = MakeModel(std::move(g), 28);
+    SessionOptions profiled;
+    profiled.profile = true;
+    SessionOptions plain;
+    plain.rewrite_products = false;
+    Session s(m, profiled), ref(m, plain);
+    const std::map<std::string, Tensor> feeds = {{"a", RandomFloat({3, 40}, 1)}, {"b", RandomFloat({3, 40}, 2)}};
+    const Tensor y = s.Run(feeds)[0], r = ref.Run(feeds)[0];
+    EXPECT_EQ(testing::ProfiledCalls(s, "SiLUGate"), alpha == 1.f ? 1 : 0) << alpha;
+    EXPECT_EQ(testing::ProfiledCalls(s, "SwiGLU"), alpha == 1.f ? 0 : 1) << alpha;
+    for (int64_t i = 0; i < y.numel(); ++i) ASSERT_EQ(y.data<float>()[i], r.data<float>()[i]) << alpha << " " << i;
+  }
+}
+
+}  // namespace
+}  // namespace gaf
