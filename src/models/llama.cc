@@ -220,6 +220,10 @@ class LlamaBuilder {
     std::string pad = b_.Op(s, "Cast", {"attention_mask"}, {IntAttr("to", static_cast<int64_t>(DataType::kBool))});
     std::string pad4 = b_.Op(s, "Unsqueeze", {pad, axes12_});  // [b, 1, 1, T]
     std::string allowed = b_.Op(s, "And", {causal, pad4});     // [b, 1, s, T]
+    if (c_.opset >= 23) {  // Attention takes the bool mask (true attends), as SDPA-style exports pass it
+      mask_ = allowed;
+      return;
+    }
     mask_ = b_.Op(s, "Where", {allowed, b_.FloatScalar("/model/constants/mask_zero", 0.f),
                                b_.FloatScalar("/model/constants/finfo_min", std::numeric_limits<float>::lowest())});
   }

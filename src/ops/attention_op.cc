@@ -31,6 +31,10 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Scores a task holds at once (floats): a long prompt's query rows go in blocks.
 constexpr int64_t kScoreFloats = int64_t{1} << 22;
+// A prompt (at least kSkipMinRows positions) goes in blocks of kSkipRows query rows, each computing
+// the keys its rows may attend.
+constexpr int64_t kSkipMinRows = 16;
+constexpr int64_t kSkipRows = 64;
 // Multiply-adds of a call below which its heads run on the calling thread.
 constexpr int64_t kParallelMultiplyAdds = int64_t{1} << 16;
 
@@ -208,8 +212,28 @@ void AttentionKernel(KernelContext& ctx) {
   float* qk = want_qk ? QK.data<float>() : nullptr;
 
   const int64_t M = r * S;  // query rows per cache head
+  // A prompt's rows in blocks of kSkipRows: the key columns that every row of a block has masked
+  // with -inf at its end (a causal mask's future, a padded row's tail, a bool mask's false) are
+  // not computed, when nothing else needs them (qk_matmul_output). Their probability is exactly 0,
+  // so each sum gets the same terms; the values they would multiply must be finite (0 * inf is
+  // NaN), else the block takes every key.
+  const bool may_skip = !want_qk && S >= kSkipMinRows;
   // Rows whose scores a task holds at once: all of M, or blocks of them under kScoreFloats.
-  const int64_t block = std::clamp<int64_t>(kScoreFloats / std::max<int64_t>(T, 1), 1, std::max<int64_t>(M, 1));
+  const int64_t block = std::clamp<int64_t>(std::min(kScoreFloats / std::max<int64_t>(T, 1), may_skip ? kSkipRows : M),
+                                            1, std::max<int64_t>(M, 1));
+  // The keys query row s of head h (batch row b) may attend lie in [0, Allowed(b, h, s)): the rest
+  // are -inf by the causal bound, the padding, the mask's width or its own tail.
+  auto allowed = [&](int64_t b, int64_t h, int64_t s) {
+    int64_t lim = std::min(T, Tm);
+    if (causal) lim = std::min(lim, std::max<int64_t>(0, s + offset(b) + 1));
+    if (nonpad != nullptr) lim = std::min(lim, valid[b]);
+    const int64_t moff = b * mst[0] + h * mst[1] + s * mst[2];
+    if (mb != nullptr)
+      while (lim > 0 && !mb[moff + (lim - 1) * mst[3]]) --lim;
+    else if (mf != nullptr)
+      while (lim > 0 && mf[moff + (lim - 1) * mst[3]] == kNegInf) --lim;
+    return lim;
+  };
   auto rows = [&](int64_t b, int64_t g, int64_t m0, int64_t M) {
     thread_local std::vector<float> buf;
     const int64_t need = M * T + (rank == 3 ? M * (Dq + Dv) : 0);
@@ -231,20 +255,31 @@ void AttentionKernel(KernelContext& ctx) {
       qa = qg;
       yo = qg + M * Dq;
     }
-    if (T > 0) AttentionSegment(M, T, Dq, true, qa, Dq, kh.data + (b * Hkv + g) * kh.stride, sc, T, false);
+    // The key columns computed: [0, cols), the rows' scores cols apart.
+    int64_t cols = T;
+    if (may_skip) {
+      cols = 0;
+      for (int64_t m = 0; m < M; ++m) cols = std::max(cols, allowed(b, g * r + (m0 + m) / S, (m0 + m) % S));
+      cols = std::min(T, (cols + 15) / 16 * 16);  // whole vectors of keys, as the fused attention computes them
+      const float* vt = vh.data + (b * Hkv + g) * vh.stride + cols * Dv;
+      for (int64_t i = 0; i < (T - cols) * Dv && cols < T; ++i)
+        if (!std::isfinite(vt[i])) cols = T;
+    }
+    if (cols > 0) AttentionSegment(M, cols, Dq, true, qa, Dq, kh.data + (b * Hkv + g) * kh.stride, sc, cols, false);
     for (int64_t m = 0; m < M; ++m) {
       const int64_t h = g * r + (m0 + m) / S, s = (m0 + m) % S;
-      float* row = sc + m * T;
-      for (int64_t j = 0; j < T; ++j) row[j] *= scale;
+      float* row = sc + m * cols;
+      for (int64_t j = 0; j < cols; ++j) row[j] *= scale;
       if (softcap > 0.f)
-        for (int64_t j = 0; j < T; ++j) row[j] = softcap * std::tanh(row[j] / softcap);
-      float* qo = qk != nullptr ? qk + ((b * Hq + h) * S + s) * T : nullptr;
-      if (qo != nullptr && qk_mode <= 1) std::copy_n(row, T, qo);
+        for (int64_t j = 0; j < cols; ++j) row[j] = softcap * std::tanh(row[j] / softcap);
+      float* qo = qk != nullptr ? qk + ((b * Hq + h) * S + s) * T : nullptr;  // (cols == T with qk)
+      if (qo != nullptr && qk_mode <= 1) std::copy_n(row, cols, qo);
       const int64_t moff = b * mst[0] + h * mst[1] + s * mst[2];
-      const int64_t last = causal ? s + offset(b) : T - 1;  // the last key the query may attend
-      const int64_t keys = nonpad != nullptr ? std::min(T, valid[b]) : T;
+      const int64_t last = causal ? s + offset(b) : cols - 1;  // the last key the query may attend
+      const int64_t keys = nonpad != nullptr ? std::min(cols, valid[b]) : cols;
+      // (valid[b] and Tm may exceed the computed keys: the checks below stay true.)
       float top = kNegInf;
-      for (int64_t j = 0; j < T; ++j) {
+      for (int64_t j = 0; j < cols; ++j) {
         float v = row[j];
         if (j > last || j >= keys || j >= Tm) v = kNegInf;
         else if (mb != nullptr && !mb[moff + j * mst[3]]) v = kNegInf;
@@ -252,16 +287,16 @@ void AttentionKernel(KernelContext& ctx) {
         row[j] = v;
         top = std::max(top, v);
       }
-      if (qo != nullptr && qk_mode == 2) std::copy_n(row, T, qo);
+      if (qo != nullptr && qk_mode == 2) std::copy_n(row, cols, qo);
       if (top == kNegInf) {  // every key masked: no weight anywhere
-        std::fill(row, row + T, 0.f);
+        std::fill(row, row + cols, 0.f);
       } else {
-        SoftmaxRowF32(row, row, T);
+        SoftmaxRowF32(row, row, cols);
       }
-      if (qo != nullptr && qk_mode == 3) std::copy_n(row, T, qo);
+      if (qo != nullptr && qk_mode == 3) std::copy_n(row, cols, qo);
     }
-    if (T > 0) {
-      AttentionSegment(M, Dv, T, false, sc, T, vh.data + (b * Hkv + g) * vh.stride, yo, Dv, false);
+    if (cols > 0) {
+      AttentionSegment(M, Dv, cols, false, sc, cols, vh.data + (b * Hkv + g) * vh.stride, yo, Dv, false);
     } else {
       std::fill(yo, yo + M * Dv, 0.f);
     }

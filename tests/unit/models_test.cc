@@ -338,11 +338,26 @@ TEST(LlamaModel, RecentOpsetOperatorsGiveTheOpset17Results) {
       base = outs;
       continue;
     }
+    // Batch row 2's first position attends nothing (padding, causal): the opset-17 form's
+    // finfo.min mask spreads it evenly, Attention's bool mask gives it zeros; both are garbage the
+    // generation never reads (later positions mask it), so it is left out of the comparison: its
+    // logits, and from layer 1 on the cache rows computed from it.
     ASSERT_EQ(outs.size(), base.size());
     for (size_t i = 0; i < outs.size(); ++i) {
       ASSERT_EQ(outs[i].shape(), base[i].shape()) << opset << " output " << i;
       const std::vector<double> a = outs[i].ToDoubles(), b = base[i].ToDoubles();
-      for (size_t j = 0; j < a.size(); ++j) ASSERT_NEAR(a[j], b[j], 2e-5) << opset << " output " << i << " at " << j;
+      const Shape& sh = outs[i].shape();
+      const bool logits = sh.size() == 3;  // [2, positions, vocab]; caches [2, heads, positions, d]
+      const int64_t per_row = outs[i].numel() / 2;
+      const int64_t pos_stride = logits ? sh[2] : sh[3];
+      const int64_t positions = logits ? sh[1] : sh[2];
+      const size_t k = i % (1 + sig.cache.size());  // 0 the logits, then each layer's key and value
+      const bool prompt = i < 1 + sig.cache.size(), later_layer = k >= 1 && (k - 1) / 2 >= 1;
+      for (size_t j = 0; j < a.size(); ++j) {
+        const int64_t row = static_cast<int64_t>(j) / per_row, pos = static_cast<int64_t>(j) / pos_stride % positions;
+        const bool garbage = row == 1 && pos == 0 && ((logits && prompt) || (!logits && later_layer));
+        if (!garbage) ASSERT_NEAR(a[j], b[j], 2e-5) << opset << " output " << i << " at " << j;
+      }
     }
     GenerateOptions opt;
     opt.prompt_ids = {17, 3, 250, 96, 41};
