@@ -21,6 +21,7 @@
 #include <limits>
 #include <vector>
 
+#include "ops/fused_attention.h"
 #include "ops/grouped_matmul.h"
 #include "ops/kernel.h"
 #include "ops/kernel_util.h"
@@ -38,11 +39,6 @@ constexpr int64_t kSkipRows = 64;
 // Multiply-adds of a call below which its heads run on the calling thread.
 constexpr int64_t kParallelMultiplyAdds = int64_t{1} << 16;
 
-// Rows per head of a new cache with room for t rows (as the fused attention's caches).
-int64_t RoomFor(int64_t t) {
-  const int64_t extra = std::max<int64_t>(t / 2, 64);
-  return t > std::numeric_limits<int64_t>::max() - extra ? t : t + extra;
-}
 
 // Asks for n floats from p into L2 (prefetch instructions: no fault, no wait).
 void PrefetchRows(const float* p, int64_t n) {
@@ -77,7 +73,7 @@ Tensor PresentOf(const Tensor* past, const Tensor& cur, int64_t heads3d, int64_t
     in_place = present.defined();
     if (!in_place) {
       try {
-        present = Tensor::WithCacheRoom(DataType::kFloat, shape, RoomFor(T));
+        present = Tensor::WithCacheRoom(DataType::kFloat, shape, CacheRoomFor(T));
       } catch (const Error&) {  // the room past the memory limit: a cache without room
         present = Tensor::Uninitialized(DataType::kFloat, shape);
       }

@@ -108,13 +108,6 @@ struct Cache {
 
 std::atomic<int64_t> g_in_place{0}, g_new_room{0}, g_copied{0};  // CacheAppendTotals
 
-// Rows per head of a new cache with room for a present of t rows: half again, at least 64 more
-// (the copies of a generation amortized over the steps that append in place).
-// (A past of no heads may have any length: no room past int64.)
-int64_t RoomFor(int64_t t) {
-  const int64_t extra = std::max<int64_t>(t / 2, 64);
-  return t > std::numeric_limits<int64_t>::max() - extra ? t : t + extra;
-}
 
 // The cache a product part reads, from its inputs in ctx starting at `first` (the part's second
 // input): the appended Concat(past, new) (made here, appended), the repeated cache, or (r = 1) a
@@ -145,7 +138,7 @@ bool CacheOf(const Node& part, const KernelContext& ctx, size_t first, int64_t b
       ++(c->in_place ? g_in_place : g_new_room);
       if (!c->in_place) {
         try {
-          c->t = Tensor::WithCacheRoom(DataType::kFloat, shape, RoomFor(t));
+          c->t = Tensor::WithCacheRoom(DataType::kFloat, shape, CacheRoomFor(t));
         } catch (const Error&) {  // the room past the memory limit: a cache without room
           c->t = Tensor::Uninitialized(DataType::kFloat, shape);
         }
@@ -586,6 +579,12 @@ void FusedAttentionKernel(KernelContext& ctx) {
 }
 
 }  // namespace
+
+// (A past of no heads may have any length: no room past int64.)
+int64_t CacheRoomFor(int64_t t) {
+  const int64_t extra = std::max<int64_t>(t / 2, 64);
+  return t > std::numeric_limits<int64_t>::max() - extra ? t : t + extra;
+}
 
 CacheAppendCounts CacheAppendTotals() { return {g_in_place.load(), g_new_room.load(), g_copied.load()}; }
 

@@ -16,4 +16,9 @@ struct CacheAppendCounts {
 };
 CacheAppendCounts CacheAppendTotals();
 
+// Rows per head of a new cache with room for a present of t rows: half again, at least 64 more
+// (the copies of a generation amortized over the steps that append in place). The fused attention
+// and ONNX's Attention (ops/attention_op.cc) make their caches with it.
+int64_t CacheRoomFor(int64_t t);
+
 }  // namespace gaf

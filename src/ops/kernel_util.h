@@ -116,6 +116,9 @@ float ExpRowF32(const float* x, float* y, int64_t n, float* max);
 // The mean of one row of n floats with ReduceMean's arithmetic over a last axis, into *mean;
 // false for rows ReduceMean would split across threads (other sums) or empty ones.
 bool MeanRowF32(const float* x, int64_t n, float* mean);
+// The mean of a row's squares as Mul(X, X) then ReduceMean over the last axis compute it (RMS
+// normalizations): the squares into sq (n floats), then MeanRowF32; false where that refuses.
+bool MeanSquareRowF32(const float* x, int64_t n, float* sq, float* mean);
 
 // Runs a plan node's `fallback` graph (the original operators, on the node's inputs) and takes
 // its outputs (runtime/plan_rewrite.h).

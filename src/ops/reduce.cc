@@ -1368,6 +1368,12 @@ bool MeanRowF32(const float* x, int64_t n, float* mean) {
   return true;
 }
 
+bool MeanSquareRowF32(const float* x, int64_t n, float* sq, float* mean) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) sq[i] = x[i] * x[i];
+  return MeanRowF32(sq, n, mean);
+}
+
 void RegisterReduceKernels(OpRegistry& r) {
   const struct {
     const char* name;

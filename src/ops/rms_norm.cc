@@ -52,10 +52,8 @@ void RMSNormKernel(KernelContext& ctx) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * n;
       float* yr = y + r * n;
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) sq[i] = xr[i] * xr[i];
       float mean = 0.f;
-      MeanRowF32(sq.data(), n, &mean);
+      MeanSquareRowF32(xr, n, sq.data(), &mean);
       const float s = std::sqrt(mean + eps);
       if (divide) {
 #pragma omp simd

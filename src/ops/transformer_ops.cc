@@ -104,10 +104,8 @@ void RMSNormalizationKernel(KernelContext& ctx) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xr = x + r * n;
       float* yr = y + r * n;
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) sq[i] = xr[i] * xr[i];
       float mean = 0.f;
-      if (!MeanRowF32(sq.data(), n, &mean)) {  // a row ReduceMean would split: a plain double sum
+      if (!MeanSquareRowF32(xr, n, sq.data(), &mean)) {  // a row ReduceMean would split: a double sum
         double s = 0;
         for (int64_t i = 0; i < n; ++i) s += sq[i];
         mean = static_cast<float>(s / static_cast<double>(n));
