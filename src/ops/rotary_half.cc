@@ -175,12 +175,21 @@ void RotaryEmbeddingKernel(KernelContext& ctx) {
       for (int64_t h = 0; h < H; ++h) {
         const float* xh = x + b * sb + h * sh + s * ss;
         float* yh = y + b * sb + h * sh + s * ss;
-        for (int64_t j = 0; j < half; ++j) {
-          const int64_t a = interleaved ? 2 * j : j, o = interleaved ? 2 * j + 1 : j + half;
-          const float x1 = xh[a], x2 = xh[o];
-          const float cx1 = c[j] * x1, sx2 = sn[j] * x2, sx1 = sn[j] * x1, cx2 = c[j] * x2;
-          yh[a] = cx1 - sx2;
-          yh[o] = sx1 + cx2;
+        if (interleaved) {
+          for (int64_t j = 0; j < half; ++j) {
+            const float x1 = xh[2 * j], x2 = xh[2 * j + 1];
+            const float cx1 = c[j] * x1, sx2 = sn[j] * x2, sx1 = sn[j] * x1, cx2 = c[j] * x2;
+            yh[2 * j] = cx1 - sx2;
+            yh[2 * j + 1] = sx1 + cx2;
+          }
+        } else {  // the halves: contiguous, vectorized
+#pragma omp simd
+          for (int64_t j = 0; j < half; ++j) {
+            const float x1 = xh[j], x2 = xh[j + half];
+            const float cx1 = c[j] * x1, sx2 = sn[j] * x2, sx1 = sn[j] * x1, cx2 = c[j] * x2;
+            yh[j] = cx1 - sx2;
+            yh[j + half] = sx1 + cx2;
+          }
         }
         for (int64_t d = rot; d < D; ++d) yh[d] = xh[d];
       }
