@@ -207,11 +207,26 @@ T RowReduce(const T* x, int64_t n) {
       T v = PreMap<T, P>(x[i]);
       acc = v > acc ? v : acc;
     }
+    // OpenMP starts a max reduction's private copies at the lowest finite value (clang does; GCC
+    // at -inf), so a row of -inf only came out as lowest() in the clang build (ONNX's fully masked
+    // attention rows then were not found masked). Such a result is redone in order.
+    if constexpr (std::numeric_limits<T>::has_infinity) {
+      if (acc == std::numeric_limits<T>::lowest()) {
+        acc = Identity<T, C>();
+        for (int64_t i = 0; i < n; ++i) acc = Combine<T, C>(acc, PreMap<T, P>(x[i]));
+      }
+    }
   } else {
 #pragma omp simd reduction(min : acc)
     for (int64_t i = 0; i < n; ++i) {
       T v = PreMap<T, P>(x[i]);
       acc = v < acc ? v : acc;
+    }
+    if constexpr (std::numeric_limits<T>::has_infinity) {  // as for max: +inf only
+      if (acc == std::numeric_limits<T>::max()) {
+        acc = Identity<T, C>();
+        for (int64_t i = 0; i < n; ++i) acc = Combine<T, C>(acc, PreMap<T, P>(x[i]));
+      }
     }
   }
   return acc;

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
+#include <string>
 
 #include "runtime/session.h"
 #include "test_util.h"
@@ -29,6 +31,30 @@ TEST(Runtime, Opset18ReduceMeanAxesInputAndSplitNumOutputs) {
   ASSERT_EQ(out[1].shape(), (Shape{2, 2}));
   EXPECT_FLOAT_EQ(out[1].data<float>()[0], 4.f);
   EXPECT_FLOAT_EQ(out[1].data<float>()[3], 11.f);
+}
+
+// ReduceMax of a row of -inf only is -inf, ReduceMin of +inf only +inf, whatever the compiler
+// starts OpenMP's reduction copies at (clang: the lowest finite value, which made a fully masked
+// attention row look unmasked in ONNX's Attention function body). Rows of 1 to 40 elements (the
+// vector loop and its remainder), one with a finite value among them.
+TEST(Runtime, ReduceMaxAndMinOfInfiniteRowsAreInfinite) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (int64_t n : {1, 15, 16, 17, 40}) {
+    for (const char* op : {"ReduceMax", "ReduceMin"}) {
+      const bool max = std::string(op) == "ReduceMax";
+      Graph g;
+      g.inputs.push_back(FloatValue("x", {2, n}));
+      g.initializers.emplace_back("axes", Tensor::FromInt64s({-1}));
+      g.nodes.push_back(MakeNode(op, {"x", "axes"}, {"m"}, "reduce", {IntAttr("keepdims", 0)}));
+      g.outputs.push_back(FloatValue("m", {2}));
+      Session s(MakeModel(g, 18));
+      std::vector<float> x(static_cast<size_t>(2 * n), max ? -inf : inf);
+      x[static_cast<size_t>(n + n / 2)] = 3.f;  // the second row has one finite value
+      const Tensor m = s.Run({{"x", Tensor::FromVector<float>(x, {2, n})}})[0];
+      EXPECT_EQ(m.data<float>()[0], max ? -inf : inf) << op << " " << n;
+      EXPECT_EQ(m.data<float>()[1], 3.f) << op << " " << n;
+    }
+  }
 }
 
 // Slice with step 2 on the last axis (a detector's Focus block: x[..., 0::2, 1::2]) takes a
