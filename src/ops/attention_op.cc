@@ -16,6 +16,8 @@
 // (AttentionSegment). The present caches: in a generation (KernelContext::cache_room) the new rows
 // are appended to the past's storage in place where it has room (as the fused attention does), so
 // a decode step does not copy its whole cache.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -230,11 +232,18 @@ void AttentionKernel(KernelContext& ctx) {
       while (lim > 0 && mf[moff + (lim - 1) * mst[3]] == kNegInf) --lim;
     return lim;
   };
+  // Each thread's scores (and, for 3-D inputs, its gathered query rows and outputs), allocated
+  // here, on the calling thread, where an allocation past the memory limit is a clean error (not
+  // inside the parallel loop, where an exception cannot leave).
+  const bool nested = omp_in_parallel();
+  const int64_t team = nested ? 1 : omp_get_max_threads();
+  const int64_t per_thread = CheckedAdd(CheckedMul(block, T, "attention scores"),
+                                        rank == 3 ? CheckedMul(block, CheckedAdd(Dq, Dv), "attention rows") : 0,
+                                        "attention scratch");
+  Tensor scratch = Tensor::Uninitialized(DataType::kFloat, {team, per_thread});
   auto rows = [&](int64_t b, int64_t g, int64_t m0, int64_t M) {
-    thread_local std::vector<float> buf;
-    const int64_t need = M * T + (rank == 3 ? M * (Dq + Dv) : 0);
-    if (static_cast<int64_t>(buf.size()) < need) buf.resize(static_cast<size_t>(need));
-    float* sc = buf.data();
+    float* const base = scratch.data<float>() + (nested ? 0 : omp_get_thread_num()) * per_thread;
+    float* sc = base;
     // The query rows (head g * r + m / S, position m % S), and where the outputs go.
     // Row m of the block is row m0 + m of the cache head's M.
     const float* qa;
@@ -243,7 +252,7 @@ void AttentionKernel(KernelContext& ctx) {
       qa = q + ((b * Hq + g * r) * S + m0) * Dq;
       yo = y + ((b * Hq + g * r) * S + m0) * Dv;
     } else {
-      float* qg = buf.data() + M * T;
+      float* qg = base + M * T;
       for (int64_t m = 0; m < M; ++m) {
         const int64_t mm = m0 + m;
         std::copy_n(q + (b * S + mm % S) * Hq * Dq + (g * r + mm / S) * Dq, Dq, qg + m * Dq);
