@@ -20,9 +20,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
+#include "ops/attention_kernels.h"
+#include "ops/copy_kernels.h"
 #include "ops/fused_attention.h"
 #include "ops/grouped_matmul.h"
 #include "ops/kernel.h"
@@ -46,6 +49,38 @@ constexpr int64_t kParallelMultiplyAdds = int64_t{1} << 16;
 void PrefetchRows(const float* p, int64_t n) {
   const char* b = reinterpret_cast<const char*>(p);
   for (int64_t off = 0; off < n * static_cast<int64_t>(sizeof(float)); off += 64) __builtin_prefetch(b + off, 0, 2);
+}
+
+// One past the last true of m[0, n) (0: none), eight bytes at a time.
+int64_t LastTrue(const bool* m, int64_t n) {
+  while (n >= 8) {
+    uint64_t w;
+    std::memcpy(&w, m + n - 8, 8);
+    if (w != 0) break;
+    n -= 8;
+  }
+  while (n > 0 && !m[n - 1]) --n;
+  return n;
+}
+
+bool AllFinite(const float* x, int64_t n) {
+  bool ok = true;
+#pragma omp simd reduction(&& : ok)
+  for (int64_t i = 0; i < n; ++i) ok = ok && std::isfinite(x[i]);
+  return ok;
+}
+
+// The largest of x[0, n) (-inf for none). (A vector max from OpenMP's reduction; under clang its
+// lanes start at the lowest finite float, so a row of -inf is redone in order.)
+float RowMax(const float* x, int64_t n) {
+  float top = kNegInf;
+#pragma omp simd reduction(max : top)
+  for (int64_t i = 0; i < n; ++i) top = top > x[i] ? top : x[i];
+  if (top <= std::numeric_limits<float>::lowest()) {
+    top = kNegInf;
+    for (int64_t i = 0; i < n; ++i) top = std::max(top, x[i]);
+  }
+  return top;
 }
 
 // A [B, H, rows, D] operand in cache layout: head (b, h) starts at data + (b * H + h) * stride.
@@ -226,12 +261,30 @@ void AttentionKernel(KernelContext& ctx) {
     if (causal) lim = std::min(lim, std::max<int64_t>(0, s + offset(b) + 1));
     if (nonpad != nullptr) lim = std::min(lim, valid[b]);
     const int64_t moff = b * mst[0] + h * mst[1] + s * mst[2];
-    if (mb != nullptr)
+    if (mb != nullptr && mst[3] == 1)
+      lim = LastTrue(mb + moff, lim);
+    else if (mb != nullptr)
       while (lim > 0 && !mb[moff + (lim - 1) * mst[3]]) --lim;
     else if (mf != nullptr)
       while (lim > 0 && mf[moff + (lim - 1) * mst[3]] == kNegInf) --lim;
     return lim;
   };
+  // Per cache head: one past the last value row that is not finite (0: all finite). Keys from
+  // there on may be skipped (their probability 0 times a finite value adds exactly 0).
+  std::vector<int64_t> finite_from;
+  if (may_skip) {
+    finite_from.assign(static_cast<size_t>(B * Hkv), 0);
+    ParallelFor(B * Hkv, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const float* v = vh.data + t * vh.stride;
+        for (int64_t j = T; j > 0; --j)
+          if (!AllFinite(v + (j - 1) * Dv, Dv)) {
+            finite_from[static_cast<size_t>(t)] = j;
+            break;
+          }
+      }
+    });
+  }
   // Each thread's scores (and, for 3-D inputs, its gathered query rows and outputs), allocated
   // here, on the calling thread, where an allocation past the memory limit is a clean error (not
   // inside the parallel loop, where an exception cannot leave).
@@ -241,6 +294,23 @@ void AttentionKernel(KernelContext& ctx) {
                                         rank == 3 ? CheckedMul(block, CheckedAdd(Dq, Dv), "attention rows") : 0,
                                         "attention scratch");
   Tensor scratch = Tensor::Uninitialized(DataType::kFloat, {team, per_thread});
+  // A prompt's blocks score against the keys packed transposed per cache head ([Dq, ldt], zero
+  // past T) and multiply the values in register tiles: the fused attention's prompt kernels
+  // (ops/attention_kernels.h; each sum over its terms in order, whatever the block).
+  [[maybe_unused]] const bool packed = GAF_ATTENTION_AVX512 && may_skip && block > 16;
+  [[maybe_unused]] const int64_t ldt = (T + 15) / 16 * 16;
+  Tensor kpack;
+  if (packed) {
+    kpack = Tensor::Uninitialized(DataType::kFloat,
+                                  {B * Hkv, CheckedMul(Dq, ldt, "packed keys")});
+    ParallelFor(B * Hkv, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        float* dst = kpack.data<float>() + t * Dq * ldt;
+        Transpose2D(kh.data + t * kh.stride, Dq, dst, ldt, Dq, T);
+        for (int64_t k = 0; k < Dq; ++k) std::fill(dst + k * ldt + T, dst + (k + 1) * ldt, 0.f);
+      }
+    });
+  }
   auto rows = [&](int64_t b, int64_t g, int64_t m0, int64_t M) {
     float* const base = scratch.data<float>() + (nested ? 0 : omp_get_thread_num()) * per_thread;
     float* sc = base;
@@ -266,11 +336,16 @@ void AttentionKernel(KernelContext& ctx) {
       cols = 0;
       for (int64_t m = 0; m < M; ++m) cols = std::max(cols, allowed(b, g * r + (m0 + m) / S, (m0 + m) % S));
       cols = std::min(T, (cols + 15) / 16 * 16);  // whole vectors of keys, as the fused attention computes them
-      const float* vt = vh.data + (b * Hkv + g) * vh.stride + cols * Dv;
-      for (int64_t i = 0; i < (T - cols) * Dv && cols < T; ++i)
-        if (!std::isfinite(vt[i])) cols = T;
+      if (finite_from[static_cast<size_t>(b * Hkv + g)] > cols) cols = T;
     }
-    if (cols > 0) AttentionSegment(M, cols, Dq, true, qa, Dq, kh.data + (b * Hkv + g) * kh.stride, sc, cols, false);
+    if (cols > 0) {
+#if GAF_ATTENTION_AVX512
+      if (packed)
+        ScoresPacked(M, cols, Dq, qa, kpack.data<float>() + (b * Hkv + g) * Dq * ldt, ldt, sc, cols);
+      else
+#endif
+        AttentionSegment(M, cols, Dq, true, qa, Dq, kh.data + (b * Hkv + g) * kh.stride, sc, cols, false);
+    }
     for (int64_t m = 0; m < M; ++m) {
       const int64_t h = g * r + (m0 + m) / S, s = (m0 + m) % S;
       float* row = sc + m * cols;
@@ -280,18 +355,31 @@ void AttentionKernel(KernelContext& ctx) {
       float* qo = qk != nullptr ? qk + ((b * Hq + h) * S + s) * T : nullptr;  // (cols == T with qk)
       if (qo != nullptr && qk_mode <= 1) std::copy_n(row, cols, qo);
       const int64_t moff = b * mst[0] + h * mst[1] + s * mst[2];
-      const int64_t last = causal ? s + offset(b) : cols - 1;  // the last key the query may attend
-      const int64_t keys = nonpad != nullptr ? std::min(cols, valid[b]) : cols;
-      // (valid[b] and Tm may exceed the computed keys: the checks below stay true.)
-      float top = kNegInf;
-      for (int64_t j = 0; j < cols; ++j) {
-        float v = row[j];
-        if (j > last || j >= keys || j >= Tm) v = kNegInf;
-        else if (mb != nullptr && !mb[moff + j * mst[3]]) v = kNegInf;
-        else if (mf != nullptr) v += mf[moff + j * mst[3]];
-        row[j] = v;
-        top = std::max(top, v);
+      // The keys before `lim` take the mask; the causal future, the padding and the keys past the
+      // mask's width are -inf. (valid[b] and Tm may exceed the computed keys.)
+      int64_t lim = std::min(cols, Tm);
+      if (causal) lim = std::min(lim, std::max<int64_t>(0, s + offset(b) + 1));
+      if (nonpad != nullptr) lim = std::min(lim, valid[b]);
+      const int64_t ms = mst[3];
+      if (mb != nullptr) {
+        const bool* mr = mb + moff;
+        if (ms == 1) {
+#pragma omp simd
+          for (int64_t j = 0; j < lim; ++j) row[j] = mr[j] ? row[j] : kNegInf;
+        } else {
+          for (int64_t j = 0; j < lim; ++j) row[j] = mr[j * ms] ? row[j] : kNegInf;
+        }
+      } else if (mf != nullptr) {
+        const float* mr = mf + moff;
+        if (ms == 1) {
+#pragma omp simd
+          for (int64_t j = 0; j < lim; ++j) row[j] += mr[j];
+        } else {
+          for (int64_t j = 0; j < lim; ++j) row[j] += mr[j * ms];
+        }
       }
+      std::fill(row + lim, row + cols, kNegInf);
+      const float top = RowMax(row, lim);
       if (qo != nullptr && qk_mode == 2) std::copy_n(row, cols, qo);
       if (top == kNegInf) {  // every key masked: no weight anywhere
         std::fill(row, row + cols, 0.f);
@@ -301,7 +389,15 @@ void AttentionKernel(KernelContext& ctx) {
       if (qo != nullptr && qk_mode == 3) std::copy_n(row, cols, qo);
     }
     if (cols > 0) {
-      AttentionSegment(M, Dv, cols, false, sc, cols, vh.data + (b * Hkv + g) * vh.stride, yo, Dv, false);
+      const float* vb = vh.data + (b * Hkv + g) * vh.stride;
+#if GAF_ATTENTION_AVX512
+      if (packed && Dv == 64)
+        ValuesAvx512<4, 6>(M, cols, sc, cols, vb, yo, false);
+      else if (packed && Dv == 128)
+        ValuesAvx512<8, 3>(M, cols, sc, cols, vb, yo, false);
+      else
+#endif
+        AttentionSegment(M, Dv, cols, false, sc, cols, vb, yo, Dv, false);
     } else {
       std::fill(yo, yo + M * Dv, 0.f);
     }
@@ -311,17 +407,20 @@ void AttentionKernel(KernelContext& ctx) {
         std::copy_n(yo + m * Dv, Dv, y + (b * S + mm % S) * Hq * Dv + (g * r + mm / S) * Dv);
       }
   };
+  // A task: one block of a cache head's rows (a prompt's heads of one cache head are several
+  // tasks, so one or two cache heads still take every thread).
+  const int64_t blocks = std::max<int64_t>(1, (M + block - 1) / block);
   auto task = [&](int64_t t) {
-    const int64_t b = t / Hkv, g = t % Hkv;
-    for (int64_t m0 = 0; m0 < M; m0 += block) rows(b, g, m0, std::min(block, M - m0));
+    const int64_t b = t / (Hkv * blocks), g = t / blocks % Hkv, m0 = t % blocks * block;
+    if (m0 < M) rows(b, g, m0, std::min(block, M - m0));
   };
-  const int64_t tasks = B * Hkv;
-  const int64_t work = tasks * M * T * (Dq + Dv);
+  const int64_t tasks = B * Hkv * blocks;
+  const int64_t work = B * Hkv * M * T * (Dq + Dv);
   if (work <= kParallelMultiplyAdds) {
     // On this thread: every cache head's rows asked for at once (into L2), so their misses overlap
     // instead of each head's rows waiting on memory in turn (a decode step's caches come from
     // memory: the step has streamed the weights through the caches since).
-    for (int64_t t = 0; t < tasks; ++t) {
+    for (int64_t t = 0; t < B * Hkv; ++t) {
       PrefetchRows(kh.data + t * kh.stride, T * Dq);
       PrefetchRows(vh.data + t * vh.stride, T * Dv);
     }

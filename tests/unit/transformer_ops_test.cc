@@ -58,38 +58,42 @@ TEST(AttentionOp, LongPromptRowsInBlocksGiveTheSameBits) {
 // compute 64 keys of 160), only the keys its rows may attend; asking for
 // qk_matmul_output makes it compute every key. Both give the same outputs (to rounding), also
 // where a value the skipped keys would multiply is infinite (then the block takes every key: the
-// probability 0 times inf is NaN, as in the operator's definition).
+// probability 0 times inf is NaN, as in the operator's definition). Head sizes 64 and 128 take the
+// prompt's register-tile kernels for the values (the run with qk_matmul_output, the general
+// products), 16 the general products in both.
 TEST(AttentionOp, CausalPromptSkipsOnlyKeysOfProbabilityZero) {
-  auto model = [](bool with_qk) {
-    Graph g;
-    g.inputs = {FloatValue("Q", {1, 2, 160, 16}), FloatValue("K", {1, 1, 160, 16}), FloatValue("V", {1, 1, 160, 16})};
-    std::vector<std::string> outs = {"Y"};
-    if (with_qk) outs = {"Y", "", "", "qk"};
-    g.nodes.push_back(MakeNode("Attention", {"Q", "K", "V"}, outs, "attn", {IntAttr("is_causal", 1)}));
-    g.outputs.push_back(ValueInfo{"Y", DataType::kFloat});
-    if (with_qk) g.outputs.push_back(ValueInfo{"qk", DataType::kFloat});
-    return MakeModel(std::move(g), 23);
-  };
-  Session skip(model(false)), all(model(true));
-  for (bool poison : {false, true}) {
-    Tensor v = RandomFloat({1, 1, 160, 16}, 3);
-    if (poison) v.data<float>()[159 * 16 + 5] = std::numeric_limits<float>::infinity();  // the last key's value
-    const std::map<std::string, Tensor> feeds = {
-        {"Q", RandomFloat({1, 2, 160, 16}, 1)}, {"K", RandomFloat({1, 1, 160, 16}, 2)}, {"V", v}};
-    const Tensor a = skip.Run(feeds)[0], b = all.Run(feeds)[0];
-    int64_t nans = 0;
-    for (int64_t i = 0; i < a.numel(); ++i) {
-      const float x = a.data<float>()[i], y = b.data<float>()[i];
-      if (std::isnan(y)) {
-        ++nans;
-        ASSERT_TRUE(std::isnan(x)) << poison << " " << i;
-      } else if (std::isinf(y)) {  // the last row attends the last key: its infinite value
-        ASSERT_EQ(x, y) << poison << " " << i;
-      } else {
-        ASSERT_NEAR(x, y, 1e-5f * (1 + std::fabs(y))) << poison << " " << i;
+  for (int64_t d : {16, 64, 128}) {
+    auto model = [d](bool with_qk) {
+      Graph g;
+      g.inputs = {FloatValue("Q", {1, 2, 160, d}), FloatValue("K", {1, 1, 160, d}), FloatValue("V", {1, 1, 160, d})};
+      std::vector<std::string> outs = {"Y"};
+      if (with_qk) outs = {"Y", "", "", "qk"};
+      g.nodes.push_back(MakeNode("Attention", {"Q", "K", "V"}, outs, "attn", {IntAttr("is_causal", 1)}));
+      g.outputs.push_back(ValueInfo{"Y", DataType::kFloat});
+      if (with_qk) g.outputs.push_back(ValueInfo{"qk", DataType::kFloat});
+      return MakeModel(std::move(g), 23);
+    };
+    Session skip(model(false)), all(model(true));
+    for (bool poison : {false, true}) {
+      Tensor v = RandomFloat({1, 1, 160, d}, 3);
+      if (poison) v.data<float>()[159 * d + 5] = std::numeric_limits<float>::infinity();  // the last key's value
+      const std::map<std::string, Tensor> feeds = {
+          {"Q", RandomFloat({1, 2, 160, d}, 1)}, {"K", RandomFloat({1, 1, 160, d}, 2)}, {"V", v}};
+      const Tensor a = skip.Run(feeds)[0], b = all.Run(feeds)[0];
+      int64_t nans = 0;
+      for (int64_t i = 0; i < a.numel(); ++i) {
+        const float x = a.data<float>()[i], y = b.data<float>()[i];
+        if (std::isnan(y)) {
+          ++nans;
+          ASSERT_TRUE(std::isnan(x)) << d << " " << poison << " " << i;
+        } else if (std::isinf(y)) {  // the last row attends the last key: its infinite value
+          ASSERT_EQ(x, y) << d << " " << poison << " " << i;
+        } else {
+          ASSERT_NEAR(x, y, 1e-5f * (1 + std::fabs(y))) << d << " " << poison << " " << i;
+        }
       }
+      EXPECT_EQ(nans > 0, poison) << d;  // every row's probability of the last key is 0 but one's, and 0 * inf
     }
-    EXPECT_EQ(nans > 0, poison);  // every row's probability of the last key is 0 but one's, and 0 * inf
   }
 }
 
