@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Side-by-side decode benchmark of our runtime and ONNX Runtime on the built-in Llama decoder.
 #
-#   bench/llama_bench.sh [PRESET...]          presets: tiny small bench (default: tiny small bench)
+#   bench/llama_bench.sh [PRESET|MODEL.onnx...]   presets: tiny small bench (default: tiny small bench)
+#
+# A MODEL.onnx argument runs a decoder of the same layout from elsewhere (a torch.onnx.export at
+# another size: tests/fixtures/make_decoder_exports.py OUT --preset wide --only llama) as it is.
 #
 # Environment: BUILD (build dir, default build), MODELS (where models are written, default
 # /tmp/gaf-bench-models), PROMPT_LEN (16), NEW_TOKENS (50), REPEAT (3, generations per process after
@@ -39,16 +42,26 @@ echo "machine: $(lscpu | sed -n 's/^Model name: *//p') ($(nproc) cores), $(date 
 echo "load:    $(cut -d' ' -f1-3 /proc/loadavg)"
 
 for p in "${presets[@]}"; do
-  dir="$MODELS/$p"
-  [ "$OPSET" = 17 ] || dir="$MODELS/$p-opset$OPSET"
-  if [ ! -f "$dir/model.onnx" ]; then
-    "$BUILD"/autofusion example llama --preset "$p" --opset "$OPSET" -o "$dir" >/dev/null
+  if [[ "$p" == *.onnx ]]; then
+    [ -f "$p" ] || { echo "llama_bench.sh: no model file $p" >&2; exit 1; }
+    model=$p
+    name=$(basename "$(dirname "$p")")
+    echo
+    echo "=== model $p ==="
+  else
+    dir="$MODELS/$p"
+    [ "$OPSET" = 17 ] || dir="$MODELS/$p-opset$OPSET"
+    if [ ! -f "$dir/model.onnx" ]; then
+      "$BUILD"/autofusion example llama --preset "$p" --opset "$OPSET" -o "$dir" >/dev/null
+    fi
+    model=$dir/model.onnx
+    name=$p
+    echo
+    echo "=== preset $p (opset $OPSET) ==="
   fi
-  echo
-  echo "=== preset $p (opset $OPSET) ==="
   json_args=()
-  [ -n "${JSON_DIR:-}" ] && mkdir -p "$JSON_DIR" && json_args=(--json "$JSON_DIR/$p.json")
-  node bench/llama_bench.js --model "$dir/model.onnx" --build "$BUILD" --prompt-len "$PROMPT_LEN" \
+  [ -n "${JSON_DIR:-}" ] && mkdir -p "$JSON_DIR" && json_args=(--json "$JSON_DIR/$name.json")
+  node bench/llama_bench.js --model "$model" --build "$BUILD" --prompt-len "$PROMPT_LEN" \
     --max-new-tokens "$NEW_TOKENS" --repeat "$REPEAT" --threads "$THREADS" --ort-opt "$ORT_OPT" \
     --rounds "$ROUNDS" "${json_args[@]}"
 done

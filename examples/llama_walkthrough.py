@@ -14,7 +14,7 @@ same prompt, medians of interleaved repeats.
 
 Run (from the repository root, after the README's first command):
 
-    /usr/bin/python3 examples/llama_walkthrough.py [--size tiny|small|bench] [--out DIR] [--tokens N] [--repeats R]
+    /usr/bin/python3 examples/llama_walkthrough.py [--size tiny|small|bench|wide] [--out DIR] [--tokens N] [--repeats R]
                                                    [--half-weights]
 
 (another interpreter: PYTHONPATH=build/python). Exit status 0 when the tokens agree and the
@@ -157,6 +157,7 @@ SIZES = {
     "tiny": (256, 64, 2, 4, 2, 172, 256),
     "small": (8000, 384, 6, 6, 2, 1024, 1024),
     "bench": (32000, 1024, 12, 16, 4, 2816, 2048),
+    "wide": (32000, 2048, 6, 16, 4, 5632, 2048),
 }
 
 
@@ -205,7 +206,7 @@ def torch_greedy(model, prompt, new_tokens, timing=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size", choices=sorted(SIZES), default="small",
-                    help="model size: tiny (CI, seconds), small (default), bench")
+                    help="model size: tiny (CI, seconds), small (default), bench, wide (heads of 128, 1.6 GB)")
     ap.add_argument("--out", help="folder for the compiled operators and the saved model (default: a temp folder)")
     ap.add_argument("--tokens", type=int, default=50, help="max_length of generate: prompt + new tokens (default 50)")
     ap.add_argument("--repeats", type=int, default=5, help="interleaved repeats of the throughput measures")

@@ -26,7 +26,7 @@ __all__ = ["GraphAutoFusion", "FusionRule", "FusedModel", "DecodeLoop", "load", 
 
 def example_llama(preset="tiny"):
     """The built-in Llama-style decoder (random weights) as a FusedModel-ready ONNX model
-    (_core.Model): presets tiny, small, bench."""
+    (_core.Model): presets tiny, small, bench, wide."""
     return _core.llama_model(preset)
 
 

@@ -146,7 +146,7 @@ def test_generate_max_length_errors(gaf, llama):
 
 
 def test_example_llama_presets(gaf):
-    with pytest.raises(gaf.Error, match="unknown llama preset 'huge' \\(expected tiny, small or bench\\)"):
+    with pytest.raises(gaf.Error, match="unknown llama preset 'huge' \\(expected tiny, small, bench or wide\\)"):
         gaf.example_llama("huge")
     info = json.loads(gaf.example_llama("tiny").info())
     assert info["decoder"] is True and info["inputs"][0]["name"] == "input_ids"

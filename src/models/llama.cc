@@ -73,13 +73,21 @@ LlamaConfig LlamaPreset(const std::string& name) {
     c.num_heads = 16;
     c.num_kv_heads = 4;
     c.max_position_embeddings = 2048;
+  } else if (name == "wide") {  // heads of 128 (as Llama-2-7B's), an MLP of 5632 (as TinyLlama-1.1B's)
+    c.vocab_size = 32000;
+    c.hidden_size = 2048;
+    c.intermediate_size = 5632;
+    c.num_layers = 6;
+    c.num_heads = 16;
+    c.num_kv_heads = 4;
+    c.max_position_embeddings = 2048;
   } else {
-    throw Error(fmt::format("unknown llama preset '{}' (expected tiny, small or bench)", name));
+    throw Error(fmt::format("unknown llama preset '{}' (expected tiny, small, bench or wide)", name));
   }
   return c;
 }
 
-std::vector<std::string> LlamaPresetNames() { return {"tiny", "small", "bench"}; }
+std::vector<std::string> LlamaPresetNames() { return {"tiny", "small", "bench", "wide"}; }
 
 int64_t LlamaParameterCount(const LlamaConfig& c) {
   const int64_t h = c.hidden_size, hd = c.head_dim();
