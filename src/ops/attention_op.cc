@@ -83,11 +83,94 @@ float RowMax(const float* x, int64_t n) {
   return top;
 }
 
+// row[j] for the true m[j], -inf for the false ones, j in [0, n). (GCC leaves the plain loop
+// scalar: a byte compare and a float select per key.)
+void SelectRow(float* row, const bool* m, int64_t n) {
+  int64_t j = 0;
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  const __m512 neg = _mm512_set1_ps(kNegInf);
+  for (; j + 16 <= n; j += 16) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(m + j));
+    const __mmask16 k = _mm_test_epi8_mask(b, b);
+    _mm512_storeu_ps(row + j, _mm512_mask_blend_ps(k, neg, _mm512_loadu_ps(row + j)));
+  }
+#endif
+  for (; j < n; ++j) row[j] = m[j] ? row[j] : kNegInf;
+}
+
 // A [B, H, rows, D] operand in cache layout: head (b, h) starts at data + (b * H + h) * stride.
 struct Heads {
   const float* data = nullptr;
   int64_t stride = 0;
 };
+
+// What a prompt's blocks may skip. Per cache head: one past its last value row that is not finite
+// (0: all finite; keys from there on may be skipped, their probability 0 times a finite value
+// adding exactly 0). With a float mask of large finite negatives (mf; finfo.min, as exports write
+// an additive causal mask), per mask row the leading keys to compute (past them every value is at
+// most kMaskCandidate; all when none or every one is) and the largest value of the rest, and per
+// cache head the largest |k| (infinite: no such skipping). See kZeroMargin.
+struct KeySkips {
+  std::vector<int64_t> finite_from, extent;
+  std::vector<float> tail, kmax;
+};
+
+KeySkips PrepareKeySkips(const float* mf, int64_t mask_rows, int64_t Tm, Heads kh, Heads vh, int64_t heads,
+                         int64_t T, int64_t Dq, int64_t Dv) {
+  KeySkips k;
+  k.finite_from.assign(static_cast<size_t>(heads), 0);
+  ParallelFor(heads, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* v = vh.data + t * vh.stride;
+      for (int64_t j = T; j > 0; --j)
+        if (!AllFinite(v + (j - 1) * Dv, Dv)) {
+          k.finite_from[static_cast<size_t>(t)] = j;
+          break;
+        }
+    }
+  });
+  if (mf == nullptr) return k;
+  k.extent.resize(static_cast<size_t>(mask_rows));
+  k.tail.resize(static_cast<size_t>(mask_rows));
+  ParallelFor(mask_rows, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t i = r0; i < r1; ++i) {
+      const float* mr = mf + i * Tm;
+      int64_t j = Tm;
+      while (j > 0 && mr[j - 1] <= kMaskCandidate) --j;
+      if (j == 0) j = Tm;
+      k.extent[static_cast<size_t>(i)] = j;
+      k.tail[static_cast<size_t>(i)] = RowMax(mr + j, Tm - j);
+    }
+  });
+  k.kmax.resize(static_cast<size_t>(heads));
+  ParallelFor(heads, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      bool finite = true;
+      RowNorms(kh.data + t * kh.stride, T, Dq, &k.kmax[static_cast<size_t>(t)], &finite);
+    }
+  });
+  return k;
+}
+
+// A row's scores [0, cols) after the mask: before `lim` the bool mask's false keys at -inf or the
+// float mask added (mask row at mb or mf, `ms` apart; neither: as they are), from `lim` on -inf.
+void MaskRow(float* row, int64_t lim, int64_t cols, const bool* mb, const float* mf, int64_t ms) {
+  if (mb != nullptr) {
+    if (ms == 1) {
+      SelectRow(row, mb, lim);
+    } else {
+      for (int64_t j = 0; j < lim; ++j) row[j] = mb[j * ms] ? row[j] : kNegInf;
+    }
+  } else if (mf != nullptr) {
+    if (ms == 1) {
+#pragma omp simd
+      for (int64_t j = 0; j < lim; ++j) row[j] += mf[j];
+    } else {
+      for (int64_t j = 0; j < lim; ++j) row[j] += mf[j * ms];
+    }
+  }
+  std::fill(row + lim, row + cols, kNegInf);
+}
 
 // The present cache of past (may be absent) and the new rows `cur` (4-D [B, H, L, D], or 3-D
 // [B, L, H * D] when heads3d > 0), as a tensor [B, H, P + L, D]; appended in place to a past
@@ -269,22 +352,14 @@ void AttentionKernel(KernelContext& ctx) {
       while (lim > 0 && mf[moff + (lim - 1) * mst[3]] == kNegInf) --lim;
     return lim;
   };
-  // Per cache head: one past the last value row that is not finite (0: all finite). Keys from
-  // there on may be skipped (their probability 0 times a finite value adds exactly 0).
-  std::vector<int64_t> finite_from;
-  if (may_skip) {
-    finite_from.assign(static_cast<size_t>(B * Hkv), 0);
-    ParallelFor(B * Hkv, 1, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) {
-        const float* v = vh.data + t * vh.stride;
-        for (int64_t j = T; j > 0; --j)
-          if (!AllFinite(v + (j - 1) * Dv, Dv)) {
-            finite_from[static_cast<size_t>(t)] = j;
-            break;
-          }
-      }
-    });
-  }
+  const KeySkips skips = may_skip ? PrepareKeySkips(mf != nullptr && mst[3] == 1 ? mf : nullptr,
+                                                      mask != nullptr ? mask->numel() / std::max<int64_t>(Tm, 1) : 0,
+                                                      Tm, kh, vh, B * Hkv, T, Dq, Dv)
+                                    : KeySkips{};
+  const std::vector<int64_t>& finite_from = skips.finite_from;
+  const std::vector<int64_t>& extent = skips.extent;
+  const std::vector<float>& tail = skips.tail;
+  const std::vector<float>& kmax = skips.kmax;
   // Each thread's scores (and, for 3-D inputs, its gathered query rows and outputs), allocated
   // here, on the calling thread, where an allocation past the memory limit is a clean error (not
   // inside the parallel loop, where an exception cannot leave).
@@ -330,63 +405,82 @@ void AttentionKernel(KernelContext& ctx) {
       qa = qg;
       yo = qg + M * Dq;
     }
-    // The key columns computed: [0, cols), the rows' scores cols apart.
-    int64_t cols = T;
+    // The key columns computed: [0, cols), the rows' scores cols apart. `exact`: the keys every
+    // row has at -inf past them; with `bounded`, cols may stop where the rows' float masks are
+    // at most kMaskCandidate, and each row checks that what it skips has probability 0.
+    int64_t cols = T, exact = T;
+    bool bounded = false;
+    const size_t head = static_cast<size_t>(b * Hkv + g);
     if (may_skip) {
       cols = 0;
       for (int64_t m = 0; m < M; ++m) cols = std::max(cols, allowed(b, g * r + (m0 + m) / S, (m0 + m) % S));
       cols = std::min(T, (cols + 15) / 16 * 16);  // whole vectors of keys, as the fused attention computes them
-      if (finite_from[static_cast<size_t>(b * Hkv + g)] > cols) cols = T;
+      if (finite_from[head] > cols) cols = T;
+      exact = cols;
+      if (!extent.empty() && std::isfinite(kmax[head])) {
+        int64_t cb = 0;
+        for (int64_t m = 0; m < M; ++m) {
+          const int64_t h = g * r + (m0 + m) / S, s = (m0 + m) % S;
+          const int64_t row = (b * mst[0] + h * mst[1] + s * mst[2]) / Tm;
+          cb = std::max(cb, std::min(allowed(b, h, s), extent[static_cast<size_t>(row)]));
+        }
+        cb = std::min(T, (cb + 15) / 16 * 16);
+        if (cb < cols && finite_from[head] <= cb) {
+          cols = cb;
+          bounded = true;
+        }
+      }
     }
-    if (cols > 0) {
+    for (;;) {
+      if (cols > 0) {
 #if GAF_ATTENTION_AVX512
-      if (packed)
-        ScoresPacked(M, cols, Dq, qa, kpack.data<float>() + (b * Hkv + g) * Dq * ldt, ldt, sc, cols);
-      else
+        if (packed)
+          ScoresPacked(M, cols, Dq, qa, kpack.data<float>() + (b * Hkv + g) * Dq * ldt, ldt, sc, cols);
+        else
 #endif
-        AttentionSegment(M, cols, Dq, true, qa, Dq, kh.data + (b * Hkv + g) * kh.stride, sc, cols, false);
-    }
-    for (int64_t m = 0; m < M; ++m) {
-      const int64_t h = g * r + (m0 + m) / S, s = (m0 + m) % S;
-      float* row = sc + m * cols;
-      for (int64_t j = 0; j < cols; ++j) row[j] *= scale;
-      if (softcap > 0.f)
-        for (int64_t j = 0; j < cols; ++j) row[j] = softcap * std::tanh(row[j] / softcap);
-      float* qo = qk != nullptr ? qk + ((b * Hq + h) * S + s) * T : nullptr;  // (cols == T with qk)
-      if (qo != nullptr && qk_mode <= 1) std::copy_n(row, cols, qo);
-      const int64_t moff = b * mst[0] + h * mst[1] + s * mst[2];
-      // The keys before `lim` take the mask; the causal future, the padding and the keys past the
-      // mask's width are -inf. (valid[b] and Tm may exceed the computed keys.)
-      int64_t lim = std::min(cols, Tm);
-      if (causal) lim = std::min(lim, std::max<int64_t>(0, s + offset(b) + 1));
-      if (nonpad != nullptr) lim = std::min(lim, valid[b]);
-      const int64_t ms = mst[3];
-      if (mb != nullptr) {
-        const bool* mr = mb + moff;
-        if (ms == 1) {
-#pragma omp simd
-          for (int64_t j = 0; j < lim; ++j) row[j] = mr[j] ? row[j] : kNegInf;
-        } else {
-          for (int64_t j = 0; j < lim; ++j) row[j] = mr[j * ms] ? row[j] : kNegInf;
-        }
-      } else if (mf != nullptr) {
-        const float* mr = mf + moff;
-        if (ms == 1) {
-#pragma omp simd
-          for (int64_t j = 0; j < lim; ++j) row[j] += mr[j];
-        } else {
-          for (int64_t j = 0; j < lim; ++j) row[j] += mr[j * ms];
-        }
+          AttentionSegment(M, cols, Dq, true, qa, Dq, kh.data + (b * Hkv + g) * kh.stride, sc, cols, false);
       }
-      std::fill(row + lim, row + cols, kNegInf);
-      const float top = RowMax(row, lim);
-      if (qo != nullptr && qk_mode == 2) std::copy_n(row, cols, qo);
-      if (top == kNegInf) {  // every key masked: no weight anywhere
-        std::fill(row, row + cols, 0.f);
-      } else {
-        SoftmaxRowF32(row, row, cols);
+      bool proven = true;
+      for (int64_t m = 0; m < M; ++m) {
+        const int64_t h = g * r + (m0 + m) / S, s = (m0 + m) % S;
+        float* row = sc + m * cols;
+        for (int64_t j = 0; j < cols; ++j) row[j] *= scale;
+        if (softcap > 0.f)
+          for (int64_t j = 0; j < cols; ++j) row[j] = softcap * std::tanh(row[j] / softcap);
+        float* qo = qk != nullptr ? qk + ((b * Hq + h) * S + s) * T : nullptr;  // (cols == T with qk)
+        if (qo != nullptr && qk_mode <= 1) std::copy_n(row, cols, qo);
+        const int64_t moff = b * mst[0] + h * mst[1] + s * mst[2];
+        // The keys before `lim` take the mask; the causal future, the padding and the keys past the
+        // mask's width are -inf. (valid[b] and Tm may exceed the computed keys.)
+        int64_t lim = std::min(cols, Tm);
+        if (causal) lim = std::min(lim, std::max<int64_t>(0, s + offset(b) + 1));
+        if (nonpad != nullptr) lim = std::min(lim, valid[b]);
+        MaskRow(row, lim, cols, mb != nullptr ? mb + moff : nullptr, mf != nullptr ? mf + moff : nullptr, mst[3]);
+        const float top = RowMax(row, lim);
+        if (bounded) {  // what this row skips: at most its mask's largest skipped value plus |scale q . k|
+          const float skipped = tail[static_cast<size_t>(moff / Tm)];
+          const float* qr = qa + m * Dq;
+          float qn = 0.f;
+#pragma omp simd reduction(+ : qn)
+          for (int64_t i = 0; i < Dq; ++i) qn += qr[i] * qr[i];
+          float bound = std::fabs(scale) * std::sqrt(qn) * kmax[head] * 1.001f;
+          if (softcap > 0.f) bound = std::min(bound, softcap);
+          if (!(skipped + bound + std::fabs(skipped) * 1e-6f < top - kZeroMargin)) {
+            proven = false;
+            break;
+          }
+        }
+        if (qo != nullptr && qk_mode == 2) std::copy_n(row, cols, qo);
+        if (top == kNegInf) {  // every key masked: no weight anywhere
+          std::fill(row, row + cols, 0.f);
+        } else {
+          SoftmaxRowF32(row, row, cols);
+        }
+        if (qo != nullptr && qk_mode == 3) std::copy_n(row, cols, qo);
       }
-      if (qo != nullptr && qk_mode == 3) std::copy_n(row, cols, qo);
+      if (proven) break;
+      cols = exact;  // some row's skipped keys might weigh: the block again with them
+      bounded = false;
     }
     if (cols > 0) {
       const float* vb = vh.data + (b * Hkv + g) * vh.stride;

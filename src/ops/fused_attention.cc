@@ -49,8 +49,6 @@ namespace {
 constexpr int64_t kMinQueryRows = 16;   // fewer query positions (decode steps): DecodeSteps
 constexpr int64_t kBlockRows = 32;     // query rows per task
 constexpr int64_t kColumnGrain = 16;    // computed key columns: a multiple of this (or all)
-constexpr float kMaskCandidate = -1e4f; // mask values at or below this may mark skipped columns
-constexpr float kZeroMargin = 100.f;    // below the row's maximum by more than 87: exp is 0
 // Fewer multiply-adds in a decode step: one thread. `run --profile` at the bench Llama's decode
 // shapes (2 threads, 16 heads on 4 cache heads, d 64; us a call, one thread against the team):
 // past 16: 18.1 against 19.5; past 64: 33.9 against 28.6; past 128: 60 against 43. (It was 2^15:
@@ -171,22 +169,6 @@ bool CacheOf(const Node& part, const KernelContext& ctx, size_t first, int64_t b
     c->r = 1;
   }
   return c->r > 0 && c->t.dim(0) == b && c->t.dim(1) * c->r == heads;
-}
-
-// max over the cache head's rows of |k_j| (infinity when a row is not finite), and whether all
-// its values are finite.
-void RowNorms(const float* k, int64_t t, int64_t d, float* max_norm, bool* finite) {
-  float worst = 0.f;
-  bool fin = true;
-  for (int64_t j = 0; j < t; ++j) {
-    float s = 0.f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < d; ++i) s += k[j * d + i] * k[j * d + i];
-    if (!std::isfinite(s)) fin = false;
-    worst = std::max(worst, std::sqrt(s));
-  }
-  *max_norm = fin ? worst : std::numeric_limits<float>::infinity();
-  *finite = fin;
 }
 
 // The keys [j0, j1) of cache head i, as runs of rows where they are: fn(rows, count, offset of
@@ -579,6 +561,20 @@ void FusedAttentionKernel(KernelContext& ctx) {
 }
 
 }  // namespace
+
+void RowNorms(const float* k, int64_t t, int64_t d, float* max_norm, bool* finite) {
+  float worst = 0.f;
+  bool fin = true;
+  for (int64_t j = 0; j < t; ++j) {
+    float s = 0.f;
+#pragma omp simd reduction(+ : s)
+    for (int64_t i = 0; i < d; ++i) s += k[j * d + i] * k[j * d + i];
+    if (!std::isfinite(s)) fin = false;
+    worst = std::max(worst, std::sqrt(s));
+  }
+  *max_norm = fin ? worst : std::numeric_limits<float>::infinity();
+  *finite = fin;
+}
 
 // (A past of no heads may have any length: no room past int64.)
 int64_t CacheRoomFor(int64_t t) {

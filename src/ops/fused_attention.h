@@ -21,4 +21,15 @@ CacheAppendCounts CacheAppendTotals();
 // and ONNX's Attention (ops/attention_op.cc) make their caches with it.
 int64_t CacheRoomFor(int64_t t);
 
+// A prompt's keys an additive mask all but removes (finfo.min, as exporters write a causal mask)
+// may be skipped when the scores prove them nothing: mask values at or below kMaskCandidate may
+// mark skipped keys, and each skipped score (its mask value plus a bound on |q . k| times the
+// scale) must lie more than kZeroMargin below its row's largest computed score, where the
+// softmax's exp gives exactly 0 (below -87). FusedAttention and ONNX's Attention skip so.
+inline constexpr float kMaskCandidate = -1e4f;
+inline constexpr float kZeroMargin = 100.f;
+// The largest |k_j| over the t rows of k (d apart), infinity when a row is not finite; *finite:
+// whether every value is.
+void RowNorms(const float* k, int64_t t, int64_t d, float* max_norm, bool* finite);
+
 }  // namespace gaf

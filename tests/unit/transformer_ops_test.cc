@@ -97,6 +97,42 @@ TEST(AttentionOp, CausalPromptSkipsOnlyKeysOfProbabilityZero) {
   }
 }
 
+// A float causal mask of large finite negatives (finfo.min, as exports write an additive mask)
+// lets a prompt's blocks stop at their rows' last unmasked key, each row checking that what it
+// skips weighs exactly 0 (its mask's skipped values plus a bound on the scores, below its largest
+// score by more than the softmax's exp resolves). With a mask of -15000 and queries scaled up so
+// far that the masked future keys do carry weight, the check fails and the block takes every key.
+// Both must give what the all-keys path (qk_matmul_output asked for) gives.
+TEST(AttentionOp, FloatMaskedPromptSkipsKeysOnlyWhereTheyWeighNothing) {
+  const int64_t S = 160, d = 64;
+  auto model = [&](bool with_qk) {
+    Graph g;
+    g.inputs = {FloatValue("Q", {1, 2, S, d}), FloatValue("K", {1, 1, S, d}), FloatValue("V", {1, 1, S, d}),
+                FloatValue("M", {1, 1, S, S})};
+    std::vector<std::string> outs = {"Y"};
+    if (with_qk) outs = {"Y", "", "", "qk"};
+    g.nodes.push_back(MakeNode("Attention", {"Q", "K", "V", "M"}, outs, "attn"));
+    g.outputs.push_back(ValueInfo{"Y", DataType::kFloat});
+    if (with_qk) g.outputs.push_back(ValueInfo{"qk", DataType::kFloat});
+    return MakeModel(std::move(g), 23);
+  };
+  Session skip(model(false)), all(model(true));
+  for (const float low : {std::numeric_limits<float>::lowest(), -15000.f}) {
+    Tensor m(DataType::kFloat, {1, 1, S, S});
+    for (int64_t i = 0; i < S; ++i)
+      for (int64_t j = 0; j < S; ++j) m.data<float>()[i * S + j] = j <= i ? 0.f : low;
+    Tensor q = RandomFloat({1, 2, S, d}, 1);
+    if (low > -1e5f)
+      for (int64_t i = 0; i < q.numel(); ++i) q.data<float>()[i] *= 8000.f;
+    const std::map<std::string, Tensor> feeds = {
+        {"Q", q}, {"K", RandomFloat({1, 1, S, d}, 2)}, {"V", RandomFloat({1, 1, S, d}, 3)}, {"M", m}};
+    const Tensor a = skip.Run(feeds)[0], b = all.Run(feeds)[0];
+    for (int64_t i = 0; i < a.numel(); ++i)
+      ASSERT_NEAR(a.data<float>()[i], b.data<float>()[i], 1e-5f * (1 + std::fabs(b.data<float>()[i])))
+          << low << " " << i;
+  }
+}
+
 TEST(AttentionOp, InputsOfTheWrongFormAreErrorsNamingTheNode) {
   Session gqa(Attention3d(3, 2));  // 3 query heads over 2 cache heads
   const std::string e1 = ErrorOf([&] {
