@@ -360,6 +360,26 @@ void ConcatShapeKernel(KernelContext& ctx) {
   ctx.outputs[0] = ShapeSlice(shape, ctx.node);
 }
 
+// TransposeShape (input T; attrs perm, start, end): Shape(Transpose(T, perm)) with Shape's
+// start/end, from T's shape alone, for the Shape nodes of a Transpose's output a plan rewrite no
+// longer makes (a RotaryHalf reading T in place). A perm Transpose would reject runs the original
+// nodes (the `fallback` graph), so the error is Transpose's.
+void TransposeShapeKernel(KernelContext& ctx) {
+  const Tensor& t = ctx.input(0);
+  const Attribute* perm = ctx.node.FindAttr("perm");
+  const int64_t r = t.rank();
+  if (perm == nullptr || static_cast<int64_t>(perm->ints.size()) != r) return RunPlanFallback(ctx);
+  std::vector<bool> seen(static_cast<size_t>(r), false);
+  Shape shape(static_cast<size_t>(r));
+  for (int64_t i = 0; i < r; ++i) {
+    const int64_t a = perm->ints[static_cast<size_t>(i)];
+    if (a < 0 || a >= r || seen[static_cast<size_t>(a)]) return RunPlanFallback(ctx);
+    seen[static_cast<size_t>(a)] = true;
+    shape[static_cast<size_t>(i)] = t.dim(a);
+  }
+  ctx.outputs[0] = ShapeSlice(shape, ctx.node);
+}
+
 // GatedMatMul (inputs A, W_gate, W_up; attr fallback): SiLU(A W_gate) * (A W_up), a SwiGLU MLP's
 // gate and up products with the SiLUGate that reads them (runtime/plan_rewrite.h). Its kernel on
 // weights packed at load is the session's (ops/gemm.h PreparedGatedMatMulKernel); this one (weights
@@ -385,6 +405,7 @@ void GatedMatMulKernel(KernelContext& ctx) {
 }
 
 void RegisterPlanKernels(OpRegistry& r) {
+  r.Register({"ai.graph_autofusion.plan", "TransposeShape", OpKind::kOpaque, TransposeShapeKernel, false});
   r.Register({"ai.graph_autofusion.plan", "ConcatShape", OpKind::kOpaque, ConcatShapeKernel, false,
               /*reads_padded_caches=*/true});
   r.Register({"ai.graph_autofusion.plan", "GroupedMatMul", OpKind::kContraction, GroupedMatMulKernel, true});

@@ -10,7 +10,8 @@
 //   attrs   axis  the Slices' axis (it must be X's last at run time);  half  h (X's last
 //           dimension must be 2h; with dynamic, h = h1 = h2);  end  the second Slice's end (at
 //           least 2h);  dynamic  1 when h is given by the inputs;  fallback  the original nodes,
-//           as a graph on the node's inputs
+//           as a graph on the node's inputs;  perm (optional)  X is given untransposed: the
+//           rotary reads Transpose(X, perm)'s rows where they are (perm keeps the last axis last)
 //
 // Each element is x * cos + rot * sin with rot = (-x2, x1), both products rounded before the sum
 // as the separate operators round them (this file is compiled without contracting a product
@@ -47,8 +48,24 @@ void RotaryHalfKernel(KernelContext& ctx) {
   const Tensor& X = ctx.input(0);
   const Tensor& C = ctx.input(1);
   const Tensor& S = ctx.input(2);
-  const Shape& xs = X.shape();
   const int64_t rank = X.rank();
+  // The rows read: X's own, or with perm those of Transpose(X, perm) where they lie in X (pst:
+  // X's element stride along each axis of the transposed shape xs).
+  const Attribute* perm = ctx.node.FindAttr("perm");
+  Shape xs = X.shape();
+  std::vector<int64_t> pst = Strides(X.shape());
+  if (perm != nullptr) {
+    const std::vector<int64_t>& p = perm->ints;
+    if (static_cast<int64_t>(p.size()) != rank || rank < 1 || p.back() != rank - 1) return RunPlanFallback(ctx);
+    std::vector<bool> seen(static_cast<size_t>(rank), false);
+    const std::vector<int64_t> xst = pst;
+    for (int64_t i = 0; i < rank; ++i) {
+      if (p[i] < 0 || p[i] >= rank || seen[static_cast<size_t>(p[i])]) return RunPlanFallback(ctx);
+      seen[static_cast<size_t>(p[i])] = true;
+      xs[i] = X.dim(p[i]);
+      pst[i] = xst[static_cast<size_t>(p[i])];
+    }
+  }
   int64_t axis = ctx.node.GetInt("axis", -1);
   if (axis < 0) axis += rank;
   int64_t h = ctx.node.GetInt("half", 0);
@@ -74,14 +91,15 @@ void RotaryHalfKernel(KernelContext& ctx) {
   float* y = Y.data<float>();
   ParallelFor(rows, std::max<int64_t>(1, 16384 / d), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      int64_t co = 0, so = 0, rest = r;  // the row's offsets in cos and sin
+      int64_t co = 0, so = 0, xo = 0, rest = r;  // the row's offsets in cos, sin and X
       for (int64_t a = rank - 2; a >= 0; --a) {
         const int64_t i = rest % xs[a];
         rest /= xs[a];
         co += i * cst[a];
         so += i * sst[a];
+        xo += i * pst[a];
       }
-      const float* xr = x + r * d;
+      const float* xr = x + xo;
       const float* cr = cp + co;
       const float* sr = sp + so;
       float* yr = y + r * d;

@@ -29,7 +29,8 @@
 //   Mul(W, Mul(X, Div(1, Sqrt(Add(ReduceMean(Pow(X, 2)), eps)))))  (and variants)  -> RMSNorm(X, eps, W):
 //   one pass per row, bit-identical; ops/rms_norm.cc
 //   Add(Mul(X, cos), Mul(Concat(Neg(Slice(X, h, end)), Slice(X, 0, h)), sin))  -> RotaryHalf(X, cos, sin):
-//   rotary embedding with rotate_half in one pass, bit-identical; ops/rotary_half.cc
+//   rotary embedding with rotate_half in one pass, bit-identical; ops/rotary_half.cc; with X =
+//   Transpose(T) keeping the last axis last and read by it alone -> RotaryHalf(T, cos, sin) perm
 //
 // Only copies consumed by that MatMul alone are absorbed, never a graph output or a constant
 // (constants are folded once anyway). GroupedMatMul checks each run's shapes and runs the
@@ -59,6 +60,7 @@ struct ProductRewrites {
   int gated_products = 0;         // GatedMatMul nodes: a SiblingMatMul of gate and up with its SiLUGate
   int rms_norms = 0;              // RMSNorm nodes: Pow, ReduceMean, Add, Sqrt, reciprocal, Mul(s)
   int rotaries = 0;               // RotaryHalf nodes: x * cos + rotate_half(x) * sin
+  int rotaries_transposed = 0;    // of them, reading x's Transpose's input in place (the copy never made)
   int attention_blocks = 0;       // FusedAttention nodes: scores product, MaskedSoftmax, values product
   // LastPosition nodes: before a product by a constant weight that makes a graph output (a
   // decoder's logits), so that a generation's runs (Session::Run's last_position_only) compute it

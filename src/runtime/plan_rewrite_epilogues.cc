@@ -406,7 +406,44 @@ void FoldRotaryHalves(Graph& g, ProductRewrites& stats) {
       if (xs < 0 || ix.constants.count(x)) continue;
       const std::string cos = ma->inputs[1 - xs], sin = mb->inputs[1 - cs];
       std::vector<const Node*> parts = {ma, first, second, neg, cat, mb, &add};
-      std::vector<std::string> formal = {x, cos, sin};
+      // X = Transpose(T) keeping the last axis last (torch.onnx.export's [b, s, h, d] to
+      // [b, h, s, d] of the projected queries and keys), read by these parts alone: the rotary
+      // reads T's rows where they are (attribute perm) and the copy is never made.
+      // Shape nodes of X (torch.onnx.export computes the half from it) become TransposeShape(T).
+      const Attribute* perm = nullptr;
+      const int tp = ix.index.Producer(x);
+      std::vector<int> shapes;
+      for (const auto& [c, slot] : ix.index.Consumers(x)) {
+        const Node& n = g.nodes[static_cast<size_t>(c)];
+        if (n.op_type == "Shape" && n.domain.empty() && n.inputs.size() == 1 && n.outputs.size() == 1) shapes.push_back(c);
+      }
+      if (tp >= 0 && ix.index.Consumers(x).size() == 3 + shapes.size() && !ix.index.IsGraphOutput(x) &&
+          !ix.read_by_subgraphs.count(x)) {
+        const Node& t = g.nodes[static_cast<size_t>(tp)];
+        const Attribute* pa = t.FindAttr("perm");
+        if (t.op_type == "Transpose" && t.domain.empty() && t.inputs.size() == 1 && !t.inputs[0].empty() &&
+            !absorbed.count(&t) && pa != nullptr && pa->type == Attribute::Type::kInts && !pa->ints.empty() &&
+            pa->ints.back() == static_cast<int64_t>(pa->ints.size()) - 1) {
+          perm = pa;
+          parts.insert(parts.begin(), &t);
+          for (int c : shapes) {
+            Node& sh = g.nodes[static_cast<size_t>(c)];
+            auto shape_fallback = std::make_shared<Graph>();
+            shape_fallback->name = sh.name + "/fallback";
+            shape_fallback->inputs.push_back(ValueInfo{t.inputs[0]});
+            shape_fallback->nodes = {t, sh};
+            shape_fallback->outputs.push_back(ValueInfo{sh.outputs[0]});
+            std::vector<Attribute> attrs = {*pa, FallbackAttr(std::move(shape_fallback))};
+            for (const char* name : {"start", "end"})
+              if (const Attribute* a = sh.FindAttr(name)) attrs.push_back(*a);
+            sh.op_type = "TransposeShape";
+            sh.domain = kPlanDomain;
+            sh.inputs = {t.inputs[0]};
+            sh.attributes = std::move(attrs);
+          }
+        }
+      }
+      std::vector<std::string> formal = {perm != nullptr ? parts[0]->inputs[0] : x, cos, sin};
       if (dynamic) {
         formal.push_back(de1);
         formal.push_back(ds2);
@@ -416,15 +453,19 @@ void FoldRotaryHalves(Graph& g, ProductRewrites& stats) {
       for (const std::string& f : formal) fallback->inputs.push_back(ValueInfo{f});
       for (const Node* n : parts) fallback->nodes.push_back(*n);
       fallback->outputs.push_back(ValueInfo{add.outputs[0]});
-      stats.notes.push_back(fmt::format("{}: rotary embedding of {} by {} and {} in one pass", add.Describe(), x, cos, sin));
+      stats.notes.push_back(fmt::format("{}: rotary embedding of {} by {} and {} in one pass{}", add.Describe(), x, cos,
+                                        sin, perm != nullptr ? fmt::format(", reading {} transposed in place", formal[0]) : ""));
+      if (perm != nullptr) ++stats.rotaries_transposed;
       ++stats.rotaries;
       for (const Node* n : parts)
         if (n != &add) absorbed.insert(n);
       add.op_type = "RotaryHalf";
       add.domain = kPlanDomain;
       add.inputs = formal;
+      Attribute perm_attr = perm != nullptr ? *perm : Attribute{};
       add.attributes = {IntAttr("axis", a1), IntAttr("half", dynamic ? 0 : e1), IntAttr("end", e2),
                         IntAttr("dynamic", dynamic), FallbackAttr(std::move(fallback))};
+      if (perm != nullptr) add.attributes.push_back(std::move(perm_attr));
       break;
     }
   }

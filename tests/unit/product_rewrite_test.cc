@@ -1028,11 +1028,19 @@ TEST(ProductRewrite, RMSNormIsOnePassAndBitIdentical) {
 // Mul(Concat(Neg(Slice(x, h, end)), Slice(x, 0, h)), sin)); `swapped` writes the Muls and the Add
 // with their operands the other way round; `end` is the second Slice's end.
 // `dynamic`: the half computed from x's shape, twice, as torch.onnx.export writes x.shape[-1] // 2
-// (h is then unused).
-Model RotaryModel(bool swapped, int64_t h, int64_t end, bool dynamic = false) {
+// (h is then unused). `transposed`: x = Transpose(t, [0, 2, 1, 3]) of an input t [b, s, heads, d],
+// as the projected queries and keys are ([b, heads, s, d]).
+Model RotaryModel(bool swapped, int64_t h, int64_t end, bool dynamic = false, bool transposed = false) {
   Graph g;
-  g.inputs = {testing::FloatValue("x", {-1, -1, -1, -1}), testing::FloatValue("cos", {-1, -1, -1}),
+  g.inputs = {testing::FloatValue(transposed ? "t" : "x", {-1, -1, -1, -1}), testing::FloatValue("cos", {-1, -1, -1}),
               testing::FloatValue("sin", {-1, -1, -1})};
+  if (transposed) {
+    Attribute perm;
+    perm.name = "perm";
+    perm.type = Attribute::Type::kInts;
+    perm.ints = {0, 2, 1, 3};
+    g.nodes.push_back(MakeNode("Transpose", {"t"}, {"x"}, "transpose", {perm}));
+  }
   g.SetInitializer("zero", Tensor::FromInt64s({0}));
   g.SetInitializer("end", Tensor::FromInt64s({end}));
   g.SetInitializer("axis", Tensor::FromInt64s({-1}));
@@ -1064,22 +1072,32 @@ Model RotaryModel(bool swapped, int64_t h, int64_t end, bool dynamic = false) {
   return MakeModel(std::move(g), 17);
 }
 
+// With x a Transpose of the input (as the projected queries and keys are), the rotary reads the
+// input's rows where they are: no Transpose runs, and the Shape the dynamic half is computed from
+// becomes TransposeShape of the input.
 TEST(ProductRewrite, RotaryHalfIsOnePassAndBitIdentical) {
+  for (bool transposed : {false, true})
   for (bool dynamic : {false, true})
   for (bool swapped : {false, true})
     for (int64_t h : {32, 5}) {
-      const std::string what = fmt::format("dynamic={} swapped={} h={}", dynamic, swapped, h);
-      Model m = RotaryModel(swapped, h, std::numeric_limits<int64_t>::max(), dynamic);
+      const std::string what = fmt::format("transposed={} dynamic={} swapped={} h={}", transposed, dynamic, swapped, h);
+      Model m = RotaryModel(swapped, h, std::numeric_limits<int64_t>::max(), dynamic, transposed);
       SessionOptions on{.profile = true}, off;
       off.rewrite_products = false;
       Session fast(m, on), plain(m, off);
       ASSERT_EQ(fast.product_rewrites().rotaries, 1) << what;
+      EXPECT_EQ(fast.product_rewrites().rotaries_transposed, transposed ? 1 : 0) << what;
       EXPECT_EQ(plain.product_rewrites().rotaries, 0);
+      // x's shape [b, heads, S, d]; the input t is [b, S, heads, d] when transposed.
+      auto input = [&](Shape xs, uint32_t seed, float lo, float hi) {
+        if (transposed) std::swap(xs[1], xs[2]);
+        return std::map<std::string, Tensor>::value_type{transposed ? "t" : "x", RandomFloat(xs, seed, lo, hi)};
+      };
       int runs = 0;
       // cos and sin [1, S, d] broadcast over [b, heads, S, d] (per position), or one row for all.
       for (const auto& [xs, cs] : std::vector<std::pair<Shape, Shape>>{
                {{1, 4, 7, 2 * h}, {1, 7, 2 * h}}, {{2, 3, 1, 2 * h}, {1, 1, 2 * h}}, {{1, 2, 300, 2 * h}, {1, 300, 2 * h}}}) {
-        auto feeds = std::map<std::string, Tensor>{{"x", RandomFloat(xs, 40 + runs, -50.f, 50.f)},
+        auto feeds = std::map<std::string, Tensor>{input(xs, 40 + runs, -50.f, 50.f),
                                                    {"cos", RandomFloat(cs, 41 + runs)},
                                                    {"sin", RandomFloat(cs, 42 + runs)}};
         ExpectSame(fast.Run(feeds), plain.Run(feeds), what);
@@ -1087,10 +1105,12 @@ TEST(ProductRewrite, RotaryHalfIsOnePassAndBitIdentical) {
       }
       EXPECT_EQ(testing::ProfiledCalls(fast, "RotaryHalf"), runs) << what;
       EXPECT_EQ(testing::ProfiledCalls(fast, "Concat"), 0) << what;  // no fallback ran
+      EXPECT_EQ(testing::ProfiledCalls(fast, "Transpose"), 0) << what;
+      EXPECT_EQ(testing::ProfiledCalls(fast, "TransposeShape"), transposed && dynamic ? runs : 0) << what;
       // An x whose last axis is not 2h (the Slices cut it unevenly): the original operators.
       // (A half computed from the shape is half of any even axis: there, an odd one.)
       const int64_t uneven = dynamic ? 2 * h + 1 : 2 * h + 2;
-      auto odd = std::map<std::string, Tensor>{{"x", RandomFloat({1, 1, 2, uneven}, 9)},
+      auto odd = std::map<std::string, Tensor>{input({1, 1, 2, uneven}, 9, -1.f, 1.f),
                                                {"cos", RandomFloat({1, 2, uneven}, 10)},
                                                {"sin", RandomFloat({1, 2, uneven}, 11)}};
       ExpectSame(fast.Run(odd), plain.Run(odd), what + " uneven");
