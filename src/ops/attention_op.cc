@@ -130,18 +130,7 @@ KeySkips PrepareKeySkips(const float* mf, int64_t mask_rows, int64_t Tm, Heads k
     }
   });
   if (mf == nullptr) return k;
-  k.extent.resize(static_cast<size_t>(mask_rows));
-  k.tail.resize(static_cast<size_t>(mask_rows));
-  ParallelFor(mask_rows, 64, [&](int64_t r0, int64_t r1) {
-    for (int64_t i = r0; i < r1; ++i) {
-      const float* mr = mf + i * Tm;
-      int64_t j = Tm;
-      while (j > 0 && mr[j - 1] <= kMaskCandidate) --j;
-      if (j == 0) j = Tm;
-      k.extent[static_cast<size_t>(i)] = j;
-      k.tail[static_cast<size_t>(i)] = RowMax(mr + j, Tm - j);
-    }
-  });
+  MaskTails(mf, mask_rows, Tm, &k.extent, &k.tail);
   k.kmax.resize(static_cast<size_t>(heads));
   ParallelFor(heads, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {

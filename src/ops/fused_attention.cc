@@ -453,27 +453,11 @@ void FusedAttentionKernel(KernelContext& ctx) {
   std::vector<float> kmax(static_cast<size_t>(b * gk));
   std::vector<char> vfinite(static_cast<size_t>(b * gv));
   const bool skipping = mask != nullptr && mst[3] == 1;  // then the mask's rows are T long
-  // Per mask row: how many leading columns to keep (past them every value is at most
-  // kMaskCandidate; all when the row has no such tail or is masked everywhere), and the largest
-  // mask value of the rest.
+  // Per mask row: how many leading columns to keep, and the largest mask value of the rest.
   std::vector<int64_t> extent;
   std::vector<float> tail;
   if (skipping) {
-    const int64_t mrows = ctx.inputs[sm_first + (scale != 0)]->numel() / T;
-    extent.resize(static_cast<size_t>(mrows));
-    tail.resize(static_cast<size_t>(mrows));
-    ParallelFor(mrows, 64, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const float* mr = mask + r * T;
-        int64_t j = T;
-        while (j > 0 && mr[j - 1] <= kMaskCandidate) --j;
-        if (j == 0) j = T;
-        float top = -std::numeric_limits<float>::infinity();
-        for (int64_t i = j; i < T; ++i) top = std::max(top, mr[i]);
-        extent[r] = j;
-        tail[r] = top;
-      }
-    });
+    MaskTails(mask, ctx.inputs[sm_first + (scale != 0)]->numel() / T, T, &extent, &tail);
     ParallelFor(b * gk, 1, [&](int64_t h0, int64_t h1) {
       for (int64_t i = h0; i < h1; ++i) {
         bool fin = true;
@@ -574,6 +558,23 @@ void RowNorms(const float* k, int64_t t, int64_t d, float* max_norm, bool* finit
   }
   *max_norm = fin ? worst : std::numeric_limits<float>::infinity();
   *finite = fin;
+}
+
+void MaskTails(const float* mask, int64_t rows, int64_t T, std::vector<int64_t>* extent, std::vector<float>* tail) {
+  extent->resize(static_cast<size_t>(rows));
+  tail->resize(static_cast<size_t>(rows));
+  ParallelFor(rows, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* mr = mask + r * T;
+      int64_t j = T;
+      while (j > 0 && mr[j - 1] <= kMaskCandidate) --j;
+      if (j == 0) j = T;
+      float top = -std::numeric_limits<float>::infinity();
+      for (int64_t i = j; i < T; ++i) top = std::max(top, mr[i]);
+      (*extent)[static_cast<size_t>(r)] = j;
+      (*tail)[static_cast<size_t>(r)] = top;
+    }
+  });
 }
 
 // (A past of no heads may have any length: no room past int64.)

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace gaf {
 
@@ -31,5 +32,9 @@ inline constexpr float kZeroMargin = 100.f;
 // The largest |k_j| over the t rows of k (d apart), infinity when a row is not finite; *finite:
 // whether every value is.
 void RowNorms(const float* k, int64_t t, int64_t d, float* max_norm, bool* finite);
+// Per row of a float mask [rows, T]: how many leading keys to compute (past them every value is at
+// most kMaskCandidate; all T when no value or every one is) and the largest value of the rest
+// (-inf for none).
+void MaskTails(const float* mask, int64_t rows, int64_t T, std::vector<int64_t>* extent, std::vector<float>* tail);
 
 }  // namespace gaf
