@@ -206,6 +206,217 @@ Tensor PresentOf(const Tensor* past, const Tensor& cur, int64_t heads3d, int64_t
   return present;
 }
 
+// An Attention call's mask: bool (true attends) or float (added), its element strides over
+// [B, Hq, S, Tm] (right-aligned broadcast; 0 where it broadcasts), Tm <= T its keys (those past
+// it masked). No mask: neither pointer, Tm = T.
+struct AttentionMask {
+  const bool* mb = nullptr;
+  const float* mf = nullptr;
+  int64_t mst[4] = {0, 0, 0, 0};
+  int64_t Tm = 0;
+};
+
+AttentionMask MaskOf(const Tensor* mask, int64_t B, int64_t Hq, int64_t S, int64_t T, const NodeDescription& where) {
+  AttentionMask m;
+  m.Tm = T;
+  if (mask == nullptr) return m;
+  if (mask->rank() < 1 || mask->rank() > 4)
+    throw Error(fmt::format("{}: attn_mask of rank {} (1 to 4)", where, mask->rank()));
+  if (mask->dtype() == DataType::kBool) m.mb = mask->data<bool>();
+  else if (mask->dtype() == DataType::kFloat) m.mf = mask->data<float>();
+  else throw UnsupportedError(fmt::format("{}: attn_mask of type {}", where, DataTypeName(mask->dtype())));
+  m.Tm = mask->dim(mask->rank() - 1);
+  if (m.Tm > T)
+    throw Error(fmt::format("{}: attn_mask has {} keys, more than the {} of the present cache", where, m.Tm, T));
+  const int64_t xs[4] = {B, Hq, S, m.Tm};
+  int64_t st = 1;
+  for (int64_t a = mask->rank() - 1; a >= 0; --a) {
+    const int64_t xa = 4 - mask->rank() + a, md = mask->dim(a);
+    if (md != xs[xa] && md != 1)
+      throw Error(fmt::format("{}: attn_mask of shape {} does not broadcast to [{}, {}, {}, {}]", where,
+                              ShapeToString(mask->shape()), B, Hq, S, m.Tm));
+    m.mst[xa] = md == 1 ? 0 : st;
+    st *= md;
+  }
+  return m;
+}
+
+// What the blocks of one call's query rows read: shapes, operands, settings (see AttentionKernel).
+struct AttentionCall {
+  int64_t rank, B, Hq, Hkv, r, S, T, Dq, Dv, P;
+  bool has_past;
+  const float* q;
+  float* y;
+  float* qk;  // qk_matmul_output, or null
+  int64_t qk_mode;
+  Heads kh, vh;
+  float scale, softcap;
+  bool causal, may_skip, packed;
+  const std::vector<int64_t>* valid;  // nonpad_kv_seqlen clamped to [0, T], or null
+  AttentionMask mask;
+  const KeySkips* skips;
+  const float* kpack;  // with packed: the keys transposed per cache head, [Dq, ldt] each
+  int64_t ldt;
+
+  // Causal offset of batch row b: a query at index s attends keys j <= s + offset.
+  int64_t Offset(int64_t b) const {
+    return has_past ? P : valid != nullptr ? (*valid)[static_cast<size_t>(b)] - S : int64_t{0};
+  }
+  // The keys query row s of head h (batch row b) may attend lie in [0, Allowed(b, h, s)): the
+  // rest are -inf by the causal bound, the padding, the mask's width or its own tail.
+  int64_t Allowed(int64_t b, int64_t h, int64_t s) const {
+    const int64_t* mst = mask.mst;
+    int64_t lim = std::min(T, mask.Tm);
+    if (causal) lim = std::min(lim, std::max<int64_t>(0, s + Offset(b) + 1));
+    if (valid != nullptr) lim = std::min(lim, (*valid)[static_cast<size_t>(b)]);
+    const int64_t moff = b * mst[0] + h * mst[1] + s * mst[2];
+    if (mask.mb != nullptr && mst[3] == 1)
+      lim = LastTrue(mask.mb + moff, lim);
+    else if (mask.mb != nullptr)
+      while (lim > 0 && !mask.mb[moff + (lim - 1) * mst[3]]) --lim;
+    else if (mask.mf != nullptr)
+      while (lim > 0 && mask.mf[moff + (lim - 1) * mst[3]] == kNegInf) --lim;
+    return lim;
+  }
+};
+
+// Rows [m0, m0 + M) of cache head g's query rows (batch row b): scores, scale, softcap, mask,
+// softmax, values, in the thread's scratch `base` (M rows of the computed keys' scores, then for
+// 3-D inputs the gathered query rows and outputs).
+void AttendBlock(const AttentionCall& c, int64_t b, int64_t g, int64_t m0, int64_t M, float* base) {
+  const int64_t rank = c.rank, Hq = c.Hq, Hkv = c.Hkv, r = c.r, S = c.S, T = c.T, Dq = c.Dq, Dv = c.Dv;
+  const int64_t Tm = c.mask.Tm, qk_mode = c.qk_mode;
+  const int64_t* mst = c.mask.mst;
+  const bool* mb = c.mask.mb;
+  const float* mf = c.mask.mf;
+  const float* q = c.q;
+  float* y = c.y;
+  float* qk = c.qk;
+  const Heads kh = c.kh, vh = c.vh;
+  const float scale = c.scale, softcap = c.softcap;
+  const bool causal = c.causal, may_skip = c.may_skip;
+  [[maybe_unused]] const bool packed = c.packed;
+  [[maybe_unused]] const int64_t ldt = c.ldt;
+  const std::vector<int64_t>& finite_from = c.skips->finite_from;
+  const std::vector<int64_t>& extent = c.skips->extent;
+  const std::vector<float>& tail = c.skips->tail;
+  const std::vector<float>& kmax = c.skips->kmax;
+  auto allowed = [&](int64_t bb, int64_t h, int64_t s) { return c.Allowed(bb, h, s); };
+  auto offset = [&](int64_t bb) { return c.Offset(bb); };
+  float* sc = base;
+  // The query rows (head g * r + m / S, position m % S), and where the outputs go.
+  // Row m of the block is row m0 + m of the cache head's M.
+  const float* qa;
+  float* yo;
+  if (rank == 4) {
+    qa = q + ((b * Hq + g * r) * S + m0) * Dq;
+    yo = y + ((b * Hq + g * r) * S + m0) * Dv;
+  } else {
+    float* qg = base + M * T;
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t mm = m0 + m;
+      std::copy_n(q + (b * S + mm % S) * Hq * Dq + (g * r + mm / S) * Dq, Dq, qg + m * Dq);
+    }
+    qa = qg;
+    yo = qg + M * Dq;
+  }
+  // The key columns computed: [0, cols), the rows' scores cols apart. `exact`: the keys every
+  // row has at -inf past them; with `bounded`, cols may stop where the rows' float masks are
+  // at most kMaskCandidate, and each row checks that what it skips has probability 0.
+  int64_t cols = T, exact = T;
+  bool bounded = false;
+  const size_t head = static_cast<size_t>(b * Hkv + g);
+  if (may_skip) {
+    cols = 0;
+    for (int64_t m = 0; m < M; ++m) cols = std::max(cols, allowed(b, g * r + (m0 + m) / S, (m0 + m) % S));
+    cols = std::min(T, (cols + 15) / 16 * 16);  // whole vectors of keys, as the fused attention computes them
+    if (finite_from[head] > cols) cols = T;
+    exact = cols;
+    if (!extent.empty() && std::isfinite(kmax[head])) {
+      int64_t cb = 0;
+      for (int64_t m = 0; m < M; ++m) {
+        const int64_t h = g * r + (m0 + m) / S, s = (m0 + m) % S;
+        const int64_t row = (b * mst[0] + h * mst[1] + s * mst[2]) / Tm;
+        cb = std::max(cb, std::min(allowed(b, h, s), extent[static_cast<size_t>(row)]));
+      }
+      cb = std::min(T, (cb + 15) / 16 * 16);
+      if (cb < cols && finite_from[head] <= cb) {
+        cols = cb;
+        bounded = true;
+      }
+    }
+  }
+  for (;;) {
+    if (cols > 0) {
+#if GAF_ATTENTION_AVX512
+      if (packed)
+        ScoresPacked(M, cols, Dq, qa, c.kpack + (b * Hkv + g) * Dq * ldt, ldt, sc, cols);
+      else
+#endif
+        AttentionSegment(M, cols, Dq, true, qa, Dq, kh.data + (b * Hkv + g) * kh.stride, sc, cols, false);
+    }
+    bool proven = true;
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t h = g * r + (m0 + m) / S, s = (m0 + m) % S;
+      float* row = sc + m * cols;
+      for (int64_t j = 0; j < cols; ++j) row[j] *= scale;
+      if (softcap > 0.f)
+        for (int64_t j = 0; j < cols; ++j) row[j] = softcap * std::tanh(row[j] / softcap);
+      float* qo = qk != nullptr ? qk + ((b * Hq + h) * S + s) * T : nullptr;  // (cols == T with qk)
+      if (qo != nullptr && qk_mode <= 1) std::copy_n(row, cols, qo);
+      const int64_t moff = b * mst[0] + h * mst[1] + s * mst[2];
+      // The keys before `lim` take the mask; the causal future, the padding and the keys past the
+      // mask's width are -inf. (valid[b] and Tm may exceed the computed keys.)
+      int64_t lim = std::min(cols, Tm);
+      if (causal) lim = std::min(lim, std::max<int64_t>(0, s + offset(b) + 1));
+      if (c.valid != nullptr) lim = std::min(lim, (*c.valid)[static_cast<size_t>(b)]);
+      MaskRow(row, lim, cols, mb != nullptr ? mb + moff : nullptr, mf != nullptr ? mf + moff : nullptr, mst[3]);
+      const float top = RowMax(row, lim);
+      if (bounded) {  // what this row skips: at most its mask's largest skipped value plus |scale q . k|
+        const float skipped = tail[static_cast<size_t>(moff / Tm)];
+        const float* qr = qa + m * Dq;
+        float qn = 0.f;
+#pragma omp simd reduction(+ : qn)
+        for (int64_t i = 0; i < Dq; ++i) qn += qr[i] * qr[i];
+        float bound = std::fabs(scale) * std::sqrt(qn) * kmax[head] * 1.001f;
+        if (softcap > 0.f) bound = std::min(bound, softcap);
+        if (!(skipped + bound + std::fabs(skipped) * 1e-6f < top - kZeroMargin)) {
+          proven = false;
+          break;
+        }
+      }
+      if (qo != nullptr && qk_mode == 2) std::copy_n(row, cols, qo);
+      if (top == kNegInf) {  // every key masked: no weight anywhere
+        std::fill(row, row + cols, 0.f);
+      } else {
+        SoftmaxRowF32(row, row, cols);
+      }
+      if (qo != nullptr && qk_mode == 3) std::copy_n(row, cols, qo);
+    }
+    if (proven) break;
+    cols = exact;  // some row's skipped keys might weigh: the block again with them
+    bounded = false;
+  }
+  if (cols > 0) {
+    const float* vb = vh.data + (b * Hkv + g) * vh.stride;
+#if GAF_ATTENTION_AVX512
+    if (packed && Dv == 64)
+      ValuesAvx512<4, 6>(M, cols, sc, cols, vb, yo, false);
+    else if (packed && Dv == 128)
+      ValuesAvx512<8, 3>(M, cols, sc, cols, vb, yo, false);
+    else
+#endif
+      AttentionSegment(M, Dv, cols, false, sc, cols, vb, yo, Dv, false);
+  } else {
+    std::fill(yo, yo + M * Dv, 0.f);
+  }
+  if (rank == 3)
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t mm = m0 + m;
+      std::copy_n(yo + m * Dv, Dv, y + (b * S + mm % S) * Hq * Dv + (g * r + mm / S) * Dv);
+    }
+}
+
 void AttentionKernel(KernelContext& ctx) {
   const NodeDescription where{ctx.node};
   const Tensor& Q = ctx.input(0);
@@ -273,30 +484,7 @@ void AttentionKernel(KernelContext& ctx) {
   if (qk_mode < 0 || qk_mode > 3)
     throw Error(fmt::format("{}: qk_matmul_output_mode {} (0 to 3)", where, qk_mode));
 
-  // The mask's element strides over [B, Hq, S, Tm] (right-aligned broadcast; Tm <= T, the keys
-  // past Tm masked), bool (true attends) or float (added).
-  int64_t mst[4] = {0, 0, 0, 0}, Tm = T;
-  const bool* mb = nullptr;
-  const float* mf = nullptr;
-  if (mask != nullptr) {
-    if (mask->rank() < 1 || mask->rank() > 4)
-      throw Error(fmt::format("{}: attn_mask of rank {} (1 to 4)", where, mask->rank()));
-    if (mask->dtype() == DataType::kBool) mb = mask->data<bool>();
-    else if (mask->dtype() == DataType::kFloat) mf = mask->data<float>();
-    else throw UnsupportedError(fmt::format("{}: attn_mask of type {}", where, DataTypeName(mask->dtype())));
-    Tm = mask->dim(mask->rank() - 1);
-    if (Tm > T) throw Error(fmt::format("{}: attn_mask has {} keys, more than the {} of the present cache", where, Tm, T));
-    const int64_t xs[4] = {B, Hq, S, Tm};
-    int64_t st = 1;
-    for (int64_t a = mask->rank() - 1; a >= 0; --a) {
-      const int64_t xa = 4 - mask->rank() + a, md = mask->dim(a);
-      if (md != xs[xa] && md != 1)
-        throw Error(fmt::format("{}: attn_mask of shape {} does not broadcast to [{}, {}, {}, {}]", where,
-                                ShapeToString(mask->shape()), B, Hq, S, Tm));
-      mst[xa] = md == 1 ? 0 : st;
-      st *= md;
-    }
-  }
+  const AttentionMask am = MaskOf(mask, B, Hq, S, T, where);
   std::vector<int64_t> valid;  // nonpad_kv_seqlen: keys per batch row
   if (nonpad != nullptr) {
     valid = nonpad->ToInt64s();
@@ -304,8 +492,6 @@ void AttentionKernel(KernelContext& ctx) {
       throw Error(fmt::format("{}: nonpad_kv_seqlen has {} values for a batch of {}", where, valid.size(), B));
     for (int64_t& v : valid) v = std::clamp<int64_t>(v, 0, T);  // keys that exist (the offset below stays in range)
   }
-  // Causal offset per batch row: a query at index s attends keys j <= s + offset.
-  auto offset = [&](int64_t b) { return past_k != nullptr ? P : nonpad != nullptr ? valid[b] - S : int64_t{0}; };
 
   const Shape yshape = rank == 4 ? Shape{B, Hq, S, Dv} : Shape{B, S, Hq * Dv};
   Tensor Y = Tensor::Uninitialized(DataType::kFloat, yshape);
@@ -326,29 +512,10 @@ void AttentionKernel(KernelContext& ctx) {
   // Rows whose scores a task holds at once: all of M, or blocks of them under kScoreFloats.
   const int64_t block = std::clamp<int64_t>(std::min(kScoreFloats / std::max<int64_t>(T, 1), may_skip ? kSkipRows : M),
                                             1, std::max<int64_t>(M, 1));
-  // The keys query row s of head h (batch row b) may attend lie in [0, Allowed(b, h, s)): the rest
-  // are -inf by the causal bound, the padding, the mask's width or its own tail.
-  auto allowed = [&](int64_t b, int64_t h, int64_t s) {
-    int64_t lim = std::min(T, Tm);
-    if (causal) lim = std::min(lim, std::max<int64_t>(0, s + offset(b) + 1));
-    if (nonpad != nullptr) lim = std::min(lim, valid[b]);
-    const int64_t moff = b * mst[0] + h * mst[1] + s * mst[2];
-    if (mb != nullptr && mst[3] == 1)
-      lim = LastTrue(mb + moff, lim);
-    else if (mb != nullptr)
-      while (lim > 0 && !mb[moff + (lim - 1) * mst[3]]) --lim;
-    else if (mf != nullptr)
-      while (lim > 0 && mf[moff + (lim - 1) * mst[3]] == kNegInf) --lim;
-    return lim;
-  };
-  const KeySkips skips = may_skip ? PrepareKeySkips(mf != nullptr && mst[3] == 1 ? mf : nullptr,
-                                                      mask != nullptr ? mask->numel() / std::max<int64_t>(Tm, 1) : 0,
-                                                      Tm, kh, vh, B * Hkv, T, Dq, Dv)
+  const KeySkips skips = may_skip ? PrepareKeySkips(am.mf != nullptr && am.mst[3] == 1 ? am.mf : nullptr,
+                                                      mask != nullptr ? mask->numel() / std::max<int64_t>(am.Tm, 1) : 0,
+                                                      am.Tm, kh, vh, B * Hkv, T, Dq, Dv)
                                     : KeySkips{};
-  const std::vector<int64_t>& finite_from = skips.finite_from;
-  const std::vector<int64_t>& extent = skips.extent;
-  const std::vector<float>& tail = skips.tail;
-  const std::vector<float>& kmax = skips.kmax;
   // Each thread's scores (and, for 3-D inputs, its gathered query rows and outputs), allocated
   // here, on the calling thread, where an allocation past the memory limit is a clean error (not
   // inside the parallel loop, where an exception cannot leave).
@@ -361,8 +528,8 @@ void AttentionKernel(KernelContext& ctx) {
   // A prompt's blocks score against the keys packed transposed per cache head ([Dq, ldt], zero
   // past T) and multiply the values in register tiles: the fused attention's prompt kernels
   // (ops/attention_kernels.h; each sum over its terms in order, whatever the block).
-  [[maybe_unused]] const bool packed = GAF_ATTENTION_AVX512 && may_skip && block > 16;
-  [[maybe_unused]] const int64_t ldt = (T + 15) / 16 * 16;
+  const bool packed = GAF_ATTENTION_AVX512 && may_skip && block > 16;
+  const int64_t ldt = (T + 15) / 16 * 16;
   Tensor kpack;
   if (packed) {
     kpack = Tensor::Uninitialized(DataType::kFloat,
@@ -375,120 +542,11 @@ void AttentionKernel(KernelContext& ctx) {
       }
     });
   }
+  const AttentionCall call{rank, B, Hq, Hkv, r, S, T, Dq, Dv, P, past_k != nullptr, q, y, qk, qk_mode, kh, vh,
+                           scale, softcap, causal, may_skip, packed, nonpad != nullptr ? &valid : nullptr, am,
+                           &skips, packed ? kpack.data<float>() : nullptr, ldt};
   auto rows = [&](int64_t b, int64_t g, int64_t m0, int64_t M) {
-    float* const base = scratch.data<float>() + (nested ? 0 : omp_get_thread_num()) * per_thread;
-    float* sc = base;
-    // The query rows (head g * r + m / S, position m % S), and where the outputs go.
-    // Row m of the block is row m0 + m of the cache head's M.
-    const float* qa;
-    float* yo;
-    if (rank == 4) {
-      qa = q + ((b * Hq + g * r) * S + m0) * Dq;
-      yo = y + ((b * Hq + g * r) * S + m0) * Dv;
-    } else {
-      float* qg = base + M * T;
-      for (int64_t m = 0; m < M; ++m) {
-        const int64_t mm = m0 + m;
-        std::copy_n(q + (b * S + mm % S) * Hq * Dq + (g * r + mm / S) * Dq, Dq, qg + m * Dq);
-      }
-      qa = qg;
-      yo = qg + M * Dq;
-    }
-    // The key columns computed: [0, cols), the rows' scores cols apart. `exact`: the keys every
-    // row has at -inf past them; with `bounded`, cols may stop where the rows' float masks are
-    // at most kMaskCandidate, and each row checks that what it skips has probability 0.
-    int64_t cols = T, exact = T;
-    bool bounded = false;
-    const size_t head = static_cast<size_t>(b * Hkv + g);
-    if (may_skip) {
-      cols = 0;
-      for (int64_t m = 0; m < M; ++m) cols = std::max(cols, allowed(b, g * r + (m0 + m) / S, (m0 + m) % S));
-      cols = std::min(T, (cols + 15) / 16 * 16);  // whole vectors of keys, as the fused attention computes them
-      if (finite_from[head] > cols) cols = T;
-      exact = cols;
-      if (!extent.empty() && std::isfinite(kmax[head])) {
-        int64_t cb = 0;
-        for (int64_t m = 0; m < M; ++m) {
-          const int64_t h = g * r + (m0 + m) / S, s = (m0 + m) % S;
-          const int64_t row = (b * mst[0] + h * mst[1] + s * mst[2]) / Tm;
-          cb = std::max(cb, std::min(allowed(b, h, s), extent[static_cast<size_t>(row)]));
-        }
-        cb = std::min(T, (cb + 15) / 16 * 16);
-        if (cb < cols && finite_from[head] <= cb) {
-          cols = cb;
-          bounded = true;
-        }
-      }
-    }
-    for (;;) {
-      if (cols > 0) {
-#if GAF_ATTENTION_AVX512
-        if (packed)
-          ScoresPacked(M, cols, Dq, qa, kpack.data<float>() + (b * Hkv + g) * Dq * ldt, ldt, sc, cols);
-        else
-#endif
-          AttentionSegment(M, cols, Dq, true, qa, Dq, kh.data + (b * Hkv + g) * kh.stride, sc, cols, false);
-      }
-      bool proven = true;
-      for (int64_t m = 0; m < M; ++m) {
-        const int64_t h = g * r + (m0 + m) / S, s = (m0 + m) % S;
-        float* row = sc + m * cols;
-        for (int64_t j = 0; j < cols; ++j) row[j] *= scale;
-        if (softcap > 0.f)
-          for (int64_t j = 0; j < cols; ++j) row[j] = softcap * std::tanh(row[j] / softcap);
-        float* qo = qk != nullptr ? qk + ((b * Hq + h) * S + s) * T : nullptr;  // (cols == T with qk)
-        if (qo != nullptr && qk_mode <= 1) std::copy_n(row, cols, qo);
-        const int64_t moff = b * mst[0] + h * mst[1] + s * mst[2];
-        // The keys before `lim` take the mask; the causal future, the padding and the keys past the
-        // mask's width are -inf. (valid[b] and Tm may exceed the computed keys.)
-        int64_t lim = std::min(cols, Tm);
-        if (causal) lim = std::min(lim, std::max<int64_t>(0, s + offset(b) + 1));
-        if (nonpad != nullptr) lim = std::min(lim, valid[b]);
-        MaskRow(row, lim, cols, mb != nullptr ? mb + moff : nullptr, mf != nullptr ? mf + moff : nullptr, mst[3]);
-        const float top = RowMax(row, lim);
-        if (bounded) {  // what this row skips: at most its mask's largest skipped value plus |scale q . k|
-          const float skipped = tail[static_cast<size_t>(moff / Tm)];
-          const float* qr = qa + m * Dq;
-          float qn = 0.f;
-#pragma omp simd reduction(+ : qn)
-          for (int64_t i = 0; i < Dq; ++i) qn += qr[i] * qr[i];
-          float bound = std::fabs(scale) * std::sqrt(qn) * kmax[head] * 1.001f;
-          if (softcap > 0.f) bound = std::min(bound, softcap);
-          if (!(skipped + bound + std::fabs(skipped) * 1e-6f < top - kZeroMargin)) {
-            proven = false;
-            break;
-          }
-        }
-        if (qo != nullptr && qk_mode == 2) std::copy_n(row, cols, qo);
-        if (top == kNegInf) {  // every key masked: no weight anywhere
-          std::fill(row, row + cols, 0.f);
-        } else {
-          SoftmaxRowF32(row, row, cols);
-        }
-        if (qo != nullptr && qk_mode == 3) std::copy_n(row, cols, qo);
-      }
-      if (proven) break;
-      cols = exact;  // some row's skipped keys might weigh: the block again with them
-      bounded = false;
-    }
-    if (cols > 0) {
-      const float* vb = vh.data + (b * Hkv + g) * vh.stride;
-#if GAF_ATTENTION_AVX512
-      if (packed && Dv == 64)
-        ValuesAvx512<4, 6>(M, cols, sc, cols, vb, yo, false);
-      else if (packed && Dv == 128)
-        ValuesAvx512<8, 3>(M, cols, sc, cols, vb, yo, false);
-      else
-#endif
-        AttentionSegment(M, Dv, cols, false, sc, cols, vb, yo, Dv, false);
-    } else {
-      std::fill(yo, yo + M * Dv, 0.f);
-    }
-    if (rank == 3)
-      for (int64_t m = 0; m < M; ++m) {
-        const int64_t mm = m0 + m;
-        std::copy_n(yo + m * Dv, Dv, y + (b * S + mm % S) * Hq * Dv + (g * r + mm / S) * Dv);
-      }
+    AttendBlock(call, b, g, m0, M, scratch.data<float>() + (nested ? 0 : omp_get_thread_num()) * per_thread);
   };
   // A task: one block of a cache head's rows (a prompt's heads of one cache head are several
   // tasks, so one or two cache heads still take every thread).
