@@ -46,48 +46,45 @@ using models::IntAttr;
 using models::IntsAttr;
 using models::MakeValueInfo;
 
+namespace {
+
+// The built-in sizes: vocabulary, hidden, MLP, layers, heads, key/value heads, positions.
+struct PresetSize {
+  const char* name;
+  int64_t vocab, hidden, intermediate, layers, heads, kv_heads, positions;
+};
+constexpr PresetSize kPresets[] = {
+    {"tiny", 256, 64, 172, 2, 4, 2, 256},
+    {"small", 8000, 384, 1024, 6, 6, 2, 1024},
+    {"bench", 32000, 1024, 2816, 12, 16, 4, 2048},
+    // Heads of 128 (as Llama-2-7B's), an MLP of 5632 (as TinyLlama-1.1B's): 1.6 GB of weights.
+    {"wide", 32000, 2048, 5632, 6, 16, 4, 2048},
+};
+
+}  // namespace
+
 LlamaConfig LlamaPreset(const std::string& name) {
-  LlamaConfig c;
-  c.preset = name;
-  if (name == "tiny") {
-    c.vocab_size = 256;
-    c.hidden_size = 64;
-    c.intermediate_size = 172;
-    c.num_layers = 2;
-    c.num_heads = 4;
-    c.num_kv_heads = 2;
-    c.max_position_embeddings = 256;
-  } else if (name == "small") {
-    c.vocab_size = 8000;
-    c.hidden_size = 384;
-    c.intermediate_size = 1024;
-    c.num_layers = 6;
-    c.num_heads = 6;
-    c.num_kv_heads = 2;
-    c.max_position_embeddings = 1024;
-  } else if (name == "bench") {
-    c.vocab_size = 32000;
-    c.hidden_size = 1024;
-    c.intermediate_size = 2816;
-    c.num_layers = 12;
-    c.num_heads = 16;
-    c.num_kv_heads = 4;
-    c.max_position_embeddings = 2048;
-  } else if (name == "wide") {  // heads of 128 (as Llama-2-7B's), an MLP of 5632 (as TinyLlama-1.1B's)
-    c.vocab_size = 32000;
-    c.hidden_size = 2048;
-    c.intermediate_size = 5632;
-    c.num_layers = 6;
-    c.num_heads = 16;
-    c.num_kv_heads = 4;
-    c.max_position_embeddings = 2048;
-  } else {
-    throw Error(fmt::format("unknown llama preset '{}' (expected tiny, small, bench or wide)", name));
+  for (const PresetSize& p : kPresets) {
+    if (name != p.name) continue;
+    LlamaConfig c;
+    c.preset = name;
+    c.vocab_size = p.vocab;
+    c.hidden_size = p.hidden;
+    c.intermediate_size = p.intermediate;
+    c.num_layers = p.layers;
+    c.num_heads = p.heads;
+    c.num_kv_heads = p.kv_heads;
+    c.max_position_embeddings = p.positions;
+    return c;
   }
-  return c;
+  throw Error(fmt::format("unknown llama preset '{}' (expected tiny, small, bench or wide)", name));
 }
 
-std::vector<std::string> LlamaPresetNames() { return {"tiny", "small", "bench", "wide"}; }
+std::vector<std::string> LlamaPresetNames() {
+  std::vector<std::string> names;
+  for (const PresetSize& p : kPresets) names.push_back(p.name);
+  return names;
+}
 
 int64_t LlamaParameterCount(const LlamaConfig& c) {
   const int64_t h = c.hidden_size, hd = c.head_dim();

@@ -301,8 +301,6 @@ void AttendBlock(const AttentionCall& c, int64_t b, int64_t g, int64_t m0, int64
   const std::vector<int64_t>& extent = c.skips->extent;
   const std::vector<float>& tail = c.skips->tail;
   const std::vector<float>& kmax = c.skips->kmax;
-  auto allowed = [&](int64_t bb, int64_t h, int64_t s) { return c.Allowed(bb, h, s); };
-  auto offset = [&](int64_t bb) { return c.Offset(bb); };
   float* sc = base;
   // The query rows (head g * r + m / S, position m % S), and where the outputs go.
   // Row m of the block is row m0 + m of the cache head's M.
@@ -328,7 +326,7 @@ void AttendBlock(const AttentionCall& c, int64_t b, int64_t g, int64_t m0, int64
   const size_t head = static_cast<size_t>(b * Hkv + g);
   if (may_skip) {
     cols = 0;
-    for (int64_t m = 0; m < M; ++m) cols = std::max(cols, allowed(b, g * r + (m0 + m) / S, (m0 + m) % S));
+    for (int64_t m = 0; m < M; ++m) cols = std::max(cols, c.Allowed(b, g * r + (m0 + m) / S, (m0 + m) % S));
     cols = std::min(T, (cols + 15) / 16 * 16);  // whole vectors of keys, as the fused attention computes them
     if (finite_from[head] > cols) cols = T;
     exact = cols;
@@ -337,7 +335,7 @@ void AttendBlock(const AttentionCall& c, int64_t b, int64_t g, int64_t m0, int64
       for (int64_t m = 0; m < M; ++m) {
         const int64_t h = g * r + (m0 + m) / S, s = (m0 + m) % S;
         const int64_t row = (b * mst[0] + h * mst[1] + s * mst[2]) / Tm;
-        cb = std::max(cb, std::min(allowed(b, h, s), extent[static_cast<size_t>(row)]));
+        cb = std::max(cb, std::min(c.Allowed(b, h, s), extent[static_cast<size_t>(row)]));
       }
       cb = std::min(T, (cb + 15) / 16 * 16);
       if (cb < cols && finite_from[head] <= cb) {
@@ -368,7 +366,7 @@ void AttendBlock(const AttentionCall& c, int64_t b, int64_t g, int64_t m0, int64
       // The keys before `lim` take the mask; the causal future, the padding and the keys past the
       // mask's width are -inf. (valid[b] and Tm may exceed the computed keys.)
       int64_t lim = std::min(cols, Tm);
-      if (causal) lim = std::min(lim, std::max<int64_t>(0, s + offset(b) + 1));
+      if (causal) lim = std::min(lim, std::max<int64_t>(0, s + c.Offset(b) + 1));
       if (c.valid != nullptr) lim = std::min(lim, (*c.valid)[static_cast<size_t>(b)]);
       MaskRow(row, lim, cols, mb != nullptr ? mb + moff : nullptr, mf != nullptr ? mf + moff : nullptr, mst[3]);
       const float top = RowMax(row, lim);
