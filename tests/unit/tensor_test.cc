@@ -68,6 +68,35 @@ TEST(Tensor, CachesWithRoomAppendOnceAndCopyWhenPadded) {
   EXPECT_TRUE(one.AppendInPlace(5).defined());
 }
 
+// A cache with room of 64 KiB or more takes whole 2 MiB huge pages: its capacity is rounded up to
+// fill them (a decode step's appends then land in pages already there); a smaller one keeps the
+// room it asked for, and rows appended into the rounded room keep the heads' values.
+TEST(Tensor, CacheRoomFillsWholeHugePages) {
+  constexpr int64_t kHuge = int64_t{2} << 20;
+  // 16 heads of 64 floats: 4 KiB a row of every head; 81 rows asked (324 KiB) -> 512 rows (2 MiB).
+  Tensor c = Tensor::WithCacheRoom(DataType::kFloat, {1, 16, 17, 64}, 81);
+  EXPECT_EQ(c.cache_capacity(), 512);
+  EXPECT_EQ(c.head_stride(), 512 * 64);
+  // 4 heads of 64: 1 KiB a row; 3000 rows asked (about 2.9 MiB) -> 4096 rows (4 MiB, two pages).
+  Tensor big = Tensor::WithCacheRoom(DataType::kFloat, {1, 4, 2000, 64}, 3000);
+  EXPECT_EQ(big.cache_capacity() * 4 * 64 * 4 % kHuge, 0);
+  EXPECT_EQ(big.cache_capacity(), 4096);
+  // Below 64 KiB (2 heads of 4 floats, 9 rows): the room as asked.
+  EXPECT_EQ(Tensor::WithCacheRoom(DataType::kFloat, {1, 2, 3, 4}, 9).cache_capacity(), 9);
+  // float16 rows are half as wide: twice the rows in the same page.
+  EXPECT_EQ(Tensor::WithCacheRoom(DataType::kFloat16, {1, 16, 17, 64}, 81).cache_capacity(), 1024);
+  // Appends into the rounded room: in place, the earlier rows of each head where they were.
+  float* base = c.cache_data<float>();
+  for (int h = 0; h < 16; ++h)
+    for (int i = 0; i < 17 * 64; ++i) base[h * 512 * 64 + i] = static_cast<float>(h * 10000 + i);
+  Tensor more = c.AppendInPlace(400);
+  ASSERT_TRUE(more.defined());
+  EXPECT_EQ(more.cache_data<float>(), base);
+  EXPECT_EQ(more.shape(), (Shape{1, 16, 417, 64}));
+  const Tensor d = c.Dense();
+  for (int h = 0; h < 16; ++h) EXPECT_EQ(d.data<float>()[h * 17 * 64 + 5], static_cast<float>(h * 10000 + 5));
+}
+
 TEST(Tensor, CastAndAccessChecks) {
   Tensor t = Tensor::FromVector<int64_t>({1, -2, 3}, {3});
   Tensor f = t.CastTo(DataType::kFloat);
