@@ -265,8 +265,8 @@ namespace {
 // them anyway). A decode step appends one row to every head: in 4 KiB pages of a fresh room that
 // was a page fault every 16 rows of each head's rows (tens of microseconds each on the virtual
 // machines we run on), and the heads' rows lay on dozens of small pages. `autofusion generate` on a
-// GPT-2 layout at the bench dims (16 cache heads, head size 64): the attention took 65-80 us a call
-// against 27-31 with the room in huge pages (a hack timing each call; docs/benchmarks.md).
+// GPT-2 layout at the bench dims (16 cache heads, head size 64): the attention took 62-74 us a call
+// against 38-44 with the room in huge pages (alternating processes; docs/benchmarks.md).
 // At most one huge page more per cache tensor; smaller caches keep their room as asked.
 int64_t HugePageCapacity(DataType dt, const Shape& shape, int64_t capacity) {
   constexpr int64_t kHuge = BufferPool::kHugeMin, kMinBytes = BufferPool::kPoolMin;
