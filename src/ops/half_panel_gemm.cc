@@ -19,8 +19,10 @@ using nn_detail::CeilDiv;
 namespace {
 
 constexpr int64_t W = kHalfPanelCols;
-// Rows of k a stream is prefetched ahead (into L2), as the float32 panels' k-block.
+// Rows of k a stream is prefetched ahead (into L2), as the float32 panels' k-block (a tile of one
+// panel); a tile of several prefetches kNearRows ahead (ops/panel_tiles.h).
 constexpr int64_t kPrefetchRows = 64;
+constexpr int kNearRows = 16;
 // Weight elements x rows below which one thread is faster than waking the team.
 constexpr int64_t kMinParallel = int64_t{1} << 18;
 
@@ -30,7 +32,7 @@ constexpr int64_t HalfPanelsPerTask(int64_t M) { return M <= 1 ? 4 : M <= 3 ? 2 
 template <int R, int P>
 void HalfTile(const float* x, int64_t ldx, const uint16_t* panels, int64_t K, int64_t stride, float* out,
               int64_t ldo) {
-  panel_detail::MultiPanelTile<uint16_t, 4, R, P>(x, ldx, panels, K, stride, kPrefetchRows, out, ldo);
+  panel_detail::MultiPanelTile<uint16_t, 4, R, P, kNearRows>(x, ldx, panels, K, stride, kPrefetchRows, out, ldo);
 }
 
 using TileFn = void (*)(const float*, int64_t, const uint16_t*, int64_t, int64_t, float*, int64_t);

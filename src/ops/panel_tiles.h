@@ -9,6 +9,15 @@
 // task; the same run, interleaved) read 73.7 GB/s without them against 67.3 GB/s with them 64 rows
 // ahead (41.7 against 35.4 at 1 thread), float16 panels 67.3 against 59.4; two rows alike; at four
 // rows the float16 tile (one panel) read 52.8 GB/s with them against 49.0 without.
+// A float16 tile of several panels is the exception, with `kNearRows` (a few rows ahead, into L1
+// without polluting the other levels, `prefetchnta`): it does four instructions a cache line where
+// the float32 tile does one, so the out-of-order window reaches fewer lines ahead, and the near
+// prefetch makes up for it. decode_gemv_bench, one row, 2 threads, interleaved in one process:
+// 16 rows ahead 5.37-5.57 ms a step against 5.70-5.78 without (4-6% faster; 8 rows alike; 32 rows
+// and more slower); at two rows the same (6.60-7.14 against 6.57-7.02). In `generate
+// --half-weights` (each weight's product with and without on alternate steps, six processes) the
+// products were 1.022x faster (median of six; 0.997-1.10). The float32 tile with the same prefetch was
+// 1.09-1.13x slower there (six processes), so it has none.
 // Every output element sums over k in order, from zero, in float32, so the bits do not depend on P,
 // on R, or on how the rows and panels are split into tasks.
 #pragma once
@@ -44,8 +53,9 @@ struct PanelElement<uint16_t> {  // IEEE float16 bits
 };
 
 // out[r * ldo + p * 16V + j] = sum over k in [0, K) in order of x[r * ldx + k] * panel_p[k][j], for
-// the P panels at `panels`, `stride` elements apart, each [K][16 V], 64-byte aligned.
-template <class T, int V, int R, int P>
+// the P panels at `panels`, `stride` elements apart, each [K][16 V], 64-byte aligned. One panel
+// prefetches `pf_rows` rows ahead into L2; several panels `kNearRows` ahead (0: none), above.
+template <class T, int V, int R, int P, int kNearRows = 0>
 void MultiPanelTile(const float* x, int64_t ldx, const T* panels, int64_t K, int64_t stride, int64_t pf_rows,
                     float* out, int64_t ldo) {
   constexpr int64_t W = 16 * V;
@@ -72,6 +82,10 @@ void MultiPanelTile(const float* x, int64_t ldx, const T* panels, int64_t K, int
       if constexpr (P == 1) {
 #pragma GCC unroll 4
         for (int l = 0; l < kLines; ++l) _mm_prefetch(pf + 64 * l, _MM_HINT_T1);
+      } else if constexpr (kNearRows > 0) {
+        const char* near = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(w) + kNearRows * W * sizeof(T));
+#pragma GCC unroll 4
+        for (int l = 0; l < kLines; ++l) _mm_prefetch(near + 64 * l, _MM_HINT_NTA);
       }
       __m512 v[V];
 #pragma GCC unroll 4
