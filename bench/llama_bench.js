@@ -1,6 +1,8 @@
 #!/usr/bin/env node
 // Side-by-side decode benchmark: our runtime (`autofusion generate`) against ONNX Runtime
-// (bench/ort_generate.js) on one Llama-style decoder, plus the memory-bandwidth floor.
+// (bench/ort_generate.js) on one Llama-style decoder, plus the memory-bandwidth floor, and PyTorch
+// eager (bench/torch_generate.py) where the PyTorch module the model was exported from lies beside
+// it (torch_model.pt, from tests/fixtures/make_decoder_exports.py --save-torch).
 // Called by bench/llama_bench.sh; see docs/benchmarks.md for the columns and formulas.
 //
 //   node bench/llama_bench.js --model M.onnx [--build build] [--prompt-len 16] [--max-new-tokens 50]
@@ -78,6 +80,20 @@ for (const t of args.threads) configs.push({ engine: 'ours fused', opt: 'safe', 
 // float16 weight storage (opt-in, changes numerics, gated by fuse --safe --half-weights).
 for (const t of args.threads) configs.push({ engine: 'ours fused', opt: halfKept ? 'safe+fp16w' : 'fp16w gate-fail', threads: t, runs: [] });
 for (const opt of args.ortOpt) for (const t of args.threads) configs.push({ engine: 'ort', opt, threads: t, runs: [] });
+// PyTorch eager on the module the model was exported from, when it was saved beside the model.
+const torchModel = path.join(path.dirname(path.resolve(args.model)), 'torch_model.pt');
+const python = process.env.PYTHON || '/usr/bin/python3';
+let eagerNote = null;
+if (!fs.existsSync(torchModel)) {
+  eagerNote = `PyTorch eager: not run (no ${torchModel}: the model was not exported with tests/fixtures/make_decoder_exports.py --save-torch)`;
+} else {
+  try {
+    run(python, ['-c', 'import torch']);
+    for (const t of args.threads) configs.push({ engine: 'pytorch', opt: 'eager', threads: t, runs: [] });
+  } catch (e) {
+    eagerNote = `PyTorch eager: not run (${python} cannot import torch)`;
+  }
+}
 
 function runConfig(c, withLogitsIn) {
   let withLogits = withLogitsIn;
@@ -96,6 +112,11 @@ function runConfig(c, withLogitsIn) {
     g = runJson(autofusion, ['generate', args.model, '--prompt-ids', promptStr, '--max-new-tokens', String(args.maxNew),
       '--threads', String(c.threads), '--repeat', String(args.repeat), '--json']);
     if (withLogits) run(tool, ['logits', args.model, '--prompt-ids', promptStr, '--threads', String(c.threads), '-o', lf]);
+  } else if (c.engine === 'pytorch') {
+    g = runJson(python, [path.join(here, 'torch_generate.py'), args.model, '--prompt-ids', promptStr,
+      '--max-new-tokens', String(args.maxNew), '--threads', String(c.threads), '--repeat', String(args.repeat)]);
+    c.version = g.torch_version;
+    withLogits = false;
   } else {
     const a = [path.join(here, 'ort_generate.js'), args.model, '--prompt-ids', promptStr, '--max-new-tokens', String(args.maxNew),
       '--threads', String(c.threads), '--opt', c.opt, '--repeat', String(args.repeat)];
@@ -120,7 +141,7 @@ const ref = configs[0];
 const rows = configs.map((c) => {
   const ms = median(c.runs.map((g) => g.decode_ms_per_token));
   return {
-    engine: c.engine.startsWith('ours') ? c.engine : `ort ${c.version}`, opt: c.opt, threads: c.threads, ms,
+    engine: c.engine.startsWith('ours') ? c.engine : `${c.engine} ${c.version}`, opt: c.opt, threads: c.threads, ms,
     ms_rounds: c.runs.map((g) => g.decode_ms_per_token),
     prefill: median(c.runs.map((g) => g.prefill_ms)), tokens: c.runs[0].tokens,
     same: c.runs.every((g) => JSON.stringify(g.tokens) === JSON.stringify(ref.runs[0].tokens)),
@@ -142,6 +163,8 @@ for (const r of rows) {
   const ort = rows.find((o) => o.engine.startsWith('ort') && o.opt === 'all' && o.threads === r.threads);
   r.vs_ort = ort ? ort.ms / r.ms : NaN;   // ONNX Runtime (all) ms / this ms, same thread count
   r.prefill_vs_ort = ort ? ort.prefill / r.prefill : NaN;
+  const eager = rows.find((o) => o.engine.startsWith('pytorch') && o.threads === r.threads);
+  r.vs_eager = eager ? eager.ms / r.ms : NaN;  // PyTorch eager ms / this ms, same thread count
 }
 
 const mb = (b) => (b / 1e6).toFixed(2);
@@ -156,18 +179,20 @@ console.log(`floor ms/token = weight bytes / bandwidth: ${args.threads.map((t) =
 console.log(`load average (1/5/15 min): before ${loadBefore}, after ${loadAfter}; 1-min load after each round: ${loads.map((x) => x.toFixed(2)).join(' ')}`);
 console.log('');
 const head = ['engine', 'opt', 'threads', 'tokens/s', 'ms/token', 'rounds min-max', 'prefill ms', 'same tokens', 'max |dlogit|',
-  'floor / ms', 'vs ort (all)', 'prefill vs ort'];
+  'floor / ms', 'vs ort (all)', 'prefill vs ort', 'vs eager'];
 const table = rows.map((r) => [r.engine, r.opt, String(r.threads), r.tps.toFixed(1), r.ms.toFixed(3),
   `${Math.min(...r.ms_rounds).toFixed(2)}-${Math.max(...r.ms_rounds).toFixed(2)}`, r.prefill.toFixed(2),
   r.same ? 'yes' : 'NO', Number.isNaN(r.diff) ? '-' : r.diff.toExponential(2),
   `${r.of_floor.toFixed(2)}${r.half ? ' (fp16 floor)' : ''}`, Number.isNaN(r.vs_ort) ? '-' : `${r.vs_ort.toFixed(2)}x`,
-  Number.isNaN(r.prefill_vs_ort) ? '-' : `${r.prefill_vs_ort.toFixed(2)}x`]);
+  Number.isNaN(r.prefill_vs_ort) ? '-' : `${r.prefill_vs_ort.toFixed(2)}x`,
+  Number.isNaN(r.vs_eager) ? '-' : `${r.vs_eager.toFixed(2)}x`]);
 const w = head.map((h, i) => Math.max(h.length, ...table.map((row) => row[i].length)));
 const line = (cells) => '| ' + cells.map((c, i) => c.padEnd(w[i])).join(' | ') + ' |';
 console.log(line(head));
 console.log('|' + w.map((n) => '-'.repeat(n + 2)).join('|') + '|');
 for (const row of table) console.log(line(row));
+if (eagerNote) console.log(eagerNote);
 for (const r of rows) if (!r.deterministic) console.log(`WARNING: ${r.engine} ${r.opt} ${r.threads}T generated different tokens across repeats`);
 
-if (args.json) fs.writeFileSync(args.json, JSON.stringify({ model: args.model, prompt, weights, membw, loadBefore, loadAfter, loads, rows }, null, 2));
+if (args.json) fs.writeFileSync(args.json, JSON.stringify({ model: args.model, prompt, weights, membw, loadBefore, loadAfter, loads, rows, eager_note: eagerNote }, null, 2));
 fs.rmSync(tmp, { recursive: true, force: true });

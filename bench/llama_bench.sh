@@ -5,6 +5,9 @@
 #
 # A MODEL.onnx argument runs a decoder of the same layout from elsewhere (a torch.onnx.export at
 # another size: tests/fixtures/make_decoder_exports.py OUT --preset wide --only llama) as it is.
+# When the PyTorch module it was exported from lies beside it (torch_model.pt: export with
+# --save-torch), PyTorch eager runs it too, interleaved (bench/torch_generate.py), with a `vs eager`
+# column; otherwise the table says why it did not.
 #
 # Environment: BUILD (build dir, default build), MODELS (where models are written, default
 # /tmp/gaf-bench-models), PROMPT_LEN (16), NEW_TOKENS (50), REPEAT (3, generations per process after
