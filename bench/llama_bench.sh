@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Side-by-side decode benchmark of our runtime and ONNX Runtime on the built-in Llama decoder.
 #
-#   bench/llama_bench.sh [PRESET|MODEL.onnx...]   presets: tiny small bench (default: tiny small bench)
+#   bench/llama_bench.sh [PRESET|torch:SIZE|MODEL.onnx...]   presets: tiny small bench (default: tiny small bench)
 #
 # A MODEL.onnx argument runs a decoder of the same layout from elsewhere (a torch.onnx.export at
 # another size: tests/fixtures/make_decoder_exports.py OUT --preset wide --only llama) as it is.
 # When the PyTorch module it was exported from lies beside it (torch_model.pt: export with
 # --save-torch), PyTorch eager runs it too, interleaved (bench/torch_generate.py), with a `vs eager`
-# column; otherwise the table says why it did not.
+# column; otherwise the table says why it did not. `torch:SIZE` exports such a model first when it
+# is not there (make_decoder_exports.py --preset SIZE --only llama --opset $OPSET --save-torch into
+# $MODELS/torch-SIZE): `torch:full` is a torch.onnx.export Llama at the `bench` preset's dims, with
+# PyTorch eager beside it (about 1.6 GB on disk, a minute to export).
 #
 # Environment: BUILD (build dir, default build), MODELS (where models are written, default
 # /tmp/gaf-bench-models), PROMPT_LEN (16), NEW_TOKENS (50), REPEAT (3, generations per process after
@@ -51,6 +54,19 @@ for p in "${presets[@]}"; do
     name=$(basename "$(dirname "$p")")
     echo
     echo "=== model $p ==="
+  elif [[ "$p" == torch:* ]]; then
+    size=${p#torch:}
+    model="$MODELS/torch-$size/llama_kv_opset$OPSET/model.onnx"
+    if [ ! -f "$model" ] || [ ! -f "$(dirname "$model")/torch_model.pt" ]; then
+      /usr/bin/python3 tests/fixtures/make_decoder_exports.py "$MODELS/torch-$size" --preset "$size" --only llama \
+        --opset "$OPSET" --save-torch >/dev/null 2>&1 || {
+        echo "llama_bench.sh: exporting $p failed (tests/fixtures/make_decoder_exports.py --preset $size: tiny, bench, full, wide)" >&2
+        exit 1
+      }
+    fi
+    name=torch-$size
+    echo
+    echo "=== torch.onnx.export Llama, make_decoder_exports.py --preset $size (opset $OPSET): $model ==="
   else
     dir="$MODELS/$p"
     [ "$OPSET" = 17 ] || dir="$MODELS/$p-opset$OPSET"
