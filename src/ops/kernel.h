@@ -101,6 +101,7 @@ void RegisterSoftmaxEpilogueKernels(OpRegistry& r);  // MaskedSoftmax: scale, ma
 void RegisterAttentionKernels(OpRegistry& r);  // FusedAttention: scores, masked softmax and values in blocks (plan rewrite)
 void RegisterRMSNormKernels(OpRegistry& r);     // RMSNorm: Pow, ReduceMean, Add, Sqrt, reciprocal and Muls in one pass (plan rewrite)
 void RegisterRotaryKernels(OpRegistry& r);      // RotaryHalf: x * cos + rotate_half(x) * sin in one pass (plan rewrite)
+void RegisterElementwiseChainKernels(OpRegistry& r);  // ElementwiseChain: elementwise operators in one pass (plan rewrite)
 void RegisterSiLUGateKernels(OpRegistry& r);  // SiLUGate: SiLU, or SwiGLU's SiLU(gate) * up, in one pass (plan rewrite)
 void RegisterCopyKernels(OpRegistry& r);         // FusedCopy: a tree of data-movement operators in one pass (plan rewrite)
 void RegisterTransformerKernels(OpRegistry& r);  // RMSNormalization, RotaryEmbedding, Swish, SwiGLU (opsets 23-28)

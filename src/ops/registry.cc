@@ -16,6 +16,7 @@ static void RegisterAllKernels(OpRegistry& r) {
   RegisterCopyKernels(r);
   RegisterSoftmaxEpilogueKernels(r);
   RegisterSiLUGateKernels(r);
+  RegisterElementwiseChainKernels(r);
   RegisterAttentionKernels(r);
   RegisterRMSNormKernels(r);
   RegisterRotaryKernels(r);

@@ -475,6 +475,7 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
   FoldGatedProducts(g, stats);
   FoldRMSNorms(g, opset, stats);
   FoldRotaryHalves(g, stats);
+  FoldElementwiseChains(g, stats);
   MarkLastPositions(g, stats);
   return stats;
 }

@@ -31,6 +31,10 @@
 //   Add(Mul(X, cos), Mul(Concat(Neg(Slice(X, h, end)), Slice(X, 0, h)), sin))  -> RotaryHalf(X, cos, sin):
 //   rotary embedding with rotate_half in one pass, bit-identical; ops/rotary_half.cc; with X =
 //   Transpose(T) keeping the last axis last and read by it alone -> RotaryHalf(T, cos, sin) perm
+//   elementwise operators left after those (Add, Sub, Mul, Div, Tanh, Erf, Sigmoid, Exp, Relu, Neg,
+//   Abs, Sqrt), two or more whose intermediate values only the chain reads  -> ElementwiseChain:
+//   one pass over blocks of the output, bit-identical (an exporter's GELU, a bias Add and what
+//   follows it); ops/elementwise_chain.cc
 //
 // Only copies consumed by that MatMul alone are absorbed, never a graph output or a constant
 // (constants are folded once anyway). GroupedMatMul checks each run's shapes and runs the
@@ -62,6 +66,7 @@ struct ProductRewrites {
   int rotaries = 0;               // RotaryHalf nodes: x * cos + rotate_half(x) * sin
   int rotaries_transposed = 0;    // of them, reading x's Transpose's input in place (the copy never made)
   int attention_blocks = 0;       // FusedAttention nodes: scores product, MaskedSoftmax, values product
+  int elementwise_chains = 0, chained_operators = 0;  // ElementwiseChain nodes, and the operators they run
   // LastPosition nodes: before a product by a constant weight that makes a graph output (a
   // decoder's logits), so that a generation's runs (Session::Run's last_position_only) compute it
   // for the last position only.

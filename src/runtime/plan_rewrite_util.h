@@ -71,5 +71,6 @@ void FoldSiLUGates(Graph& g, ProductRewrites& stats);
 void FoldGatedProducts(Graph& g, ProductRewrites& stats);
 void FoldRMSNorms(Graph& g, int64_t opset, ProductRewrites& stats);
 void FoldRotaryHalves(Graph& g, ProductRewrites& stats);
+void FoldElementwiseChains(Graph& g, ProductRewrites& stats);
 
 }  // namespace gaf::plan_rewrite
