@@ -102,6 +102,7 @@ void ElementwiseChainKernel(KernelContext& ctx) {
   GAF_CHECK(n_ops >= 1 && n_ops <= kMaxInstructions && static_cast<int64_t>(args.size()) == 2 * n_ops,
             "{}: {} instructions with {} operands (1 to {}, two each)", ctx.node.Describe(), n_ops, args.size(),
             kMaxInstructions);
+  GAF_CHECK(ctx.num_outputs() == 1, "{}: {} outputs (one)", ctx.node.Describe(), ctx.num_outputs());
   for (int64_t k = 0; k < n_ops; ++k) {
     GAF_CHECK(IsChainOp(ops[k]), "{}: instruction {} has an unknown operator code {}", ctx.node.Describe(), k,
               ops[k]);

@@ -135,21 +135,36 @@ TEST(ElementwiseChain, AValueReadElsewhereEndsTheChain) {
 }
 
 TEST(ElementwiseChain, AHostileProgramIsRefused) {
-  // A model file carrying the plan's node with an instruction that reads a later result.
-  Graph g;
-  g.inputs = {testing::FloatValue("x", {4})};
-  Node n = MakeNode("ElementwiseChain", {"x"}, {"y"}, "chain",
-                    {testing::IntsAttr("ops", {0, 2}), testing::IntsAttr("args", {0, -2, 0, 0})});
-  n.domain = "ai.graph_autofusion.plan";
-  g.nodes.push_back(n);
-  g.outputs = {ValueInfo{"y", DataType::kFloat}};
-  Model m = MakeModel(std::move(g), 17);
-  Session s(m);
-  try {
-    s.Run({{"x", RandomFloat({4}, 6)}});
-    FAIL() << "ran";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("instruction 0 reads operand -2"), std::string::npos) << e.what();
+  // A model file carrying the plan's node: an instruction that reads a later result, an unknown
+  // opcode, operands missing, no output.
+  struct Case {
+    std::vector<int64_t> ops, args;
+    std::vector<std::string> outputs;
+    const char* message;
+  };
+  const Case cases[] = {{{0, 2}, {0, -2, 0, 0}, {"y"}, "instruction 0 reads operand -2"},
+                        {{99}, {0, 0}, {"y"}, "unknown operator code 99"},
+                        {{0, 2}, {0, 0}, {"y"}, "2 instructions with 2 operands"},
+                        {{4}, {0, 0}, {"y"}, "instruction 0 reads operand 0"},  // a unary's second operand
+                        {{0}, {0, 0}, {}, "has no outputs"}};  // refused when the session is made
+  for (const Case& c : cases) {
+    Graph g;
+    g.inputs = {testing::FloatValue("x", {4})};
+    Node n = MakeNode("ElementwiseChain", {"x"}, c.outputs, "chain",
+                      {testing::IntsAttr("ops", c.ops), testing::IntsAttr("args", c.args)});
+    n.domain = "ai.graph_autofusion.plan";
+    g.nodes.push_back(n);
+    g.nodes.push_back(MakeNode("Relu", {"x"}, {"z"}, "other"));
+    g.outputs = {ValueInfo{"z", DataType::kFloat}};
+    if (!c.outputs.empty()) g.outputs.push_back(ValueInfo{"y", DataType::kFloat});
+    Model m = MakeModel(std::move(g), 17);
+    try {
+      Session s(m);
+      s.Run({{"x", RandomFloat({4}, 6)}});
+      ADD_FAILURE() << c.message << ": ran";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(c.message), std::string::npos) << e.what();
+    }
   }
 }
 
