@@ -35,7 +35,6 @@ namespace {
 
 constexpr int64_t kBlock = 256;        // elements an instruction works on at a time
 constexpr int64_t kGrain = 1 << 14;    // elements per task
-constexpr int64_t kMaxInstructions = 256;  // a program longer than this (only a hostile file) is refused
 
 enum class Operand : uint8_t { kFull, kScalar, kRow };
 
@@ -99,9 +98,9 @@ void ElementwiseChainKernel(KernelContext& ctx) {
   const std::vector<int64_t>& args = args_attr != nullptr ? args_attr->ints : kNone;
   const int64_t n_ops = static_cast<int64_t>(ops.size()), n_in = static_cast<int64_t>(ctx.num_inputs());
   // The program is the plan rewrite's; one read from a file is checked before it runs.
-  GAF_CHECK(n_ops >= 1 && n_ops <= kMaxInstructions && static_cast<int64_t>(args.size()) == 2 * n_ops,
+  GAF_CHECK(n_ops >= 1 && n_ops <= kMaxChainOps && static_cast<int64_t>(args.size()) == 2 * n_ops,
             "{}: {} instructions with {} operands (1 to {}, two each)", ctx.node.Describe(), n_ops, args.size(),
-            kMaxInstructions);
+            kMaxChainOps);
   GAF_CHECK(ctx.num_outputs() == 1, "{}: {} outputs (one)", ctx.node.Describe(), ctx.num_outputs());
   for (int64_t k = 0; k < n_ops; ++k) {
     GAF_CHECK(IsChainOp(ops[k]), "{}: instruction {} has an unknown operator code {}", ctx.node.Describe(), k,

@@ -10,6 +10,10 @@ namespace gaf {
 // Binary operators first (through kDiv), then unary ones.
 enum class ChainOp : int64_t { kAdd = 0, kSub, kMul, kDiv, kTanh, kErf, kSigmoid, kExp, kRelu, kNeg, kAbs, kSqrt };
 
+// Operators one ElementwiseChain runs at most: the plan rewrite stops a chain there, and the
+// kernel refuses a longer program (only a model file can carry one).
+inline constexpr int64_t kMaxChainOps = 256;
+
 // Whether `code` is a ChainOp.
 bool IsChainOp(int64_t code);
 // 2 for the binary operators, 1 for the unary ones.

@@ -18,7 +18,7 @@ namespace gaf::plan_rewrite {
 namespace {
 
 // Operators a chain takes at most (the kernel refuses longer programs).
-constexpr size_t kMaxChain = 256;
+constexpr size_t kMaxChain = static_cast<size_t>(kMaxChainOps);
 
 // An ai.onnx operator the kernel computes, with its inputs all given and no attributes.
 bool ChainCandidate(const Node& n) {

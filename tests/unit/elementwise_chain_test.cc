@@ -107,6 +107,30 @@ TEST(ElementwiseChain, GeluChainsAreOnePassAndBitIdentical) {
   }
 }
 
+// Every operator the chain takes, bit for bit against its own kernel: each unary one on x (with
+// non-finite values, zeros and negatives), then Sub and a Div by a row and a scalar, as one chain.
+TEST(ElementwiseChain, EveryOperatorEqualsItsKernel) {
+  SessionOptions on{.profile = true}, off;
+  off.rewrite_products = false;
+  const int64_t n = 37;
+  for (const char* unary : {"Tanh", "Erf", "Sigmoid", "Exp", "Relu", "Neg", "Abs", "Sqrt"}) {
+    Graph g;
+    g.inputs = {testing::FloatValue("x", {-1, n})};
+    g.SetInitializer("row", RandomFloat({n}, 8, -2.f, 2.f));
+    g.SetInitializer("two", Tensor::FromVector<float>({2.f}, {}));
+    g.nodes.push_back(MakeNode(unary, {"x"}, {"u"}, "unary"));
+    g.nodes.push_back(MakeNode("Sub", {"u", "row"}, {"s"}, "sub"));
+    g.nodes.push_back(MakeNode("Div", {"s", "two"}, {"y"}, "div"));
+    g.outputs = {ValueInfo{"y", DataType::kFloat}};
+    Model m = MakeModel(std::move(g), 17);
+    Session fast(m, on), plain(m, off);
+    ASSERT_EQ(fast.product_rewrites().chained_operators, 3) << unary;
+    std::map<std::string, Tensor> feeds{{"x", WithSpecials(RandomFloat({90, n}, 40, -8.f, 8.f))}};
+    ExpectBitsEqual(fast.Run(feeds), plain.Run(feeds), unary);
+    EXPECT_EQ(testing::ProfiledCalls(fast, unary), 0) << unary;  // the chain ran, not the fallback
+  }
+}
+
 TEST(ElementwiseChain, OtherShapesRunTheOperators) {
   SessionOptions on{.profile = true}, off;
   off.rewrite_products = false;
