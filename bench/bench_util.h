@@ -1,4 +1,5 @@
-// Helpers shared by the standalone benchmarks of bench/ (membw, decode_gemv_bench, fma_peak).
+// Helpers shared by the standalone benchmarks of bench/ (membw, decode_gemv_bench, fma_peak,
+// prompt_gemm_bench).
 #pragma once
 
 #include <cstddef>
@@ -48,6 +49,27 @@ inline constexpr ReadPattern kReadPatterns[] = {
     {"4 streams x 256 B", &SumStreamsOf<4, 64>},
     {"2 streams x 1 KiB", &SumStreamsOf<2, 256>},
 };
+
+// The FMA peak's work (bench/fma_peak, the reference of issue 14's prefill floor): 16 independent
+// chains of 16-lane multiply-adds on registers, no memory traffic; 2 * 16 * 16 * iters
+// floating-point operations. A target that uses it is built with -O3 -mprefer-vector-width=512, as
+// fma_peak is, so the chains are full AVX-512 vectors where the machine has them.
+inline constexpr int kFmaLanes = 16, kFmaChains = 16;
+inline float FmaChains(long long iters, float seed) {
+  float acc[kFmaChains][kFmaLanes];
+  for (int c = 0; c < kFmaChains; ++c)
+    for (int l = 0; l < kFmaLanes; ++l) acc[c][l] = seed + c + l;
+  const float a = 0.999999f, b = 1e-7f;
+  for (long long i = 0; i < iters; ++i)
+    for (int c = 0; c < kFmaChains; ++c) {
+#pragma omp simd
+      for (int l = 0; l < kFmaLanes; ++l) acc[c][l] = acc[c][l] * a + b;
+    }
+  float s = 0;
+  for (int c = 0; c < kFmaChains; ++c)
+    for (int l = 0; l < kFmaLanes; ++l) s += acc[c][l];
+  return s;
+}
 
 // "1,2,4" -> {1, 2, 4}.
 inline std::vector<int> ParseIntList(const std::string& v) {

@@ -16,28 +16,6 @@
 
 #include "bench_util.h"
 
-namespace {
-
-constexpr int kLanes = 16, kChains = 16;
-
-// 2 * kLanes * kChains * iters floating-point operations.
-float Chains(int64_t iters, float seed) {
-  float acc[kChains][kLanes];
-  for (int c = 0; c < kChains; ++c)
-    for (int l = 0; l < kLanes; ++l) acc[c][l] = seed + c + l;
-  const float a = 0.999999f, b = 1e-7f;
-  for (int64_t i = 0; i < iters; ++i)
-    for (int c = 0; c < kChains; ++c) {
-#pragma omp simd
-      for (int l = 0; l < kLanes; ++l) acc[c][l] = acc[c][l] * a + b;
-    }
-  float s = 0;
-  for (int c = 0; c < kChains; ++c)
-    for (int l = 0; l < kLanes; ++l) s += acc[c][l];
-  return s;
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int> threads{1, 2};
@@ -63,10 +41,10 @@ int main(int argc, char** argv) {
       float s = 0;
       const auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(t) reduction(+ : s)
-      s += Chains(iters, static_cast<float>(omp_get_thread_num()));
+      s += bench::FmaChains(iters, static_cast<float>(omp_get_thread_num()));
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       sink = sink + s;
-      if (r > 0) g.push_back(2.0 * kLanes * kChains * iters * t / sec / 1e9);
+      if (r > 0) g.push_back(2.0 * bench::kFmaLanes * bench::kFmaChains * iters * t / sec / 1e9);
     }
     std::sort(g.begin(), g.end());
     std::printf("%s{\"threads\": %d, \"gflops\": %.1f, \"gflops_max\": %.1f}", ti ? ", " : "", t, g[g.size() / 2],

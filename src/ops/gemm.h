@@ -25,13 +25,12 @@ void SgemmF32(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float
 std::vector<int64_t> BatchOffsets(const Shape& batch_shape, int64_t mat_size, const Shape& out_batch);
 
 
-// A float32 MatMul by a constant [K, N] weight, prepared for prompts and small batches:
-//  - one row (a decode step) streams the weight as given (the GEMV, ops/gemv.h);
-//  - 2 to kPanelMaxRows (128) rows run on a copy of the weight packed into column panels
-//    (ops/panel_gemm.h): read once, in order, for all rows (at the memory's pace for a few);
-//  - from kPackedMatMulMinRows rows (a prefill) oneDNN's matmul runs on a copy of the weight
-//    reordered once into the layout that primitive wants (sgemm had re-packed it on every call).
-// Each copy is made on the first product that needs it, so a session that only decodes holds none.
+// A float32 MatMul by a constant [K, N] weight, prepared for prompts and small batches: every row
+// count runs on a copy of the weight packed into column panels (ops/panel_gemm.h), made on the first
+// product. A few rows stream it at the memory's pace; a prompt's rows run in register tiles over all
+// of K (oneDNN's matmul on its own packed weight was no faster, and would be a second copy). A row's
+// result has the same bits whatever the row count, so a prompt's rows equal their decode steps'.
+// Builds without AVX-512 take oneDNN's matmul from kPackedMatMulMinRows rows (RunLibrary).
 class PreparedMatMul {
  public:
   explicit PreparedMatMul(Tensor weight);
@@ -41,6 +40,10 @@ class PreparedMatMul {
   const Tensor& weight() const { return weight_; }
   // C[M, N] = A[M, K] * W, row-major and contiguous.
   void Run(const float* A, int64_t M, float* C) const;
+  // The same product by oneDNN's matmul, on a copy of the weight reordered once into the layout
+  // that primitive asks for (one primitive per row count): the prompts of builds without AVX-512,
+  // and bench/decode_gemv_bench's reference at more than kPanelMaxRows rows.
+  void RunLibrary(const float* A, int64_t M, float* C) const;
   // The panel copy (made on the first call).
   const PanelWeight& panels() const;
   // Copies of the weight made so far: the panel copy, and one per layout a library primitive
@@ -53,7 +56,8 @@ class PreparedMatMul {
   std::unique_ptr<Impl> impl_;
 };
 
-// Rows from which PreparedMatMul takes oneDNN's matmul on its packed weight (below: the panels).
+// Rows from which PreparedMatMul takes oneDNN's matmul on its packed weight in builds without
+// AVX-512 (below, and always with AVX-512: the panels).
 inline constexpr int64_t kPackedMatMulMinRows = kPanelMaxRows + 1;
 // Weights (elements) from which a MatMul is prepared: below, oneDNN's sgemm on the weight as given
 // is as fast, and the matmul primitive (created per row count) and its threads cost more than they
@@ -65,9 +69,9 @@ inline constexpr int64_t kPackedMatMulMinWeight = int64_t{1} << 18;
 // other input types run the registry's kernel.
 KernelInfo PreparedMatMulKernel(std::shared_ptr<PreparedMatMul> mm);
 KernelInfo PreparedSiblingMatMulKernel(std::vector<std::shared_ptr<PreparedMatMul>> mms);
-// A GatedMatMul node (A, W_gate, W_up: SiLU(A W_gate) * (A W_up)) with both weights prepared: up to
-// kPanelMaxRows rows stream one panel copy of the pair (PanelWeight::GatePair, made on the first
-// call) and apply the gate in each task; more rows take the two prepared products, then the gate.
+// A GatedMatMul node (A, W_gate, W_up: SiLU(A W_gate) * (A W_up)) with both weights prepared: the
+// rows run on one panel copy of the pair (PanelWeight::GatePair, made on the first call) and apply
+// the gate in each task; a prompt without AVX-512 takes the two prepared products, then the gate.
 KernelInfo PreparedGatedMatMulKernel(std::shared_ptr<PreparedMatMul> gate, std::shared_ptr<PreparedMatMul> up);
 
 // A Gemm node (Y = alpha * A' * B' + beta * C) with a constant float32 B of at least

@@ -10,6 +10,7 @@
 #include "ops/gemm.h"
 #include "ops/gemv.h"
 #include "ops/kernel_util.h"
+#include "ir/simd.h"  // GAF_AVX512
 
 namespace gaf {
 namespace {
@@ -52,6 +53,13 @@ const PanelWeight& PreparedMatMul::panels() const {
   return *impl_->panels;
 }
 
+namespace {
+
+// Whether a product of M rows runs on the panels (else oneDNN's matmul: a prompt without AVX-512).
+bool OnPanels(int64_t M) { return GAF_AVX512 || M <= kPanelMaxRows; }
+
+}  // namespace
+
 void PreparedMatMul::Run(const float* A, int64_t M, float* C) const {
   const int64_t K = this->K(), N = this->N();
   if (K == 0) {
@@ -61,11 +69,15 @@ void PreparedMatMul::Run(const float* A, int64_t M, float* C) const {
   // One row too: the panels stream each thread's share of the weight as one run of memory, which
   // read a decode step's weights 1.08-1.14x faster than the row-major GEMV's (decode_gemv_bench,
   // 2 threads, "panel" against "sibl" at one row).
-  if (M <= kPanelMaxRows) {
-    const PanelProduct p{&panels(), C};
-    PanelGemmMany(A, M, K, &p, 1);
-    return;
-  }
+  if (!OnPanels(M)) return RunLibrary(A, M, C);
+  const PanelProduct p{&panels(), C};
+  PanelGemmMany(A, M, K, &p, 1);
+}
+
+void PreparedMatMul::RunLibrary(const float* A, int64_t M, float* C) const {
+  const int64_t K = this->K(), N = this->N();
+  if (M == 0) return;
+  if (K == 0) return Run(A, M, C);
   dnnl::engine& eng = DnnlEngine();
   Impl::Plan plan;
   {
@@ -181,8 +193,8 @@ KernelInfo PreparedSiblingMatMulKernel(std::vector<std::shared_ptr<PreparedMatMu
         return fallback(ctx);
       all_prepared = all_prepared && mms[i] != nullptr;
     }
-    if (M <= kPanelMaxRows) {
-      // A few rows: every weight's panels in one set of tasks, or the registry's multi-row GEMV
+    if (OnPanels(M) && (all_prepared || M <= kPanelMaxRows)) {
+      // Every weight's panels in one set of tasks; a few rows take the registry's multi-row GEMV
       // when some weight is not prepared.
       if (!all_prepared) return fallback(ctx);
       std::vector<PanelProduct> ps;
@@ -233,7 +245,7 @@ KernelInfo PreparedGatedMatMulKernel(std::shared_ptr<PreparedMatMul> gate, std::
     ctx.outputs[0] = Tensor::Uninitialized(DataType::kFloat, s);
     float* y = ctx.outputs[0].data<float>();
     if (M == 0) return;
-    if (M <= kPanelMaxRows) {
+    if (OnPanels(M)) {
       std::call_once(pair->once, [&] {
         pair->panels = PanelWeight::GatePair(gate->weight().data<float>(), up->weight().data<float>(), K, F);
       });
@@ -241,7 +253,7 @@ KernelInfo PreparedGatedMatMulKernel(std::shared_ptr<PreparedMatMul> gate, std::
       PanelGemmMany(A.data<float>(), M, K, &p, 1);
       return;
     }
-    // A prompt: each product on its packed weight, then the gate row by row.
+    // A prompt without AVX-512: each product on its packed weight, then the gate row by row.
     Tensor G = Tensor::Uninitialized(DataType::kFloat, {M, F}), U = Tensor::Uninitialized(DataType::kFloat, {M, F});
     gate->Run(A.data<float>(), M, G.data<float>());
     up->Run(A.data<float>(), M, U.data<float>());

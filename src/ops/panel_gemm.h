@@ -1,15 +1,17 @@
-// Products of up to kPanelMaxRows rows by a constant weight packed into column panels:
-// C[M, N] = A[M, K] * W[K, N] for 2 <= M <= kPanelMaxRows (a small batch's decode step, a prompt).
+// Products of rows by a constant weight packed into column panels: C[M, N] = A[M, K] * W[K, N]
+// (a decode step's row, a small batch, a prompt).
 //
 // Why: a row-major weight read k by k for a register tile of rows strides by N floats per k (the
 // prefetchers lose it), and reading it row by row as the GEMV does keeps the sums in memory (its
 // multi-row form is bound by loads and adds at 40-80 GFLOPS at 2 threads here). A panel is kPanelCols columns of W
 // for every k, stored contiguously ([k][kPanelCols]; the last panel is as wide as the columns left,
 // rounded up to 16 and padded with zeros), so a register tile of up to 8 rows x 48 columns sums over
-// all of K with one FMA per weight vector per row while the weight streams in order.
+// all of K with one FMA per weight vector per row while the weight streams in order. Up to
+// kPanelMaxRows rows the tiles take K in blocks and prefetch (the memory's pace matters); more rows
+// (a prompt) run each 8-row tile over all of K with the panel in L2 (the FMAs' pace matters).
 //
 // Every element is summed over k in order (no split of K), so results depend neither on the
-// thread count nor on how the rows are tiled.
+// thread count nor on how the rows are tiled: a row has the same bits in a prompt as alone.
 #pragma once
 
 #include <algorithm>
@@ -20,9 +22,9 @@
 namespace gaf {
 
 inline constexpr int64_t kPanelCols = 48;
-// Rows up to which the panels are used (bench/decode_gemv_bench --rows at 2 threads here, against
-// oneDNN's matmul on its own packed weight: 8 and 16 rows 1.3-1.4x faster, 24-96 rows 1.15-1.28x,
-// 128 rows 1.04x, 256 rows 0.93x).
+// Rows up to which the tiles take K in blocks with prefetches (bench/decode_gemv_bench --rows at 2
+// threads here, against oneDNN's matmul on its packed weight: 8 and 16 rows 1.3-1.4x faster, 24-96
+// rows 1.15-1.28x, 128 rows 1.04x, 256 rows 0.93x); more rows take the whole of K per tile.
 inline constexpr int64_t kPanelMaxRows = 128;
 
 class PanelWeight {
@@ -58,7 +60,8 @@ struct PanelProduct {
 };
 
 // y_i = x[M, K] * W_i for each product (x row m at x + m * K), as one set of tasks (one per panel
-// of every weight) taken dynamically by the threads. M must be in [1, kPanelMaxRows] and every
+// of every weight; for more than kPanelMaxRows rows, one per panel and range of rows) taken
+// dynamically by the threads. M must be at least 1 and every
 // weight's K the same.
 void PanelGemmMany(const float* x, int64_t M, int64_t K, const PanelProduct* ps, int count);
 

@@ -1,5 +1,6 @@
-// Products of up to kPanelMaxRows rows on weights packed into column panels (ops/panel_gemm.h), and the
-// PreparedMatMul / SiblingMatMul paths that take them.
+// Products of rows on weights packed into column panels (ops/panel_gemm.h): k-blocked tiles up to
+// kPanelMaxRows rows, whole-K tiles for a prompt's rows, and the PreparedMatMul / SiblingMatMul /
+// GatedMatMul paths that take them.
 #include <gtest/gtest.h>
 #include <omp.h>
 
@@ -40,7 +41,7 @@ TEST(PanelGemm, EqualsDoublePrecisionForEveryRowCountAndTail) {
     const Tensor w = RandomFloat({K, N}, 3 + K, -0.5f, 0.5f);
     const PanelWeight pw(w.data<float>(), K, N);
     EXPECT_EQ(pw.panels(), (N + kPanelCols - 1) / kPanelCols);
-    for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 16, 17, 31, 64, 101, 128}) {
+    for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 13, 16, 17, 31, 64, 101, 128, 129, 135, 200}) {
       static_assert(kPanelMaxRows == 128);
       const Tensor x = RandomFloat({M, K}, 11 + M);
       std::vector<float> y(M * N, -7.f);
@@ -55,7 +56,9 @@ TEST(PanelGemm, RowsDoNotDependOnTilingOrThreads) {
   const int64_t K = 700, N = 450;  // several k-blocks and panels
   const Tensor w = RandomFloat({K, N}, 5, -0.5f, 0.5f);
   const PanelWeight pw(w.data<float>(), K, N);
-  const Tensor x = RandomFloat({kPanelMaxRows, K}, 6);
+  const int64_t kRows = 300;  // beyond kPanelMaxRows: the whole-K tiles
+  static_assert(kRows > kPanelMaxRows + 8);
+  const Tensor x = RandomFloat({kRows, K}, 6);
   auto run = [&](int64_t M, const float* rows, int threads) {
     std::vector<float> y(M * N);
     const PanelProduct p{&pw, y.data()};
@@ -65,11 +68,14 @@ TEST(PanelGemm, RowsDoNotDependOnTilingOrThreads) {
     omp_set_num_threads(saved);
     return y;
   };
-  const std::vector<float> all = run(kPanelMaxRows, x.data<float>(), 2);
-  EXPECT_EQ(run(kPanelMaxRows, x.data<float>(), 1), all);
+  const std::vector<float> all = run(kRows, x.data<float>(), 2);
+  EXPECT_EQ(run(kRows, x.data<float>(), 1), all);
+  EXPECT_EQ(run(kRows, x.data<float>(), 3), all);  // other row ranges per task
   // A few rows on several panels at once (1-4 rows: 9 full panels in tasks of 4 or 2, then the
-  // padded one), one tile, tiles of other sizes.
-  for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 11}) {
+  // padded one), one tile, tiles of other sizes, k-blocked tiles up to kPanelMaxRows rows, and a
+  // prompt's whole-K tiles starting at another row than a multiple of 8: the same bits as in the
+  // 300-row product.
+  for (int64_t M : std::initializer_list<int64_t>{1, 2, 3, 4, 5, 6, 7, 11, kPanelMaxRows, kPanelMaxRows + 1, 250}) {
     const std::vector<float> part = run(M, x.data<float>() + K * 3, 2);  // rows 3 .. 3+M
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) ASSERT_EQ(part[m * N + n], all[(3 + m) * N + n]) << M << " rows, row " << m;
@@ -97,7 +103,6 @@ TEST(PanelGemm, RejectsRowCountsOutsideItsRange) {
   const PanelWeight pw(w.data<float>(), 8, 8);
   std::vector<float> x(8 * (kPanelMaxRows + 1)), y(8 * (kPanelMaxRows + 1));
   const PanelProduct p{&pw, y.data()};
-  EXPECT_THROW(PanelGemmMany(x.data(), kPanelMaxRows + 1, 8, &p, 1), Error);
   EXPECT_THROW(PanelGemmMany(x.data(), 0, 8, &p, 1), Error);
   EXPECT_THROW(PanelGemmMany(x.data(), 2, 7, &p, 1), Error);  // K of another weight
 }
@@ -225,7 +230,7 @@ TEST(HalfPanelGemm, EqualsTheRoundedWeightsProductAndRowsDoNotDependOnTheBatch) 
 
 // A SwiGLU gate and up as one weight (PanelWeight::GatePair): SiLU(x G) * (x U) applied inside
 // each task equals the two products run apart followed by the gate (StoreGated, the SiLUGate
-// kernel's arithmetic), bit for bit, for every row count and thread count; F not a multiple of the
+// kernel's arithmetic), bit for bit, for every row count (a prompt's too) and thread count; F not a multiple of the
 // panel width (zeros past it), K of one, and K zero (empty sums: zeros).
 TEST(PanelGemm, GatePairAppliesTheGateInsideItsTasks) {
   for (auto [K, F] : {std::pair<int64_t, int64_t>{300, 130}, {37, 96}, {1, 200}, {0, 50}}) {
@@ -233,9 +238,9 @@ TEST(PanelGemm, GatePairAppliesTheGateInsideItsTasks) {
     const PanelWeight pg(wg.data<float>(), K, F), pu(wu.data<float>(), K, F);
     const PanelWeight pair = PanelWeight::GatePair(wg.data<float>(), wu.data<float>(), K, F);
     ASSERT_EQ(pair.N(), 2 * ((F + kPanelCols - 1) / kPanelCols) * kPanelCols);
-    const Tensor x = RandomFloat({kPanelMaxRows, K}, 33, -2.f, 2.f);
-    for (int threads : {1, 2})
-      for (int64_t M : {1, 2, 3, 4, 5, 8, 17, 128}) {
+    const Tensor x = RandomFloat({200, K}, 33, -2.f, 2.f);
+    for (int threads : {1, 2, 3})
+      for (int64_t M : {1, 2, 3, 4, 5, 8, 17, 128, 129, 200}) {  // whole-K tiles above kPanelMaxRows
         std::vector<float> g(M * F), u(M * F), want(M * F), got(M * F, -7.f);
         const PanelProduct apart[2] = {{&pg, g.data()}, {&pu, u.data()}};
         const PanelProduct gated{&pair, got.data(), F};

@@ -12,6 +12,7 @@
 #include <limits>
 #include <optional>
 
+#include "ir/simd.h"  // GAF_AVX512
 #include "ops/gemm.h"
 #include "runtime/plan_calls.h"
 #include "runtime/session.h"
@@ -412,8 +413,9 @@ TEST(ProductRewrite, SiblingProductsStreamTheirWeightsInOnePass) {
 }
 
 TEST(PreparedMatMul, PromptsOnAPackedWeightEqualTheReference) {
-  // y = x [.., R, 300] * w [300, 900] (>= kPackedMatMulMinWeight elements): the panels to
-  // kPanelMaxRows rows (one row too), the packed oneDNN matmul above.
+  // y = x [.., R, 300] * w [300, 900] (>= kPackedMatMulMinWeight elements): the panels (k-blocked
+  // tiles to kPanelMaxRows rows, one row too, whole-K tiles above; oneDNN's packed matmul above
+  // without AVX-512).
   static_assert(300 * 900 >= kPackedMatMulMinWeight);
   Model m = OutputY({testing::FloatValue("x", {-1, -1, 300})}, {MakeNode("MatMul", {"x", "w"}, {"y"}, "mm")},
                     {{"w", RandomFloat({300, 900}, 40, -0.1f, 0.1f)}});
@@ -474,13 +476,40 @@ TEST(PreparedMatMul, PacksOnceOnTheFirstPromptAndMatchesDoublePrecision) {
   check(kPanelMaxRows);
   EXPECT_EQ(mm.packed_copies(), 1u);
   check(kPackedMatMulMinRows);
-  EXPECT_EQ(mm.packed_copies(), 2u);  // the library's copy, on the first prompt
+  // A prompt: the same panel copy with AVX-512; without, the library's copy on the first prompt.
+  EXPECT_EQ(mm.packed_copies(), GAF_AVX512 ? 1u : 2u);
   check(200);
+  {  // a decode step's row and the same row in a prompt of 200: the same bits (with AVX-512)
+    Tensor x = RandomFloat({200, K}, 78);
+    std::vector<float> all(200 * N), one(N);
+    mm.Run(x.data<float>(), 200, all.data());
+    mm.Run(x.data<float>() + 133 * K, 1, one.data());
+    if (GAF_AVX512)
+      for (int64_t j = 0; j < N; ++j) ASSERT_EQ(one[j], all[133 * N + j]) << "column " << j;
+  }
   const size_t copies = mm.packed_copies();  // another row count may ask for another layout
   check(kPackedMatMulMinRows);               // its primitive again: no new copy
   check(200);
   check(3);
   EXPECT_EQ(mm.packed_copies(), copies);
+}
+
+TEST(PreparedMatMul, TheLibrarysMatmulOnItsPackedWeightMatchesThePanels) {
+  // RunLibrary: oneDNN's matmul on its own copy (the prompts of builds without AVX-512, the bench's
+  // reference); its primitive is cached per row count.
+  const int64_t K = 300, N = 900;
+  Tensor w = RandomFloat({K, N}, 45, -0.1f, 0.1f);
+  PreparedMatMul mm(w);
+  for (int64_t rows : {200, 1, 200}) {
+    Tensor x = RandomFloat({rows, K}, 80 + rows);
+    std::vector<float> lib(rows * N), panels(rows * N);
+    mm.RunLibrary(x.data<float>(), rows, lib.data());
+    mm.Run(x.data<float>(), rows, panels.data());
+    double worst = 0;
+    for (int64_t i = 0; i < rows * N; ++i) worst = std::max(worst, double(std::abs(lib[i] - panels[i])));
+    EXPECT_LT(worst, 1e-4) << rows << " rows";
+  }
+  EXPECT_EQ(mm.packed_copies(), 2u);  // the panels and the library's layout
 }
 
 // Attention's scores scaled, masked and normalized: Softmax(Add(Div(q kt, c), mask)) as
