@@ -36,5 +36,7 @@ void RowNorms(const float* k, int64_t t, int64_t d, float* max_norm, bool* finit
 // most kMaskCandidate; all T when no value or every one is) and the largest value of the rest
 // (-inf for none).
 void MaskTails(const float* mask, int64_t rows, int64_t T, std::vector<int64_t>* extent, std::vector<float>* tail);
+// The same for one row mr[0, T).
+void MaskTail(const float* mr, int64_t T, int64_t* extent, float* tail);
 
 }  // namespace gaf

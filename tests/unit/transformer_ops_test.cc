@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 
+#include "ops/fused_attention.h"
 #include "runtime/session.h"
 #include "test_util.h"
 
@@ -95,6 +96,41 @@ TEST(AttentionOp, CausalPromptSkipsOnlyKeysOfProbabilityZero) {
       EXPECT_EQ(nans > 0, poison) << d;  // every row's probability of the last key is 0 but one's, and 0 * inf
     }
   }
+}
+
+// The kept extent of a mask row and the largest skipped value (MaskTail scans back 16 values at a
+// time) against the value-by-value definition: rows of every length to 70, candidates (at most
+// kMaskCandidate) after a kept value at every position, a NaN (never a candidate) among them, a
+// row of candidates only (all kept), and an empty tail.
+TEST(MaskTail, EqualsTheValueByValueScan) {
+  const float lowest = std::numeric_limits<float>::lowest(), nan = std::numeric_limits<float>::quiet_NaN();
+  auto reference = [](const std::vector<float>& m, int64_t* extent, float* tail) {
+    const int64_t T = static_cast<int64_t>(m.size());
+    int64_t j = T;
+    while (j > 0 && m[j - 1] <= kMaskCandidate) --j;
+    if (j == 0) j = T;
+    float top = -std::numeric_limits<float>::infinity();
+    for (int64_t i = j; i < T; ++i) top = std::max(top, m[i]);
+    *extent = j;
+    *tail = top;
+  };
+  int checked = 0;
+  for (int64_t T = 1; T <= 70; ++T)
+    for (int64_t keep = 0; keep <= T; ++keep)
+      for (int variant = 0; variant < 3; ++variant) {
+        std::vector<float> m(T);
+        for (int64_t i = 0; i < T; ++i) m[i] = i < keep ? 0.f : (i % 3 == 0 ? lowest : -2e4f - i);
+        if (variant == 1 && keep < T) m[keep + (T - keep) / 2] = nan;  // a NaN among the candidates
+        if (variant == 2 && keep > 0) m[keep - 1] = kMaskCandidate + 1.f;  // kept by a hair
+        int64_t want_e = 0, got_e = 0;
+        float want_t = 0.f, got_t = 0.f;
+        reference(m, &want_e, &want_t);
+        MaskTail(m.data(), T, &got_e, &got_t);
+        ASSERT_EQ(got_e, want_e) << "T " << T << " keep " << keep << " variant " << variant;
+        ASSERT_EQ(got_t, want_t) << "T " << T << " keep " << keep << " variant " << variant;
+        ++checked;
+      }
+  EXPECT_GT(checked, 7000);
 }
 
 // A float causal mask of large finite negatives (finfo.min, as exports write an additive mask)
