@@ -297,7 +297,7 @@ HalfWeights ChooseHalfWeights(const Model& model, bool half_weights, bool float3
     fmt::print("float16 weight storage: on (the model's {} metadata, set by fuse --safe --half-weights after its "
                "precision gate; --float32-weights keeps float32)\n",
                kHalfWeightsMetadataKey);
-  return half_weights || from_metadata ? HalfWeights::kDecode : HalfWeights::kOff;
+  return half_weights || from_metadata ? HalfWeights::kAll : HalfWeights::kOff;
 }
 
 }  // namespace gaf::cli

@@ -117,7 +117,7 @@ void RunVerify(const VerifyArgs& a) {
   vo.seed = a.seed;
   vo.threads = a.threads;
   vo.repeats = a.repeat;
-  vo.half_weights = a.half_weights ? HalfWeights::kDecode : HalfWeights::kOff;
+  vo.half_weights = a.half_weights ? HalfWeights::kAll : HalfWeights::kOff;
   // Without --original the reference is the fused model's own bodies: the original operators.
   Model original = a.original.empty() ? fused : LoadModelArg(a.original, a.inputs);
   PrecisionReport p = VerifyPrecision(fused, original, vo);
@@ -234,7 +234,7 @@ void RunBench(const BenchArgs& a) {
     s.cache_in_place = reuse;
     if (kernels) {
       KernelCompiler compiler;
-      st->kernels = Compile(st->model, compiler, o.workload, o.dims, half ? HalfWeights::kDecode : HalfWeights::kOff);
+      st->kernels = Compile(st->model, compiler, o.workload, o.dims, half ? HalfWeights::kAll : HalfWeights::kOff);
       s.function_kernels = st->kernels->Provider();
     }
     if (half) UseHalfWeights(s);

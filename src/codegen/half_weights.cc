@@ -20,15 +20,15 @@ bool ModelRequestsHalfWeights(const Model& model) {
 
 namespace {
 
-// A float32 [K, N] weight with its float16 copies, made once: panels for products of up to
-// kHalfPanelMaxRows rows (a decode step's; ops/panel_gemm.h), row-major for more rows (only
-// HalfWeights::kAll puts those on float16: the precision gate), and the float32 weight's prepared
-// products for prompts (more rows than the mode streams in float16).
+// A float32 [K, N] weight with its float16 panels (ops/panel_gemm.h), made once, for every row
+// count the mode puts on float16 (HalfWeights::kAll: all; kDecode: a decode step's, up to
+// kHalfPanelMaxRows), and for kDecode the float32 weight's prepared products for prompts. kAll
+// holds no float32 copy: a session with float16 weights then holds the model's float32 weights and
+// their float16 panels, not also the float32 panels a prompt would make.
 struct HalfCopy {
   int64_t K, N;
   std::unique_ptr<HalfPanelWeight> panels;
-  std::vector<uint16_t> half;                // kAll only
-  std::shared_ptr<PreparedMatMul> prepared;  // null below kPackedMatMulMinWeight
+  std::shared_ptr<PreparedMatMul> prepared;  // kDecode, from kPackedMatMulMinWeight elements
 };
 
 // panels false: no panel copy (a gate pair's weights stream from the pair's copy).
@@ -38,11 +38,8 @@ std::shared_ptr<HalfCopy> MakeHalfCopy(const Tensor& weight, HalfWeights mode, b
   c->K = weight.shape()[0];
   c->N = weight.shape()[1];
   if (panels) c->panels = std::make_unique<HalfPanelWeight>(weight.data<float>(), c->K, c->N);
-  if (mode == HalfWeights::kAll) {
-    c->half.resize(static_cast<size_t>(c->K * c->N));
-    ConvertToHalf(weight.data<float>(), c->half.data(), c->K * c->N);
-  }
-  if (c->K * c->N >= kPackedMatMulMinWeight) c->prepared = std::make_shared<PreparedMatMul>(weight);
+  if (mode != HalfWeights::kAll && c->K * c->N >= kPackedMatMulMinWeight)
+    c->prepared = std::make_shared<PreparedMatMul>(weight);
   return c;
 }
 
@@ -68,7 +65,7 @@ KernelInfo MatMulKernelOf(std::shared_ptr<HalfCopy> c, HalfWeights mode) {
       return;
     }
     const int64_t M = a.numel() / K;
-    if (M > max_rows && !c->prepared) {
+    if ((M > max_rows && !c->prepared) || M == 0 || !c->panels) {
       reference->fn(ctx);
       return;
     }
@@ -82,19 +79,15 @@ KernelInfo MatMulKernelOf(std::shared_ptr<HalfCopy> c, HalfWeights mode) {
       c->prepared->Run(a.data<float>(), M, ctx.outputs[0].data<float>());
       return;
     }
-    if (M <= kHalfPanelMaxRows) {
-      const HalfPanelProduct p{c->panels.get(), ctx.outputs[0].data<float>()};
-      HalfPanelGemmMany(a.data<float>(), M, K, &p, 1);
-      return;
-    }
-    MatMulF16Weight(a.data<float>(), c->half.data(), ctx.outputs[0].data<float>(), M, K, N);
+    const HalfPanelProduct p{c->panels.get(), ctx.outputs[0].data<float>()};
+    HalfPanelGemmMany(a.data<float>(), M, K, &p, 1);
   };
   return info;
 }
 
 // SiblingMatMul(A, W_1..W_n) of the plan (runtime/plan_rewrite.h): calls of at most max_rows rows
-// stream every float16 copy in one set of tasks (HalfPanelGemmMany); longer ones take the float32
-// weights' prepared sibling kernel, as without float16 storage.
+// run every float16 copy in one set of tasks (HalfPanelGemmMany); longer ones (kDecode's prompts)
+// take the float32 weights' prepared sibling kernel, as without float16 storage.
 KernelInfo SiblingKernelOf(std::vector<std::shared_ptr<HalfCopy>> cs, HalfWeights mode) {
   std::vector<std::shared_ptr<PreparedMatMul>> prepared;
   for (const auto& c : cs) prepared.push_back(c->prepared);
@@ -113,24 +106,16 @@ KernelInfo SiblingKernelOf(std::vector<std::shared_ptr<HalfCopy>> cs, HalfWeight
       s.back() = cs[i]->N;
       ctx.outputs[i] = Tensor::Uninitialized(DataType::kFloat, s);
     }
-    if (M <= kHalfPanelMaxRows) {
-      std::vector<HalfPanelProduct> ps;
-      for (size_t i = 0; i < cs.size(); ++i) ps.push_back({cs[i]->panels.get(), ctx.outputs[i].data<float>()});
-      HalfPanelGemmMany(a.data<float>(), M, K, ps.data(), static_cast<int>(ps.size()));
-      return;
-    }
-    // More rows on float16 weights (HalfWeights::kAll, the precision gate): each product as the
-    // lone kernel runs it (widened slabs through the matrix library).
-    for (size_t i = 0; i < cs.size(); ++i)
-      MatMulF16Weight(a.data<float>(), cs[i]->half.data(), ctx.outputs[i].data<float>(), M, K, cs[i]->N);
+    std::vector<HalfPanelProduct> ps;
+    for (size_t i = 0; i < cs.size(); ++i) ps.push_back({cs[i]->panels.get(), ctx.outputs[i].data<float>()});
+    HalfPanelGemmMany(a.data<float>(), M, K, ps.data(), static_cast<int>(ps.size()));
   };
   return info;
 }
 
-// GatedMatMul(A, W_gate, W_up) of the plan (SiLU(A W_gate) * (A W_up)): calls of at most
-// kHalfPanelMaxRows rows stream one float16 copy of the pair (HalfPanelWeight::GatePair) and apply
-// the gate in each task; longer calls within max_rows (HalfWeights::kAll) take each product on its
-// float16 weight, then the gate; longer ones the float32 weights' prepared gated kernel.
+// GatedMatMul(A, W_gate, W_up) of the plan (SiLU(A W_gate) * (A W_up)): calls of at most max_rows
+// rows run on one float16 copy of the pair (HalfPanelWeight::GatePair) and apply the gate in each
+// task; longer ones (kDecode's prompts) the float32 weights' prepared gated kernel.
 KernelInfo GatedKernelOf(const Tensor& wg, const Tensor& wu, std::shared_ptr<HalfCopy> g, std::shared_ptr<HalfCopy> u,
                          HalfWeights mode) {
   const KernelInfo* reference = OpRegistry::Global().Find(kPlanDomain, "GatedMatMul");
@@ -149,16 +134,8 @@ KernelInfo GatedKernelOf(const Tensor& wg, const Tensor& wu, std::shared_ptr<Hal
     Shape s = a.shape();
     s.back() = F;
     ctx.outputs[0] = Tensor::Uninitialized(DataType::kFloat, s);
-    float* y = ctx.outputs[0].data<float>();
-    if (M <= kHalfPanelMaxRows) {
-      const HalfPanelProduct p{pair.get(), y, F};
-      HalfPanelGemmMany(a.data<float>(), M, K, &p, 1);
-      return;
-    }
-    Tensor G = Tensor::Uninitialized(DataType::kFloat, {M, F}), U = Tensor::Uninitialized(DataType::kFloat, {M, F});
-    MatMulF16Weight(a.data<float>(), g->half.data(), G.data<float>(), M, K, F);
-    MatMulF16Weight(a.data<float>(), u->half.data(), U.data<float>(), M, K, F);
-    StoreGated(G.data<float>(), F, U.data<float>(), F, M, F, y, F);
+    const HalfPanelProduct p{pair.get(), ctx.outputs[0].data<float>(), F};
+    HalfPanelGemmMany(a.data<float>(), M, K, &p, 1);
   };
   return info;
 }

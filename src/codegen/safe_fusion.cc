@@ -586,9 +586,9 @@ Model SafeGraphAutoFusion::FuseSafe(const SafeFusionOptions& safe) {
   }
 
   // float16 weight storage, gated end to end on the same inputs. Every product with a constant
-  // weight runs on the float16 copy here (HalfWeights::kAll), although at run time only products
-  // of at most 4 rows do: the figure bounds the error of any call, decode or prefill. Its speed
-  // is a decode-time effect, measured by `bench --half-weights` and `generate`.
+  // weight runs on the float16 copy here (HalfWeights::kAll), as at run time: the figure bounds the
+  // error of any call, decode or prefill. Its speed is a decode-time effect, measured by `bench
+  // --half-weights` and `generate`.
   auto& meta = fused.metadata_props;
   meta.erase(std::remove_if(meta.begin(), meta.end(), [](const auto& kv) { return kv.first == kHalfWeightsMetadataKey; }),
              meta.end());
@@ -680,7 +680,7 @@ std::string SafeFusionReport::ToText() const {
   if (half_weights_tried)
     s += half_weights_kept
              ? fmt::format("float16 weight storage: kept (every product on float16 weights: min cosine {:.7f}, max abs "
-                           "error {:.3g}, within {:.3g}{}); recorded in the model's metadata, `generate` uses it for decode\n",
+                           "error {:.3g}, within {:.3g}{}); recorded in the model's metadata, `generate` and `run` use it for every product\n",
                            half_weights_cosine, half_weights_max_abs_error, half_weights_error_bound,
                            half_weights_check.empty() ? "" : "; " + half_weights_check)
              : fmt::format("float16 weight storage: ROLLBACK ({})\n", half_weights_reason);

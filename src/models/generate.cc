@@ -337,7 +337,7 @@ bool HalfWeightsKeepGreedyTokens(const Model& fused, int threads, std::string* w
     SessionOptions so;
     so.num_threads = threads;
     Session f32(fused, so);
-    UseHalfWeights(so, HalfWeights::kDecode);
+    UseHalfWeights(so, HalfWeights::kAll);
     Session f16(fused, so);
     GenerateOptions opt;
     opt.max_new_tokens = new_tokens;

@@ -123,7 +123,7 @@ Workload DecoderTraceWorkload(const Model& model, int prompt_len = 8, int decode
 
 // The task-level gate of float16 weight storage (SafeFusionOptions::half_weights_check) on a
 // decoder in the Optimum layout: the greedy tokens of a generation from a random prompt (seed 0)
-// with float16 weights (HalfWeights::kDecode, as `generate` runs them) must be those with float32
+// with float16 weights (HalfWeights::kAll, as `generate` runs them) must be those with float32
 // weights, both on `fused`'s reference kernels. Models that are not such decoders pass (the
 // precision gate alone decides for them). *what says what was compared, the first token that
 // differs, or why the generation failed (then it does not pass).

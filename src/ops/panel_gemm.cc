@@ -201,49 +201,15 @@ void GatedTask(const float* x, int64_t M, int64_t K, const PanelWeight& w, int64
 }
 
 // A prompt's rows (more than kPanelMaxRows): each panel's rows in tiles of kTileRows, each tile
-// summing over all of K in registers. The panel comes from memory with the first tile and from L2
-// for the rest (48 columns of K = 1024 are 192 KiB); the rows of x are read in place. Against the
-// k-blocks above, no tile stores and reloads its sums between blocks, and nothing is prefetched
-// (the panel is in L2). A standalone test at 256 rows, 2 threads, against oneDNN's matmul on its
-// packed weight in the same process: 0.87-0.92 of bench/fma_peak for each Llama product shape
-// against oneDNN's 0.74-0.94 (0.74-0.82 on the wide ones: the gate and up pair, the vocabulary head).
-// Each row's broadcast is made where its three FMAs use it: 24 accumulators, 3 weight vectors and
-// one broadcast fit the 32 registers (MultiPanelTile's broadcasts of every row first would not).
+// summing over all of K in registers (panel_tiles.h WholeKTile). The panel comes from memory with
+// the first tile and from L2 for the rest (48 columns of K = 1024 are 192 KiB); the rows of x are
+// read in place. Against the k-blocks above, no tile stores and reloads its sums between blocks.
+// A standalone test at 256 rows, 2 threads, against oneDNN's matmul on its packed weight in the
+// same process: 0.87-0.92 of bench/fma_peak for each Llama product shape against oneDNN's 0.74-0.94
+// (0.74-0.82 on the wide ones: the gate and up pair, the vocabulary head).
 template <int R, int V>
 void FullKTile(const float* x, int64_t ldx, const float* panel, int64_t K, float* out, int64_t ldo) {
-  constexpr int64_t W = 16 * V;
-#if GAF_AVX512
-  __m512 acc[R][V];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int j = 0; j < V; ++j) acc[r][j] = _mm512_setzero_ps();
-  const float* q = panel;
-  for (int64_t k = 0; k < K; ++k, q += W) {
-    __m512 w[V];
-#pragma GCC unroll 4
-    for (int j = 0; j < V; ++j) w[j] = _mm512_load_ps(q + 16 * j);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512 b = _mm512_set1_ps(x[r * ldx + k]);
-#pragma GCC unroll 4
-      for (int j = 0; j < V; ++j) acc[r][j] = _mm512_fmadd_ps(b, w[j], acc[r][j]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int j = 0; j < V; ++j) _mm512_storeu_ps(out + r * ldo + 16 * j, acc[r][j]);
-#else
-  for (int r = 0; r < R; ++r) {
-    float acc[W] = {};
-    for (int64_t k = 0; k < K; ++k) {
-      const float b = x[r * ldx + k];
-      for (int64_t j = 0; j < W; ++j) acc[j] = std::fma(b, panel[k * W + j], acc[j]);
-    }
-    std::memcpy(out + r * ldo, acc, sizeof(acc));
-  }
-#endif
+  panel_detail::WholeKTile<float, V, R>(x, ldx, panel, K, out, ldo);
 }
 using FullKFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
 template <int V, int... Rs>
@@ -285,10 +251,8 @@ void FullKGatedRows(const float* x, int64_t K, int64_t m0, int64_t m1, const Pan
   }
 }
 
-// PanelGemmMany for more than kPanelMaxRows rows. A task is a panel (a gate pair: both) and a range
-// of row tiles: whole panels first, each read from memory once by the thread that takes it, then the
-// last 2 per thread in four row ranges each, so the threads finish together. With fewer than 4
-// panels per thread, every panel is split so that there are.
+// PanelGemmMany for more than kPanelMaxRows rows: tasks of a panel (a gate pair: both) and a range
+// of row tiles (panel_tiles.h RowRangeTasks).
 void PanelGemmRows(const float* x, int64_t M, int64_t K, const PanelProduct* ps, int count) {
   struct Unit {
     int w;
@@ -302,28 +266,16 @@ void PanelGemmRows(const float* x, int64_t M, int64_t K, const PanelProduct* ps,
     const int64_t step = ps[i].gated_cols > 0 ? 2 : 1;
     for (int64_t p = 0; p < w.panels(); p += step) units.push_back({i, p});
   }
-  struct Task {
-    int w;
-    int64_t p, m0, m1;
-  };
-  std::vector<Task> tasks;
-  const int64_t row_tiles = CeilDiv(M, kTileRows), n = static_cast<int64_t>(units.size());
-  const int64_t threads = std::max(1, omp_get_max_threads());
-  const int64_t base = n >= 4 * threads ? 1 : CeilDiv(4 * threads, std::max<int64_t>(n, 1));
-  const int64_t tail = std::min(n, 2 * threads);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t chunks = std::min(row_tiles, i >= n - tail ? std::max<int64_t>(base, 4) : base);
-    for (int64_t c = 0; c < chunks; ++c)
-      tasks.push_back({units[i].w, units[i].p, row_tiles * c / chunks * kTileRows,
-                       std::min(M, row_tiles * (c + 1) / chunks * kTileRows)});
-  }
+  const std::vector<panel_detail::RowRangeTask> tasks =
+      panel_detail::RowRangeTasks(static_cast<int64_t>(units.size()), M, kTileRows);
   auto run = [&](int64_t t) {
-    const Task& task = tasks[t];
-    const PanelProduct& prod = ps[task.w];
+    const panel_detail::RowRangeTask& task = tasks[t];
+    const Unit& unit = units[task.unit];
+    const PanelProduct& prod = ps[unit.w];
     const PanelWeight& w = *prod.w;
-    if (prod.gated_cols > 0) return FullKGatedRows(x, K, task.m0, task.m1, w, task.p, prod.y, prod.gated_cols);
-    const int64_t c0 = task.p * kPanelCols;
-    FullKRows(x, K, task.m0, task.m1, w.panel(task.p), w.vectors(task.p), prod.y, w.N(), c0,
+    if (prod.gated_cols > 0) return FullKGatedRows(x, K, task.m0, task.m1, w, unit.p, prod.y, prod.gated_cols);
+    const int64_t c0 = unit.p * kPanelCols;
+    FullKRows(x, K, task.m0, task.m1, w.panel(unit.p), w.vectors(unit.p), prod.y, w.N(), c0,
               std::min(kPanelCols, w.N() - c0));
   };
   panel_detail::RunPanelTasks(static_cast<int64_t>(tasks.size()), weights * M, kPanelMinParallel, run);

@@ -65,11 +65,12 @@ struct PanelProduct {
 // weight's K the same.
 void PanelGemmMany(const float* x, int64_t M, int64_t K, const PanelProduct* ps, int count);
 
-// The same products on float16 storage of the weight (`--half-weights`, a decode step's few rows):
-// panels of kHalfPanelCols columns of IEEE float16 bits ([k][kHalfPanelCols], the last panel padded
-// with zeros), widened to float32 while they stream. A task takes several panels side by side (as
-// PanelGemmMany does for a few rows), so each core keeps several streams going. Each element sums
-// over k in order, in float32, so a row has the same bits alone as in a batch.
+// The same products on float16 storage of the weight (`--half-weights`): panels of kHalfPanelCols
+// columns of IEEE float16 bits ([k][kHalfPanelCols], the last panel padded with zeros), widened to
+// float32 while they stream. Up to kHalfPanelMaxRows rows (a decode step's) a task takes several
+// panels side by side (as PanelGemmMany does for a few rows), so each core keeps several streams
+// going; more rows (a prompt) run in whole-K tiles of 6 rows. Each element sums over k in order,
+// in float32, so a row has the same bits alone as in a batch or a prompt.
 inline constexpr int64_t kHalfPanelCols = 64;
 inline constexpr int64_t kHalfPanelMaxRows = 4;
 
@@ -103,7 +104,7 @@ void StoreGated(const float* g, int64_t ldg, const float* u, int64_t ldu, int64_
                 int64_t ldy);
 
 // y_i = x[M, K] * W_i for each product, as one set of tasks taken dynamically by the threads;
-// M in [1, kHalfPanelMaxRows], every weight's K the same.
+// M at least 1, every weight's K the same.
 void HalfPanelGemmMany(const float* x, int64_t M, int64_t K, const HalfPanelProduct* ps, int count);
 
 }  // namespace gaf

@@ -27,6 +27,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <algorithm>
+#include <vector>
 
 #include "ir/half.h"
 #include "ir/simd.h"  // GAF_AVX512
@@ -115,6 +117,71 @@ void MultiPanelTile(const float* x, int64_t ldx, const T* panels, int64_t K, int
       std::memcpy(out + r * ldo + p * W, acc, sizeof(acc));
     }
 #endif
+}
+
+// A prompt's register tile (more rows than the streaming tiles above take; the FMAs set the pace):
+// out[r * ldo + j] = sum over k in [0, K) in order of x[r * ldx + k] * panel[k][j] for r < R, j < 16 V,
+// the panel's rows of type T (float, or float16 bits widened), 64-byte aligned. The panel comes
+// from L2 for every tile but a task's first, so nothing is prefetched, and each row's broadcast is
+// made where its V FMAs use it: R * V accumulators, V weight vectors and one broadcast fit the 32
+// registers (MultiPanelTile's broadcasts of every row first would not). Each element sums from
+// zero over k in order, as MultiPanelTile's, so a row has the same bits in a prompt as alone.
+template <class T, int V, int R>
+void WholeKTile(const float* x, int64_t ldx, const T* panel, int64_t K, float* out, int64_t ldo) {
+  constexpr int64_t W = 16 * V;
+#if GAF_AVX512
+  static_assert(R * V <= 24, "accumulators beyond the registers");
+  __m512 acc[R][V];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < V; ++j) acc[r][j] = _mm512_setzero_ps();
+  const T* q = panel;
+  for (int64_t k = 0; k < K; ++k, q += W) {
+    __m512 w[V];
+#pragma GCC unroll 4
+    for (int j = 0; j < V; ++j) w[j] = PanelElement<T>::Load(q + 16 * j);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m512 b = _mm512_set1_ps(x[r * ldx + k]);
+#pragma GCC unroll 4
+      for (int j = 0; j < V; ++j) acc[r][j] = _mm512_fmadd_ps(b, w[j], acc[r][j]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 4
+    for (int j = 0; j < V; ++j) _mm512_storeu_ps(out + r * ldo + 16 * j, acc[r][j]);
+#else
+  for (int r = 0; r < R; ++r) {
+    float acc[W] = {};
+    for (int64_t k = 0; k < K; ++k) {
+      const float b = x[r * ldx + k];
+      for (int64_t j = 0; j < W; ++j) acc[j] = std::fma(b, PanelElement<T>::Scalar(panel[k * W + j]), acc[j]);
+    }
+    std::memcpy(out + r * ldo, acc, sizeof(acc));
+  }
+#endif
+}
+
+// A prompt's tasks over `units` panels (or gate pairs) and M rows: (unit, first row, end row), the
+// rows in ranges of whole `tile`s. Whole units first, each read from memory once by the thread that
+// takes it; the last two per thread in four row ranges each, so that the threads finish together;
+// with fewer than four units per thread, every unit split so that there are.
+struct RowRangeTask {
+  int64_t unit, m0, m1;
+};
+inline std::vector<RowRangeTask> RowRangeTasks(int64_t units, int64_t M, int64_t tile) {
+  const int64_t tiles = (M + tile - 1) / tile, threads = std::max(1, omp_get_max_threads());
+  const int64_t base = units >= 4 * threads ? 1 : (4 * threads + std::max<int64_t>(units, 1) - 1) / std::max<int64_t>(units, 1);
+  const int64_t tail = std::min(units, 2 * threads);
+  std::vector<RowRangeTask> tasks;
+  for (int64_t u = 0; u < units; ++u) {
+    const int64_t chunks = std::min(tiles, u >= units - tail ? std::max<int64_t>(base, 4) : base);
+    for (int64_t c = 0; c < chunks; ++c)
+      tasks.push_back({u, tiles * c / chunks * tile, std::min(M, tiles * (c + 1) / chunks * tile)});
+  }
+  return tasks;
 }
 
 // fn(t) for every task t in [0, n): taken dynamically by the OpenMP team when there are several and

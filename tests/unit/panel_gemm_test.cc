@@ -184,8 +184,9 @@ TEST(PanelGemm, GemmWithAConstantWeightRunsOnThePreparedWeight) {
 }
 
 // Float16 panels: each element is the double-precision sum of x times the weight rounded to
-// float16 (to float32 rounding), a row alone has the bits it has in a batch of 4, at 1 and 2
-// threads, and sibling weights in one task set give what each gives alone.
+// float16 (to float32 rounding), a row alone or in a batch of up to 4 has the bits it has in a
+// prompt of 40 rows (the whole-K tiles), at 1, 2 and 3 threads, and sibling weights in one task
+// set give what each gives alone.
 TEST(HalfPanelGemm, EqualsTheRoundedWeightsProductAndRowsDoNotDependOnTheBatch) {
   for (auto [K, N] : {std::pair<int64_t, int64_t>{300, 650}, {37, 64}, {129, 1}, {1, 200}, {0, 50}}) {
     const Tensor w = RandomFloat({K, N}, 13 + K, -0.5f, 0.5f);
@@ -194,22 +195,23 @@ TEST(HalfPanelGemm, EqualsTheRoundedWeightsProductAndRowsDoNotDependOnTheBatch) 
     Tensor rounded = w.Clone();  // what the panels hold, as float32
     for (int64_t i = 0; i < rounded.numel(); ++i)
       rounded.data<float>()[i] = HalfToFloat(FloatToHalf(rounded.data<float>()[i]));
-    const Tensor x = RandomFloat({kHalfPanelMaxRows, K}, 17);
-    std::vector<float> all(kHalfPanelMaxRows * N, -7.f);
+    constexpr int64_t kRows = 40;  // a prompt: more than kHalfPanelMaxRows
+    const Tensor x = RandomFloat({kRows, K}, 17);
+    std::vector<float> all(kRows * N, -7.f);
     const HalfPanelProduct pa{&hw, all.data()};
-    HalfPanelGemmMany(x.data<float>(), kHalfPanelMaxRows, K, &pa, 1);
-    EXPECT_LE(WorstError(x, rounded, all, kHalfPanelMaxRows), 1e-4 * std::sqrt(double(K) + 1)) << K << " x " << N;
-    for (int threads : {1, 2})
-      for (int64_t M = 1; M <= kHalfPanelMaxRows; ++M) {
+    HalfPanelGemmMany(x.data<float>(), kRows, K, &pa, 1);
+    EXPECT_LE(WorstError(x, rounded, all, kRows), 1e-4 * std::sqrt(double(K) + 1)) << K << " x " << N;
+    for (int threads : {1, 2, 3})
+      for (int64_t M : {1, 2, 3, 4, 5, 7, 13, 34}) {
         std::vector<float> part(M * N, -7.f);
         const HalfPanelProduct pp{&hw, part.data()};
         const int saved = omp_get_max_threads();
         omp_set_num_threads(threads);
-        HalfPanelGemmMany(x.data<float>() + (kHalfPanelMaxRows - M) * K, M, K, &pp, 1);  // the last M rows
+        HalfPanelGemmMany(x.data<float>() + (kRows - M) * K, M, K, &pp, 1);  // the last M rows
         omp_set_num_threads(saved);
         for (int64_t m = 0; m < M; ++m)
           for (int64_t n = 0; n < N; ++n)
-            ASSERT_EQ(part[m * N + n], all[(kHalfPanelMaxRows - M + m) * N + n])
+            ASSERT_EQ(part[m * N + n], all[(kRows - M + m) * N + n])
                 << K << " x " << N << ", " << M << " rows, row " << m << ", " << threads << " threads";
       }
   }
@@ -224,7 +226,7 @@ TEST(HalfPanelGemm, EqualsTheRoundedWeightsProductAndRowsDoNotDependOnTheBatch) 
   HalfPanelGemmMany(x.data<float>(), 2, K, &one2, 1);
   EXPECT_EQ(y1, a);
   EXPECT_EQ(y2, b);
-  EXPECT_THROW(HalfPanelGemmMany(x.data<float>(), kHalfPanelMaxRows + 1, K, &one1, 1), Error);
+  EXPECT_THROW(HalfPanelGemmMany(x.data<float>(), 0, K, &one1, 1), Error);
   EXPECT_THROW(HalfPanelGemmMany(x.data<float>(), 2, K + 1, &one1, 1), Error);
 }
 
@@ -265,15 +267,16 @@ TEST(PanelGemm, GatePairAppliesTheGateInsideItsTasks) {
 }
 
 // The float16 pair (HalfPanelWeight::GatePair) likewise: bit for bit the two float16 products and
-// the gate, at 1 to 4 rows (4 rows run the pair's two panels one after the other).
+// the gate, at 1 to 4 rows (4 rows run the pair's two panels one after the other) and in a
+// prompt's whole-K tiles.
 TEST(HalfPanelGemm, GatePairAppliesTheGateInsideItsTasks) {
   for (auto [K, F] : {std::pair<int64_t, int64_t>{300, 650}, {37, 64}, {1, 200}, {0, 50}}) {
     const Tensor wg = RandomFloat({K, F}, 41 + K, -0.5f, 0.5f), wu = RandomFloat({K, F}, 42 + K, -0.5f, 0.5f);
     const HalfPanelWeight hg(wg.data<float>(), K, F), hu(wu.data<float>(), K, F);
     const HalfPanelWeight pair = HalfPanelWeight::GatePair(wg.data<float>(), wu.data<float>(), K, F);
-    const Tensor x = RandomFloat({kHalfPanelMaxRows, K}, 43, -2.f, 2.f);
-    for (int threads : {1, 2})
-      for (int64_t M = 1; M <= kHalfPanelMaxRows; ++M) {
+    const Tensor x = RandomFloat({30, K}, 43, -2.f, 2.f);
+    for (int threads : {1, 2, 3})
+      for (int64_t M : {1, 2, 3, 4, 5, 6, 7, 30}) {  // a prompt's whole-K tiles past 4 rows
         std::vector<float> g(M * F), u(M * F), want(M * F), got(M * F, -7.f);
         const HalfPanelProduct apart[2] = {{&hg, g.data()}, {&hu, u.data()}};
         const HalfPanelProduct gated{&pair, got.data(), F};
