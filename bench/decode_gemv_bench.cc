@@ -5,9 +5,9 @@
 // "siblings" runs q/k/v and gate/up as one GemvF32Many each (as the session's SiblingMatMul does).
 // At M rows (--rows: a small batch's decode step, a short prompt), "siblings" is the GEMV's
 // multi-row form (GemvF32ManyRows, what products by weights that are not prepared take) and
-// "separate" PreparedMatMul per product (the panels to kPanelMaxRows rows, then oneDNN's matmul
-// on its packed weight). "panel" is the products on weights packed into column panels
-// (ops/panel_gemm.h) with siblings grouped, as the session's SiblingMatMul runs them.
+// "separate" PreparedMatMul per product (its panels, one product at a time). "panel" is the
+// products on weights packed into column panels (ops/panel_gemm.h) with siblings grouped, as the
+// session's SiblingMatMul runs them. (A prompt's rows against oneDNN: bench/prompt_gemm_bench.)
 //
 //   decode_gemv_bench [--layers 12] [--hidden 1024] [--kv 256] [--inter 2816] [--vocab 32000]
 //                     [--threads 1,2] [--rows 1,4,8] [--rounds 9]

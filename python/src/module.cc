@@ -187,7 +187,7 @@ std::unique_ptr<Runtime> MakeRuntime(const Model& model, bool use_kernels, const
   SessionOptions so;
   so.num_threads = threads;
   so.prepared_kernels = prepared_kernels;
-  const HalfWeights half = half_weights ? HalfWeights::kDecode : HalfWeights::kOff;
+  const HalfWeights half = half_weights ? HalfWeights::kAll : HalfWeights::kOff;
   if (use_kernels && HasFusedFunctions(model)) {
     KernelCompiler compiler(kernel_cache);
     if (w.empty()) {
@@ -274,7 +274,7 @@ VerifyOptions MakeVerifyOptions(const pyb::list& samples, const std::map<std::st
   vo.threads = threads;
   vo.repeats = repeats;
   vo.seed = seed;
-  vo.half_weights = half_weights ? HalfWeights::kDecode : HalfWeights::kOff;
+  vo.half_weights = half_weights ? HalfWeights::kAll : HalfWeights::kOff;
   vo.kernel_cache = kernel_cache;
   return vo;
 }

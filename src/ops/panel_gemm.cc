@@ -38,52 +38,11 @@ constexpr int64_t kPanelMinParallel = int64_t{1} << 18;
 
 // out[r][0:16V] (+)= sum over k in [k0, k1) of x[r * ldx + k] * panel[k][0:16V], r < R, for a panel
 // of V vectors (16V floats per k); out rows kPanelCols floats apart. The sums run over k in order.
-// Iteration i prefetches the V lines at pf + i * pf_step into L2.
+// Iteration i prefetches the V lines at pf + i * pf_step into L2 (panel_tiles.h KRangeTile).
 template <int R, int V>
 void Tile(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t k1, float* out, bool first,
           const char* pf, int64_t pf_step) {
-  constexpr int64_t W = 16 * V;
-#if GAF_AVX512
-  // Fully unrolled (GCC at -O2 keeps a loop-indexed accumulator array on the stack otherwise).
-  __m512 acc[R][V];
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int j = 0; j < V; ++j)
-      acc[r][j] = first ? _mm512_setzero_ps() : _mm512_load_ps(out + r * kPanelCols + 16 * j);
-  const float* q = panel + k0 * W;
-  for (int64_t k = k0; k < k1; ++k, q += W) {
-#pragma GCC unroll 4
-    for (int j = 0; j < V; ++j) _mm_prefetch(pf + 64 * j, _MM_HINT_T1);
-    pf += pf_step;
-    __m512 w[V];
-#pragma GCC unroll 4
-    for (int j = 0; j < V; ++j) w[j] = _mm512_load_ps(q + 16 * j);
-#pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      const __m512 b = _mm512_set1_ps(x[r * ldx + k]);
-#pragma GCC unroll 4
-      for (int j = 0; j < V; ++j) acc[r][j] = _mm512_fmadd_ps(b, w[j], acc[r][j]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < R; ++r)
-#pragma GCC unroll 4
-    for (int j = 0; j < V; ++j) _mm512_store_ps(out + r * kPanelCols + 16 * j, acc[r][j]);
-#else
-  float acc[R][W];
-  for (int r = 0; r < R; ++r)
-    for (int64_t j = 0; j < W; ++j) acc[r][j] = first ? 0.f : out[r * kPanelCols + j];
-  for (int64_t k = k0; k < k1; ++k) {
-    const float* q = panel + k * W;
-    for (int r = 0; r < R; ++r) {
-      const float b = x[r * ldx + k];
-#pragma omp simd
-      for (int64_t j = 0; j < W; ++j) acc[r][j] = std::fma(b, q[j], acc[r][j]);
-    }
-  }
-  for (int r = 0; r < R; ++r) std::memcpy(out + r * kPanelCols, acc[r], sizeof(acc[r]));
-#endif
+  panel_detail::KRangeTile<float, V, R, true>(x, ldx, panel, k0, k1, out, kPanelCols, first, pf, pf_step);
 }
 
 // Full panels a task of M rows takes at once (ops/panel_tiles.h MultiPanelTile: that many streams;

@@ -119,15 +119,18 @@ void MultiPanelTile(const float* x, int64_t ldx, const T* panels, int64_t K, int
 #endif
 }
 
-// A prompt's register tile (more rows than the streaming tiles above take; the FMAs set the pace):
-// out[r * ldo + j] = sum over k in [0, K) in order of x[r * ldx + k] * panel[k][j] for r < R, j < 16 V,
-// the panel's rows of type T (float, or float16 bits widened), 64-byte aligned. The panel comes
-// from L2 for every tile but a task's first, so nothing is prefetched, and each row's broadcast is
-// made where its V FMAs use it: R * V accumulators, V weight vectors and one broadcast fit the 32
-// registers (MultiPanelTile's broadcasts of every row first would not). Each element sums from
-// zero over k in order, as MultiPanelTile's, so a row has the same bits in a prompt as alone.
-template <class T, int V, int R>
-void WholeKTile(const float* x, int64_t ldx, const T* panel, int64_t K, float* out, int64_t ldo) {
+// The register tile of R rows on one panel of V vectors over the k range [k0, k1):
+// out[r * ldo + j] (+)= sum over k in order of x[r * ldx + k] * panel[k][j] for r < R, j < 16 V, the
+// panel's rows of type T (float, or float16 bits widened), 64-byte aligned; the sums start from
+// zero when `first`, else continue those in out (a later k-block). With kPrefetch, iteration i asks
+// for the V lines at pf + i * pf_step in L2 (the k-blocked tiles of a few rows, ops/panel_gemm.cc).
+// Each row's broadcast is made where its V FMAs use it: R * V accumulators, V weight vectors and
+// one broadcast fit the 32 registers (MultiPanelTile's broadcasts of every row first would not).
+// The loops are fully unrolled (GCC at -O2 keeps a loop-indexed accumulator array on the stack
+// otherwise).
+template <class T, int V, int R, bool kPrefetch>
+void KRangeTile(const float* x, int64_t ldx, const T* panel, int64_t k0, int64_t k1, float* out, int64_t ldo,
+                bool first, [[maybe_unused]] const char* pf, [[maybe_unused]] int64_t pf_step) {
   constexpr int64_t W = 16 * V;
 #if GAF_AVX512
   static_assert(R * V <= 24, "accumulators beyond the registers");
@@ -135,9 +138,14 @@ void WholeKTile(const float* x, int64_t ldx, const T* panel, int64_t K, float* o
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r)
 #pragma GCC unroll 4
-    for (int j = 0; j < V; ++j) acc[r][j] = _mm512_setzero_ps();
-  const T* q = panel;
-  for (int64_t k = 0; k < K; ++k, q += W) {
+    for (int j = 0; j < V; ++j) acc[r][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + r * ldo + 16 * j);
+  const T* q = panel + k0 * W;
+  for (int64_t k = k0; k < k1; ++k, q += W) {
+    if constexpr (kPrefetch) {
+#pragma GCC unroll 4
+      for (int j = 0; j < V; ++j) _mm_prefetch(pf + 64 * j, _MM_HINT_T1);
+      pf += pf_step;
+    }
     __m512 w[V];
 #pragma GCC unroll 4
     for (int j = 0; j < V; ++j) w[j] = PanelElement<T>::Load(q + 16 * j);
@@ -154,14 +162,24 @@ void WholeKTile(const float* x, int64_t ldx, const T* panel, int64_t K, float* o
     for (int j = 0; j < V; ++j) _mm512_storeu_ps(out + r * ldo + 16 * j, acc[r][j]);
 #else
   for (int r = 0; r < R; ++r) {
-    float acc[W] = {};
-    for (int64_t k = 0; k < K; ++k) {
+    float acc[W];
+    for (int64_t j = 0; j < W; ++j) acc[j] = first ? 0.f : out[r * ldo + j];
+    for (int64_t k = k0; k < k1; ++k) {
       const float b = x[r * ldx + k];
       for (int64_t j = 0; j < W; ++j) acc[j] = std::fma(b, PanelElement<T>::Scalar(panel[k * W + j]), acc[j]);
     }
     std::memcpy(out + r * ldo, acc, sizeof(acc));
   }
 #endif
+}
+
+// A prompt's register tile (more rows than the streaming tiles take; the FMAs set the pace): the
+// tile above over all of K from zero, with no prefetch (the panel comes from L2 for every tile but
+// a task's first). Each element sums from zero over k in order, as MultiPanelTile's and the
+// k-blocked tiles' do, so a row has the same bits in a prompt as alone.
+template <class T, int V, int R>
+void WholeKTile(const float* x, int64_t ldx, const T* panel, int64_t K, float* out, int64_t ldo) {
+  KRangeTile<T, V, R, false>(x, ldx, panel, 0, K, out, ldo, true, nullptr, 0);
 }
 
 // A prompt's tasks over `units` panels (or gate pairs) and M rows: (unit, first row, end row), the
