@@ -354,7 +354,7 @@ void AddFusionCommands(CLI::App& app) {
     cmd->add_option("--report", a->report, "safe: also write the safe-fusion report as JSON to this file");
     cmd->add_flag("--half-weights", a->half_weights,
                   "safe: also gate float16 storage of constant MatMul weights end to end; when it passes, the model "
-                  "records it (metadata) and generate runs decode with float16 weights");
+                  "records it (metadata) and generate and run use float16 weights for every product");
     cmd->callback([a] { RunFuse(*a); });
   }
   {

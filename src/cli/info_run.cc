@@ -390,7 +390,7 @@ void AddRunCommand(CLI::App& app) {
   cmd->add_flag("--reference-kernels", a->reference_kernels,
                 "run fused operators through their function bodies instead of generated kernels");
   cmd->add_flag("--half-weights", a->half_weights,
-                "float16 storage of constant MatMul weights for products of at most 4 rows (half the bytes; changes "
+                "float16 storage of constant MatMul weights for every product, prompts too (half the bytes; changes "
                 "numerics slightly)");
   cmd->add_flag("--float32-weights", a->float32_weights,
                 "keep float32 weights even when the model records float16 storage (fuse --safe --half-weights)");
