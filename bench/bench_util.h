@@ -71,6 +71,23 @@ inline float FmaChains(long long iters, float seed) {
   return s;
 }
 
+// The Llama dims the decode and prompt benches take (`--layers --hidden --kv --inter --vocab`),
+// the `bench` preset's by default. Parse returns false for another option.
+struct LlamaDims {
+  long long layers = 12, hidden = 1024, kv = 256, inter = 2816, vocab = 32000;
+  bool Parse(const std::string& k, const std::string& v) {
+    long long* field = k == "--layers" ? &layers
+                       : k == "--hidden" ? &hidden
+                       : k == "--kv"     ? &kv
+                       : k == "--inter"  ? &inter
+                       : k == "--vocab"  ? &vocab
+                                         : nullptr;
+    if (field == nullptr) return false;
+    *field = std::atoll(v.c_str());
+    return true;
+  }
+};
+
 // "1,2,4" -> {1, 2, 4}.
 inline std::vector<int> ParseIntList(const std::string& v) {
   std::vector<int> out;

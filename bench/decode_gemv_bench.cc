@@ -52,17 +52,13 @@ double Median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t layers = 12, hidden = 1024, kv = 256, inter = 2816, vocab = 32000;  // the `bench` preset
+  bench::LlamaDims dims;  // the `bench` preset's unless given
   int rounds = 9;
   std::vector<int> threads{1, 2}, row_counts{1};
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--layers") layers = std::atoll(v.c_str());
-    else if (k == "--hidden") hidden = std::atoll(v.c_str());
-    else if (k == "--kv") kv = std::atoll(v.c_str());
-    else if (k == "--inter") inter = std::atoll(v.c_str());
-    else if (k == "--vocab") vocab = std::atoll(v.c_str());
-    else if (k == "--rounds") rounds = std::atoi(v.c_str());
+    if (dims.Parse(k, v)) continue;
+    if (k == "--rounds") rounds = std::atoi(v.c_str());
     else if (k == "--threads") threads = bench::ParseIntList(v);
     else if (k == "--rows") row_counts = bench::ParseIntList(v);
     else {
@@ -70,6 +66,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  const int64_t layers = dims.layers, hidden = dims.hidden, kv = dims.kv, inter = dims.inter, vocab = dims.vocab;
   // Per layer: q k v o gate up down; then the head.
   std::vector<Weight> w;
   auto add = [&](int64_t K, int64_t N) {

@@ -51,16 +51,13 @@ gaf::Tensor Weight(int64_t K, int64_t N, uint32_t seed) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t layers = 12, hidden = 1024, kv = 256, inter = 2816, vocab = 32000, M = 256;  // the `bench` preset
+  bench::LlamaDims dims;  // the `bench` preset's unless given
+  int64_t M = 256;
   int threads = 2, rounds = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
-    if (k == "--layers") layers = std::atoll(v.c_str());
-    else if (k == "--hidden") hidden = std::atoll(v.c_str());
-    else if (k == "--kv") kv = std::atoll(v.c_str());
-    else if (k == "--inter") inter = std::atoll(v.c_str());
-    else if (k == "--vocab") vocab = std::atoll(v.c_str());
-    else if (k == "--rows") M = std::atoll(v.c_str());
+    if (dims.Parse(k, v)) continue;
+    if (k == "--rows") M = std::atoll(v.c_str());
     else if (k == "--threads") threads = std::atoi(v.c_str());
     else if (k == "--rounds") rounds = std::atoi(v.c_str());
     else {
@@ -68,6 +65,7 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  const int64_t layers = dims.layers, hidden = dims.hidden, kv = dims.kv, inter = dims.inter, vocab = dims.vocab;
   if (layers < 1 || hidden < 1 || kv < 1 || inter < 1 || vocab < 1 || M < 1 || threads < 1 || rounds < 1 ||
       M > 65536 || hidden > 65536 || inter > 65536 || vocab > 1 << 20) {
     std::fprintf(stderr, "prompt_gemm_bench: sizes out of range\n");

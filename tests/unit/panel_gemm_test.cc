@@ -11,6 +11,7 @@
 #include "ir/half.h"
 #include "ops/gemm.h"
 #include "ops/panel_gemm.h"
+#include "ops/panel_tiles.h"
 #include "runtime/session.h"
 #include "test_util.h"
 
@@ -80,6 +81,36 @@ TEST(PanelGemm, RowsDoNotDependOnTilingOrThreads) {
     for (int64_t m = 0; m < M; ++m)
       for (int64_t n = 0; n < N; ++n) ASSERT_EQ(part[m * N + n], all[(3 + m) * N + n]) << M << " rows, row " << m;
   }
+}
+
+// A prompt's tasks: every (unit, row) exactly once, ranges in whole tiles (but the last row's),
+// whole units while there are more than 2 per thread left, the last units split, and with few
+// units every unit split so that each thread has several tasks.
+TEST(PanelGemm, RowRangeTasksCoverEveryRowOfEveryUnitOnce) {
+  const int saved = omp_get_max_threads();
+  for (int threads : {1, 2, 3, 8})
+    for (int64_t units : {0, 1, 3, 7, 22, 100})
+      for (int64_t M : {1, 5, 129, 256, 1000})
+        for (int64_t tile : {6, 8}) {
+          omp_set_num_threads(threads);
+          const std::vector<panel_detail::RowRangeTask> tasks = panel_detail::RowRangeTasks(units, M, tile);
+          omp_set_num_threads(saved);
+          const std::string what = fmt::format("{} threads, {} units, {} rows, tiles of {}", threads, units, M, tile);
+          std::vector<int> seen(static_cast<size_t>(units * M), 0);
+          for (const auto& t : tasks) {
+            ASSERT_TRUE(t.unit >= 0 && t.unit < units && t.m0 >= 0 && t.m0 < t.m1 && t.m1 <= M) << what;
+            ASSERT_EQ(t.m0 % tile, 0) << what;
+            ASSERT_TRUE(t.m1 == M || t.m1 % tile == 0) << what;
+            for (int64_t m = t.m0; m < t.m1; ++m) ++seen[static_cast<size_t>(t.unit * M + m)];
+          }
+          for (int c : seen) ASSERT_EQ(c, 1) << what;
+          if (units >= 4 * threads) {  // whole units first, then the last 2 per thread split
+            for (int64_t i = 0; i < units - 2 * threads; ++i) EXPECT_TRUE(tasks[i].m0 == 0 && tasks[i].m1 == M) << what;
+            if (M >= 4 * tile) EXPECT_EQ(static_cast<int64_t>(tasks.size()), units - 2 * threads + 2 * threads * 4) << what;
+          } else if (units > 0 && M >= 4 * threads * tile) {
+            EXPECT_GE(static_cast<int64_t>(tasks.size()), 4 * threads) << what;
+          }
+        }
 }
 
 TEST(PanelGemm, SeveralProductsInOneTaskSet) {
