@@ -179,23 +179,6 @@ void CheckGemvShapes() {
               worst32, worst16);
 }
 
-void CheckMatMulF16Weight() {
-  double worst = 0;
-  for (int64_t M : {2, 5, 37}) {
-    const int64_t K = 300, N = 700;
-    const std::vector<float> a = Random(M * K), b = Random(K * N);
-    std::vector<uint16_t> bh(b.size());
-    gaf::ConvertToHalf(b.data(), bh.data(), K * N);
-    const std::vector<double> ref = Reference(a.data(), Widen(bh).data(), N, M, K, N);
-    std::vector<float> c(M * N, NAN);
-    gaf::MatMulF16Weight(a.data(), bh.data(), c.data(), M, K, N);
-    const double e = RelError(c.data(), ref);
-    worst = std::max(worst, e);
-    ExpectBelow(e, kF32Limit, "MatMulF16Weight (vs widened weight)");
-  }
-  std::printf("MatMulF16Weight M = 2, 5, 37: max rel. error (vs widened) %.2e\n", worst);
-}
-
 // Exact float16 rounding of v, in double: nearest even on the half grid, inf past 65520.
 double HalfRounded(float v) {
   const double a = std::fabs(double(v));
@@ -295,7 +278,6 @@ int main(int argc, char** argv) {
   const int threads = omp_get_max_threads();
   CheckConvertToHalf();
   CheckGemvShapes();
-  CheckMatMulF16Weight();
   Bench(repeats);
   omp_set_num_threads(threads);
   if (g_failures) {

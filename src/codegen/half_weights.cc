@@ -6,7 +6,6 @@
 #include <vector>
 
 #include "ops/gemm.h"
-#include "ops/gemv.h"
 #include "ops/panel_gemm.h"
 #include "runtime/plan_rewrite.h"
 

@@ -452,9 +452,9 @@ void FusedAttentionKernel(KernelContext& ctx) {
   const float factor = (scale == 1 ? 1.f / std::fabs(c) : scale == 2 ? std::fabs(c) : 1.f) * 1.001f;
   const int64_t blocks = (S + kBlockRows - 1) / kBlockRows, tasks = b * H * blocks;
   const int threads = std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), tasks);
-  // One parallel region for the whole call: the keys' packing and what may be skipped first (each
-  // loop of them a fork and join of its own took 120-280 us of a 256-token call's 0.9 ms here),
-  // then the query blocks.
+  // One parallel region for the whole call: the keys' packing and what may be skipped first, then
+  // the query blocks. As four parallel loops of their own, with the mask tails scanned value by
+  // value, that set-up took 120-280 us of a 256-token call's 0.9 ms here; in the region, 55-98 us.
 #pragma omp parallel num_threads(threads)
   {
     if (kp != nullptr) {

@@ -1,6 +1,4 @@
-// GEMV: y[0:N] (+)= x[0:K] * W[K,N] with a row-major weight, float32 or IEEE half (ops/gemv.h),
-// and the float16-weight MatMul.
-#include <oneapi/dnnl/dnnl.h>
+// GEMV: y[0:N] (+)= x[0:K] * W[K,N] with a row-major weight, float32 or IEEE half (ops/gemv.h).
 #include <omp.h>
 
 #include <algorithm>
@@ -453,37 +451,6 @@ void GemvF16ManyRows(const float* x, int64_t M, int64_t K, const GemvHalfOutput*
 
 void ConvertToHalf(const float* src, uint16_t* dst, int64_t n) {
   ParallelFor(n, int64_t{1} << 16, [&](int64_t b, int64_t e) { FloatToHalfRow(src + b, dst + b, e - b); });
-}
-
-void MatMulF16Weight(const float* A, const uint16_t* B_half, float* C, int64_t M, int64_t K,
-                     int64_t N) {
-  if (M <= 0 || N <= 0) return;
-  if (M <= kGemvF16MaxRows) {  // decode-sized: stream the weight once for all rows
-    const GemvHalfOutput out{B_half, N, C, N};
-    GemvF16ManyRows(A, M, K, &out, 1);
-    return;
-  }
-  if (K <= 0) {
-    std::memset(C, 0, sizeof(float) * M * N);
-    return;
-  }
-  // Column slabs of B are widened to float into a buffer kept by the calling thread (fresh pages
-  // would fault on every call) and multiplied by oneDNN, which threads each product itself.
-  // Not from inside a team of ours: oneDNN then runs single-threaded per call, and tiles taken
-  // that way were measured 3-4x slower at 2 threads than at 1.
-  constexpr int64_t kSlabFloats = int64_t{1} << 20;  // 4 MB
-  const int64_t width = std::min(N, std::max<int64_t>(64, kSlabFloats / K / 64 * 64));
-  thread_local std::vector<float> slab;
-  slab.resize(std::max<size_t>(slab.size(), K * width));
-  float* b = slab.data();
-  for (int64_t c0 = 0; c0 < N; c0 += width) {
-    const int64_t cn = std::min(width, N - c0);
-    ParallelFor(K, std::max<int64_t>(1, 16384 / cn), [&](int64_t k0, int64_t k1) {
-      for (int64_t k = k0; k < k1; ++k) HalfToFloatRow(B_half + k * N + c0, b + k * cn, cn);
-    });
-    const dnnl_status_t st = dnnl_sgemm('N', 'N', M, cn, K, 1.f, A, K, b, cn, 0.f, C + c0, N);
-    GAF_CHECK(st == dnnl_success, "oneDNN sgemm failed with status {}", static_cast<int>(st));
-  }
 }
 
 }  // namespace gaf

@@ -49,15 +49,8 @@ struct GemvHalfOutput {
   int64_t N;
 };
 void GemvF16ManyRows(const float* x, int64_t M, int64_t K, const GemvHalfOutput* outs, int count);
-inline constexpr int64_t kGemvF16MaxRows = 4;  // rows MatMulF16Weight streams with the GEMV
 
 // dst[i] = float16 bits of src[i], rounded to nearest even (overflow to inf, NaN kept quiet).
 void ConvertToHalf(const float* src, uint16_t* dst, int64_t n);
-
-// C[M,N] = A[M,K] * B[K,N], all row-major and contiguous, B as float16 bits (any M): up to
-// kGemvF16MaxRows rows stream B once for all rows (GemvF16ManyRows), more widen slabs of B for the
-// matrix library.
-void MatMulF16Weight(const float* A, const uint16_t* B_half, float* C, int64_t M, int64_t K,
-                     int64_t N);
 
 }  // namespace gaf

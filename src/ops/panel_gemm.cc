@@ -163,9 +163,10 @@ void GatedTask(const float* x, int64_t M, int64_t K, const PanelWeight& w, int64
 // summing over all of K in registers (panel_tiles.h WholeKTile). The panel comes from memory with
 // the first tile and from L2 for the rest (48 columns of K = 1024 are 192 KiB); the rows of x are
 // read in place. Against the k-blocks above, no tile stores and reloads its sums between blocks.
-// A standalone test at 256 rows, 2 threads, against oneDNN's matmul on its packed weight in the
-// same process: 0.87-0.92 of bench/fma_peak for each Llama product shape against oneDNN's 0.74-0.94
-// (0.74-0.82 on the wide ones: the gate and up pair, the vocabulary head).
+// bench/prompt_gemm_bench (the bench Llama's products at 256 rows, 2 threads, against oneDNN's
+// matmul on its own packed copy, interleaved): parity, 0.99-1.05x over a prompt's products in six
+// runs, at 0.87-0.89 of the FMA peak; the gate and up pair 1.02-1.08x, the narrow o product
+// 0.95-0.99x in five of six. What it saves is oneDNN's second copy of every weight.
 template <int R, int V>
 void FullKTile(const float* x, int64_t ldx, const float* panel, int64_t K, float* out, int64_t ldo) {
   panel_detail::WholeKTile<float, V, R>(x, ldx, panel, K, out, ldo);
