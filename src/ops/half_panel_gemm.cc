@@ -53,10 +53,11 @@ static_assert(kHalfPanelMaxRows == 4 && HalfPanelsPerTask(1) == 4 && HalfPanelsP
 constexpr int kHalfTileRows = 6;  // 6 rows x 4 vectors: 24 accumulators
 static_assert(W == 64);
 template <int R>
-void HalfRowsTile(const float* x, int64_t ldx, const uint16_t* panel, int64_t K, float* out, int64_t ldo) {
-  panel_detail::WholeKTile<uint16_t, 4, R>(x, ldx, panel, K, out, ldo);
+void HalfRowsTile(const float* x, int64_t ldx, const uint16_t* panel, int64_t K, float* out, int64_t ldo,
+                  const char* pf) {
+  panel_detail::WholeKTile<uint16_t, 4, R>(x, ldx, panel, K, out, ldo, pf);
 }
-using RowsTileFn = void (*)(const float*, int64_t, const uint16_t*, int64_t, float*, int64_t);
+using RowsTileFn = void (*)(const float*, int64_t, const uint16_t*, int64_t, float*, int64_t, const char*);
 constexpr RowsTileFn kRowsTiles[kHalfTileRows] = {&HalfRowsTile<1>, &HalfRowsTile<2>, &HalfRowsTile<3>,
                                                   &HalfRowsTile<4>, &HalfRowsTile<5>, &HalfRowsTile<6>};
 
@@ -71,31 +72,41 @@ void HalfPanelGemmRows(const float* x, int64_t M, int64_t K, const HalfPanelProd
     for (int64_t p = 0; p < ps[i].w->panels(); p += ps[i].gated_cols > 0 ? 2 : 1) units.push_back({i, p});
   const std::vector<panel_detail::RowRangeTask> tasks =
       panel_detail::RowRangeTasks(static_cast<int64_t>(units.size()), M, kHalfTileRows);
-  auto run = [&](int64_t t) {
+  auto run = [&](int64_t t, int64_t next_task) {
     const panel_detail::RowRangeTask& task = tasks[t];
     const HalfPanelProduct& prod = ps[units[task.unit].w];
     const HalfPanelWeight& w = *prod.w;
     const int64_t p = units[task.unit].p;
+    panel_detail::NextPanels next;  // the panel(s) this thread reads next (panel_tiles.h NextPanelChunk)
+    if (next_task >= 0 && tasks[next_task].unit != task.unit) {
+      const Unit& u = units[tasks[next_task].unit];
+      next.p = ps[u.w].w->panel(u.p);
+      next.bytes = (ps[u.w].gated_cols > 0 ? 2 : 1) * K * W * int64_t{sizeof(uint16_t)};
+    }
+    const bool gated = prod.gated_cols > 0;
+    const int64_t calls = (gated ? 2 : 1) * CeilDiv(task.m1 - task.m0, kHalfTileRows);
+    int64_t call = 0;
+    auto pf = [&] { return panel_detail::NextPanelChunk(next, K, call++, calls); };
     alignas(64) float g[kHalfTileRows * W], u[kHalfTileRows * W];
     for (int64_t m = task.m0; m < task.m1; m += kHalfTileRows) {
       const int64_t r = std::min<int64_t>(kHalfTileRows, task.m1 - m);
-      if (const int64_t F = prod.gated_cols; F > 0) {  // gate panel p, up panel p + 1
+      if (const int64_t F = prod.gated_cols; gated) {  // gate panel p, up panel p + 1
         const int64_t c0 = p / 2 * W;
-        kRowsTiles[r - 1](x + m * K, K, w.panel(p), K, g, W);
-        kRowsTiles[r - 1](x + m * K, K, w.panel(p + 1), K, u, W);
+        kRowsTiles[r - 1](x + m * K, K, w.panel(p), K, g, W, pf());
+        kRowsTiles[r - 1](x + m * K, K, w.panel(p + 1), K, u, W, pf());
         StoreGated(g, W, u, W, r, std::min(W, F - c0), prod.y + m * F + c0, F);
         continue;
       }
       const int64_t c0 = p * W, cols = std::min(W, w.N() - c0);
       if (cols == W) {  // straight into y
-        kRowsTiles[r - 1](x + m * K, K, w.panel(p), K, prod.y + m * w.N() + c0, w.N());
+        kRowsTiles[r - 1](x + m * K, K, w.panel(p), K, prod.y + m * w.N() + c0, w.N(), pf());
         continue;
       }
-      kRowsTiles[r - 1](x + m * K, K, w.panel(p), K, g, W);
+      kRowsTiles[r - 1](x + m * K, K, w.panel(p), K, g, W, pf());
       for (int64_t i = 0; i < r; ++i) std::memcpy(prod.y + (m + i) * w.N() + c0, g + i * W, sizeof(float) * cols);
     }
   };
-  panel_detail::RunPanelTasks(static_cast<int64_t>(tasks.size()), weights * M, kMinParallel, run);
+  panel_detail::RunPanelTasksAhead(static_cast<int64_t>(tasks.size()), weights * M, kMinParallel, run);
 }
 
 }  // namespace

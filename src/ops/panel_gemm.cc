@@ -42,7 +42,7 @@ constexpr int64_t kPanelMinParallel = int64_t{1} << 18;
 template <int R, int V>
 void Tile(const float* x, int64_t ldx, const float* panel, int64_t k0, int64_t k1, float* out, bool first,
           const char* pf, int64_t pf_step) {
-  panel_detail::KRangeTile<float, V, R, true>(x, ldx, panel, k0, k1, out, kPanelCols, first, pf, pf_step);
+  panel_detail::KRangeTile<float, V, R, V>(x, ldx, panel, k0, k1, out, kPanelCols, first, pf, pf_step);
 }
 
 // Full panels a task of M rows takes at once (ops/panel_tiles.h MultiPanelTile: that many streams;
@@ -168,10 +168,10 @@ void GatedTask(const float* x, int64_t M, int64_t K, const PanelWeight& w, int64
 // runs, at 0.87-0.89 of the FMA peak; the gate and up pair 1.02-1.08x, the narrow o product
 // 0.95-0.99x in five of six. What it saves is oneDNN's second copy of every weight.
 template <int R, int V>
-void FullKTile(const float* x, int64_t ldx, const float* panel, int64_t K, float* out, int64_t ldo) {
-  panel_detail::WholeKTile<float, V, R>(x, ldx, panel, K, out, ldo);
+void FullKTile(const float* x, int64_t ldx, const float* panel, int64_t K, float* out, int64_t ldo, const char* pf) {
+  panel_detail::WholeKTile<float, V, R>(x, ldx, panel, K, out, ldo, pf);
 }
-using FullKFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t);
+using FullKFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, const char*);
 template <int V, int... Rs>
 constexpr std::array<FullKFn, sizeof...(Rs)> FullKTilesOfWidth(std::integer_sequence<int, Rs...>) {
   return {&FullKTile<Rs + 1, V>...};
@@ -183,36 +183,42 @@ constexpr std::array<std::array<FullKFn, kTileRows>, 3> kFullKTiles = {
     FullKTilesOfWidth<3>(std::make_integer_sequence<int, kTileRows>{})};
 
 // y[m0:m1, c0:c0 + cols] = x[m0:m1] * panel (vecs vectors; cols <= 16 * vecs), tile by tile: into y
-// itself when the panel's columns are all y's, else through a tile on the stack.
+// itself when the panel's columns are all y's, else through a tile on the stack. The last tiles
+// prefetch `next` (panel_tiles.h NextPanelChunk).
 void FullKRows(const float* x, int64_t K, int64_t m0, int64_t m1, const float* panel, int vecs, float* y,
-               int64_t ldy, int64_t c0, int64_t cols) {
+               int64_t ldy, int64_t c0, int64_t cols, const panel_detail::NextPanels& next) {
   alignas(64) float tile[kTileRows * kPanelCols];
   const bool direct = cols == 16 * vecs;
-  for (int64_t m = m0; m < m1; m += kTileRows) {
+  const int64_t calls = CeilDiv(m1 - m0, kTileRows);
+  for (int64_t m = m0, call = 0; m < m1; m += kTileRows, ++call) {
     const int64_t r = std::min<int64_t>(kTileRows, m1 - m);
     float* out = direct ? y + m * ldy + c0 : tile;
-    kFullKTiles[vecs - 1][r - 1](x + m * K, K, panel, K, out, direct ? ldy : kPanelCols);
+    kFullKTiles[vecs - 1][r - 1](x + m * K, K, panel, K, out, direct ? ldy : kPanelCols,
+                                 panel_detail::NextPanelChunk(next, K, call, calls));
     if (!direct)
       for (int64_t i = 0; i < r; ++i) std::memcpy(y + (m + i) * ldy + c0, tile + i * kPanelCols, sizeof(float) * cols);
   }
 }
 
 // Rows [m0, m1) of a gate pair's panels p (gate) and p + 1 (up): y[:, c] = SiLU(gate) * up for the
-// pair's columns below F, a tile at a time.
+// pair's columns below F, a tile at a time; the last tiles prefetch `next`.
 void FullKGatedRows(const float* x, int64_t K, int64_t m0, int64_t m1, const PanelWeight& w, int64_t p, float* y,
-                    int64_t F) {
+                    int64_t F, const panel_detail::NextPanels& next) {
   alignas(64) float g[kTileRows * kPanelCols], u[kTileRows * kPanelCols];
   const int64_t c0 = p / 2 * kPanelCols, cols = std::min(kPanelCols, F - c0);
-  for (int64_t m = m0; m < m1; m += kTileRows) {
+  const int64_t calls = 2 * CeilDiv(m1 - m0, kTileRows);
+  for (int64_t m = m0, call = 0; m < m1; m += kTileRows, call += 2) {
     const int64_t r = std::min<int64_t>(kTileRows, m1 - m);
-    kFullKTiles[2][r - 1](x + m * K, K, w.panel(p), K, g, kPanelCols);
-    kFullKTiles[2][r - 1](x + m * K, K, w.panel(p + 1), K, u, kPanelCols);
+    kFullKTiles[2][r - 1](x + m * K, K, w.panel(p), K, g, kPanelCols,
+                          panel_detail::NextPanelChunk(next, K, call, calls));
+    kFullKTiles[2][r - 1](x + m * K, K, w.panel(p + 1), K, u, kPanelCols,
+                          panel_detail::NextPanelChunk(next, K, call + 1, calls));
     StoreGated(g, kPanelCols, u, kPanelCols, r, cols, y + m * F + c0, F);
   }
 }
 
 // PanelGemmMany for more than kPanelMaxRows rows: tasks of a panel (a gate pair: both) and a range
-// of row tiles (panel_tiles.h RowRangeTasks).
+// of row tiles (panel_tiles.h RowRangeTasks); each task prefetches the panel its thread reads next.
 void PanelGemmRows(const float* x, int64_t M, int64_t K, const PanelProduct* ps, int count) {
   struct Unit {
     int w;
@@ -228,17 +234,26 @@ void PanelGemmRows(const float* x, int64_t M, int64_t K, const PanelProduct* ps,
   }
   const std::vector<panel_detail::RowRangeTask> tasks =
       panel_detail::RowRangeTasks(static_cast<int64_t>(units.size()), M, kTileRows);
-  auto run = [&](int64_t t) {
+  auto run = [&](int64_t t, int64_t next_task) {
     const panel_detail::RowRangeTask& task = tasks[t];
     const Unit& unit = units[task.unit];
     const PanelProduct& prod = ps[unit.w];
     const PanelWeight& w = *prod.w;
-    if (prod.gated_cols > 0) return FullKGatedRows(x, K, task.m0, task.m1, w, unit.p, prod.y, prod.gated_cols);
+    panel_detail::NextPanels next;
+    if (next_task >= 0 && tasks[next_task].unit != task.unit) {  // the same unit's panel is in L2 already
+      const Unit& u = units[tasks[next_task].unit];
+      const PanelWeight& nw = *ps[u.w].w;
+      next.p = nw.panel(u.p);
+      next.bytes = ps[u.w].gated_cols > 0 ? 2 * K * kPanelCols * int64_t{sizeof(float)}
+                                          : K * 16 * nw.vectors(u.p) * int64_t{sizeof(float)};
+    }
+    if (prod.gated_cols > 0)
+      return FullKGatedRows(x, K, task.m0, task.m1, w, unit.p, prod.y, prod.gated_cols, next);
     const int64_t c0 = unit.p * kPanelCols;
     FullKRows(x, K, task.m0, task.m1, w.panel(unit.p), w.vectors(unit.p), prod.y, w.N(), c0,
-              std::min(kPanelCols, w.N() - c0));
+              std::min(kPanelCols, w.N() - c0), next);
   };
-  panel_detail::RunPanelTasks(static_cast<int64_t>(tasks.size()), weights * M, kPanelMinParallel, run);
+  panel_detail::RunPanelTasksAhead(static_cast<int64_t>(tasks.size()), weights * M, kPanelMinParallel, run);
 }
 
 }  // namespace

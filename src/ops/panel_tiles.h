@@ -122,13 +122,14 @@ void MultiPanelTile(const float* x, int64_t ldx, const T* panels, int64_t K, int
 // The register tile of R rows on one panel of V vectors over the k range [k0, k1):
 // out[r * ldo + j] (+)= sum over k in order of x[r * ldx + k] * panel[k][j] for r < R, j < 16 V, the
 // panel's rows of type T (float, or float16 bits widened), 64-byte aligned; the sums start from
-// zero when `first`, else continue those in out (a later k-block). With kPrefetch, iteration i asks
-// for the V lines at pf + i * pf_step in L2 (the k-blocked tiles of a few rows, ops/panel_gemm.cc).
+// zero when `first`, else continue those in out (a later k-block). With kPfLines > 0, iteration i
+// asks for the kPfLines lines at pf + i * pf_step in L2 (the k-blocked tiles of a few rows, V lines,
+// ops/panel_gemm.cc; a prompt's tiles one line, WholeKTile).
 // Each row's broadcast is made where its V FMAs use it: R * V accumulators, V weight vectors and
 // one broadcast fit the 32 registers (MultiPanelTile's broadcasts of every row first would not).
 // The loops are fully unrolled (GCC at -O2 keeps a loop-indexed accumulator array on the stack
 // otherwise).
-template <class T, int V, int R, bool kPrefetch>
+template <class T, int V, int R, int kPfLines>
 void KRangeTile(const float* x, int64_t ldx, const T* panel, int64_t k0, int64_t k1, float* out, int64_t ldo,
                 bool first, [[maybe_unused]] const char* pf, [[maybe_unused]] int64_t pf_step) {
   constexpr int64_t W = 16 * V;
@@ -141,9 +142,9 @@ void KRangeTile(const float* x, int64_t ldx, const T* panel, int64_t k0, int64_t
     for (int j = 0; j < V; ++j) acc[r][j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(out + r * ldo + 16 * j);
   const T* q = panel + k0 * W;
   for (int64_t k = k0; k < k1; ++k, q += W) {
-    if constexpr (kPrefetch) {
+    if constexpr (kPfLines > 0) {
 #pragma GCC unroll 4
-      for (int j = 0; j < V; ++j) _mm_prefetch(pf + 64 * j, _MM_HINT_T1);
+      for (int j = 0; j < kPfLines; ++j) _mm_prefetch(pf + 64 * j, _MM_HINT_T1);
       pf += pf_step;
     }
     __m512 w[V];
@@ -174,12 +175,36 @@ void KRangeTile(const float* x, int64_t ldx, const T* panel, int64_t k0, int64_t
 }
 
 // A prompt's register tile (more rows than the streaming tiles take; the FMAs set the pace): the
-// tile above over all of K from zero, with no prefetch (the panel comes from L2 for every tile but
-// a task's first). Each element sums from zero over k in order, as MultiPanelTile's and the
-// k-blocked tiles' do, so a row has the same bits in a prompt as alone.
+// tile above over all of K from zero. The panel comes from L2 for every tile but a task's first;
+// with `pf` (not null) the tile asks for the K lines from pf on in L2, one a k (NextPanelChunk).
+// Each element sums from zero over k in order, as MultiPanelTile's and the k-blocked tiles' do, so
+// a row has the same bits in a prompt as alone.
 template <class T, int V, int R>
-void WholeKTile(const float* x, int64_t ldx, const T* panel, int64_t K, float* out, int64_t ldo) {
-  KRangeTile<T, V, R, false>(x, ldx, panel, 0, K, out, ldo, true, nullptr, 0);
+void WholeKTile(const float* x, int64_t ldx, const T* panel, int64_t K, float* out, int64_t ldo, const char* pf) {
+  if (pf != nullptr) return KRangeTile<T, V, R, 1>(x, ldx, panel, 0, K, out, ldo, true, pf, 64);
+  KRangeTile<T, V, R, 0>(x, ldx, panel, 0, K, out, ldo, true, nullptr, 0);
+}
+
+// What a prompt's task reads next from memory: the panel (a gate pair: both, side by side) of the
+// task its thread runs after this one, when that is another unit (RunPanelTasksAhead).
+struct NextPanels {
+  const void* p = nullptr;
+  int64_t bytes = 0;
+};
+
+// The first tile of a panel waited on the panel from memory: the first tile of a 48-column panel at
+// K = 1024 took 1.7-1.9x a later tile's time (rdtsc, 2 threads, weights from DRAM). So the task's
+// last tile calls prefetch the next task's panel into L2, one line a k: call `call` of `calls` takes
+// the chunk of K lines (K * 64 bytes; a panel of 16 V floats or 64 halves a k is a whole number of
+// chunks) that leaves the last chunk to the last call, or null. With fewer calls than chunks, the
+// first chunks (what the next task reads first). Prefetching a whole panel in one tile (too fast for
+// one core's reads), or in bursts at tile starts, did not shorten the first tile.
+inline const char* NextPanelChunk(const NextPanels& next, int64_t K, int64_t call, int64_t calls) {
+  if (next.p == nullptr || K <= 0) return nullptr;
+  const int64_t chunk = K * 64, chunks = (next.bytes + chunk - 1) / chunk;
+  const int64_t start = std::max<int64_t>(0, calls - chunks);
+  if (call < start || call - start >= chunks) return nullptr;
+  return static_cast<const char*>(next.p) + (call - start) * chunk;
 }
 
 // A prompt's tasks over `units` panels (or gate pairs) and M rows: (unit, first row, end row), the
@@ -213,6 +238,31 @@ void RunPanelTasks(int64_t n, int64_t work, int64_t min_parallel, Fn&& fn) {
   }
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t t = 0; t < n; ++t) fn(t);
+}
+
+// RunPanelTasks, fn(t, next) being told the task its thread takes after t (-1: none), so that t can
+// prefetch what next reads: each thread claims its next task when it starts one (from a shared
+// counter, in order), so tasks are still handed out dynamically, one held in reserve per thread.
+template <class Fn>
+void RunPanelTasksAhead(int64_t n, int64_t work, int64_t min_parallel, Fn&& fn) {
+  if (omp_in_parallel() || n < 2 || work < min_parallel || omp_get_max_threads() < 2) {
+    for (int64_t t = 0; t < n; ++t) fn(t, t + 1 < n ? t + 1 : -1);
+    return;
+  }
+  int64_t counter = 0;
+#pragma omp parallel
+  {
+    int64_t t;
+#pragma omp atomic capture
+    t = counter++;
+    while (t < n) {
+      int64_t next;
+#pragma omp atomic capture
+      next = counter++;
+      fn(t, next < n ? next : -1);
+      t = next;
+    }
+  }
 }
 
 }  // namespace gaf::panel_detail

@@ -113,6 +113,51 @@ TEST(PanelGemm, RowRangeTasksCoverEveryRowOfEveryUnitOnce) {
         }
 }
 
+// The chunks a task's tile calls prefetch: with enough calls, the next panel's bytes exactly once,
+// in order, ending with the last call; with fewer calls, its first chunks, one a call.
+TEST(PanelGemm, NextPanelChunksCoverTheNextPanelOnceEndingWithTheLastCall) {
+  alignas(64) static char panel[4 * 3 * 64 * 7];
+  for (int64_t K : {1, 7})
+    for (int64_t lines : {1, 2, 3, 6})  // chunks of K lines: a panel of `lines` lines a k
+      for (int64_t calls : {1, 2, 5, 12, 32}) {
+        const panel_detail::NextPanels next{panel, K * 64 * lines};
+        const std::string what = fmt::format("K {}, {} chunks, {} calls", K, lines, calls);
+        std::vector<int64_t> offsets;
+        int64_t first_call = -1;
+        for (int64_t c = 0; c < calls; ++c)
+          if (const char* pf = panel_detail::NextPanelChunk(next, K, c, calls)) {
+            if (first_call < 0) first_call = c;
+            ASSERT_EQ(c - first_call, static_cast<int64_t>(offsets.size())) << what;  // consecutive calls
+            offsets.push_back(pf - panel);
+          }
+        const int64_t expect = std::min(lines, calls);
+        ASSERT_EQ(static_cast<int64_t>(offsets.size()), expect) << what;
+        for (int64_t i = 0; i < expect; ++i) EXPECT_EQ(offsets[static_cast<size_t>(i)], i * K * 64) << what;
+        if (calls >= lines) EXPECT_EQ(first_call + lines, calls) << what;  // the last chunk at the last call
+        EXPECT_EQ(panel_detail::NextPanelChunk({}, K, calls - 1, calls), nullptr) << what;
+      }
+}
+
+// Every task runs once, and the `next` a task is told is the task its thread runs next (-1 after a
+// thread's last), in parallel and serially.
+TEST(PanelGemm, RunPanelTasksAheadTellsEachTaskItsThreadsNext) {
+  for (int64_t n : {0, 1, 2, 3, 17, 200})
+    for (int64_t work : {int64_t{0}, int64_t{1} << 30}) {
+      std::vector<std::vector<std::pair<int64_t, int64_t>>> by_thread(static_cast<size_t>(omp_get_max_threads()));
+      std::vector<int> runs(static_cast<size_t>(n), 0);
+      panel_detail::RunPanelTasksAhead(n, work, int64_t{1} << 18, [&](int64_t t, int64_t next) {
+        by_thread[static_cast<size_t>(omp_get_thread_num())].push_back({t, next});
+#pragma omp atomic
+        ++runs[static_cast<size_t>(t)];
+      });
+      const std::string what = fmt::format("{} tasks, work {}", n, work);
+      for (int r : runs) EXPECT_EQ(r, 1) << what;
+      for (const auto& seq : by_thread)
+        for (size_t i = 0; i < seq.size(); ++i)
+          EXPECT_EQ(seq[i].second, i + 1 < seq.size() ? seq[i + 1].first : -1) << what << ", task " << seq[i].first;
+    }
+}
+
 TEST(PanelGemm, SeveralProductsInOneTaskSet) {
   const int64_t K = 256, M = 5;
   const Tensor w1 = RandomFloat({K, 1000}, 7, -0.5f, 0.5f), w2 = RandomFloat({K, 70}, 8, -0.5f, 0.5f);
