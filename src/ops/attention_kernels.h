@@ -6,7 +6,9 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -102,6 +104,83 @@ inline void ScoresTile(int64_t D, const float* A, const float* Bt, int64_t ldb, 
   for (int i = 0; i < MR; ++i) {
     _mm512_mask_storeu_ps(C + i * ldc, m0, acc[i][0]);
     _mm512_mask_storeu_ps(C + i * ldc + 16, m1, acc[i][1]);
+  }
+}
+
+// What a prompt block's scores get before they are stored (FusedAttention): MaskedSoftmax's scale
+// (1: / c, 2: * c, 0: none) and mask (m: the tile's first row's mask at column 0, rows m_row apart;
+// m_last 1: a value per column, 0: m[0] for the row; null: none), one operator's rounding at a time
+// as ScaleAndMaskRow; and each row's largest stored value (NaN when a stored value is NaN).
+struct ScoreEpilogue {
+  int64_t scale = 0;
+  float c = 1.f;
+  const float* m = nullptr;
+  int64_t m_row = 0, m_last = 1;
+};
+
+// ScoresTile with the epilogue above on columns [n0, n0 + nb) of the scores: C and top[i] for the
+// tile's MR rows. kFull: nb is 32 (the key loads need no mask; masked loads were 10% slower).
+template <int MR, bool kFull>
+inline void ScoresTileScaled(int64_t D, const float* A, const float* Bt, int64_t ldb, float* C, int64_t ldc,
+                             int64_t n0, int64_t nb, const ScoreEpilogue& e, float* top) {
+  const __mmask16 mk[2] = {
+      static_cast<__mmask16>(kFull || nb >= 16 ? 0xFFFF : (1u << nb) - 1),
+      static_cast<__mmask16>(kFull || nb >= 32 ? 0xFFFF : nb > 16 ? (1u << (nb - 16)) - 1 : 0)};
+  __m512 acc[MR][2];
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < D; ++k) {
+    const __m512 b0 = kFull ? _mm512_loadu_ps(Bt + k * ldb) : _mm512_maskz_loadu_ps(mk[0], Bt + k * ldb);
+    const __m512 b1 = kFull ? _mm512_loadu_ps(Bt + k * ldb + 16) : _mm512_maskz_loadu_ps(mk[1], Bt + k * ldb + 16);
+#pragma GCC unroll 16
+    for (int i = 0; i < MR; ++i) {
+      const __m512 a = _mm512_set1_ps(A[i * D + k]);
+      acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
+      acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
+    }
+  }
+  const __m512 cv = _mm512_set1_ps(e.c);
+#pragma GCC unroll 16
+  for (int i = 0; i < MR; ++i) {
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; ++j) {
+      if (mk[j] == 0) continue;
+      __m512 v = acc[i][j];
+      if (e.scale == 1) v = _mm512_div_ps(v, cv);
+      else if (e.scale == 2) v = _mm512_mul_ps(v, cv);
+      if (e.m != nullptr) {
+        const float* mr = e.m + i * e.m_row;
+        v = _mm512_add_ps(v, e.m_last == 1 ? _mm512_maskz_loadu_ps(mk[j], mr + n0 + 16 * j) : _mm512_set1_ps(mr[0]));
+      }
+      _mm512_mask_storeu_ps(C + i * ldc + 16 * j, mk[j], v);
+      if (_mm512_mask_cmp_ps_mask(mk[j], v, v, _CMP_UNORD_Q) != 0) top[i] = std::numeric_limits<float>::quiet_NaN();
+      else if (!std::isnan(top[i])) top[i] = std::max(top[i], _mm512_mask_reduce_max_ps(mk[j], v));
+    }
+  }
+}
+
+// C[M, N] (rows ldc apart) = the scores of A[M, D] and Bt[D, N] with the epilogue e (ScoresPacked's
+// tiles, e.m advanced by e.m_row a row), and top[0, M) each row's largest (-inf when N is 0).
+inline void ScoresPackedScaled(int64_t M, int64_t N, int64_t D, const float* A, const float* Bt, int64_t ldb,
+                               float* C, int64_t ldc, const ScoreEpilogue& e, float* top) {
+  std::fill(top, top + M, -std::numeric_limits<float>::infinity());
+  auto rows_from = [&](int64_t i) {
+    ScoreEpilogue ei = e;
+    if (ei.m != nullptr) ei.m += i * e.m_row;
+    return ei;
+  };
+  for (int64_t n0 = 0; n0 < N; n0 += 32) {
+    const int64_t nb = std::min<int64_t>(32, N - n0);
+    int64_t i = 0;
+    for (; i + 8 <= M; i += 8) {
+      const ScoreEpilogue ei = rows_from(i);
+      if (nb == 32) ScoresTileScaled<8, true>(D, A + i * D, Bt + n0, ldb, C + i * ldc + n0, ldc, n0, nb, ei, top + i);
+      else ScoresTileScaled<8, false>(D, A + i * D, Bt + n0, ldb, C + i * ldc + n0, ldc, n0, nb, ei, top + i);
+    }
+    for (; i + 4 <= M; i += 4)
+      ScoresTileScaled<4, false>(D, A + i * D, Bt + n0, ldb, C + i * ldc + n0, ldc, n0, nb, rows_from(i), top + i);
+    for (; i < M; ++i)
+      ScoresTileScaled<1, false>(D, A + i * D, Bt + n0, ldb, C + i * ldc + n0, ldc, n0, nb, rows_from(i), top + i);
   }
 }
 

@@ -495,41 +495,62 @@ void FusedAttentionKernel(KernelContext& ctx) {
       [[maybe_unused]] const float* kb = kc + kh * T * d;
       const float* vb = vc + vh * T * dv;
       auto mask_row = [&](int64_t s) { return mask + bi * mst[0] + h * mst[1] + (s0 + s) * mst[2]; };
-      int64_t cols = T;
-      if (skipping && vfinite[vh] && std::isfinite(kmax[kh])) {
-        int64_t keep = 0;
-        for (int64_t s = 0; s < rows; ++s) keep = std::max(keep, extent[(mask_row(s) - mask) / T]);
-        cols = std::min(T, (keep + kColumnGrain - 1) / kColumnGrain * kColumnGrain);
-      }
-      for (;;) {
+      // Each group of 8 rows (a scores tile) computes the key columns up to its own rows' extent
+      // (under a causal mask, the block's first rows need fewer than its last), the block's
+      // probabilities are zero past them, up to the block's widest group.
+      constexpr int64_t kGroup = 8;
+      int64_t gcols[kBlockRows / kGroup];
+      float top[kBlockRows];
+      const int64_t groups = (rows + kGroup - 1) / kGroup;
+      const bool may_skip = skipping && vfinite[vh] && std::isfinite(kmax[kh]);
+      for (bool whole = !may_skip;; whole = true) {
+        int64_t cols = 0;
+        for (int64_t g = 0; g < groups; ++g) {
+          int64_t keep = T;
+          if (!whole) {
+            keep = 0;
+            for (int64_t s = g * kGroup; s < std::min(rows, (g + 1) * kGroup); ++s)
+              keep = std::max(keep, extent[(mask_row(s) - mask) / T]);
+            keep = std::min(T, (keep + kColumnGrain - 1) / kColumnGrain * kColumnGrain);
+          }
+          gcols[g] = keep;
+          cols = std::max(cols, keep);
+        }
+        for (int64_t g = 0; g < groups; ++g) {
+          const int64_t r0 = g * kGroup, gr = std::min(kGroup, rows - r0);
+          float* out = buf.data() + r0 * ldt;
 #if GAF_ATTENTION_AVX512
-        ScoresPacked(rows, cols, d, qb, kp + kh * d * ldt, ldt, buf.data(), ldt);
+          // Scaled, masked and each row's largest in the tiles' registers (as ScaleAndMaskRow).
+          const ScoreEpilogue epi{scale, c, mask != nullptr ? mask_row(r0) : nullptr, mst[2], mst[3]};
+          ScoresPackedScaled(gr, gcols[g], d, qb + r0 * d, kp + kh * d * ldt, ldt, out, ldt, epi, top + r0);
 #else
-        SgemmF32(false, true, rows, cols, d, 1.f, qb, d, kb, d, 0.f, buf.data(), ldt);
+          SgemmF32(false, true, gr, gcols[g], d, 1.f, qb + r0 * d, d, kb, d, 0.f, out, ldt);
+          for (int64_t s = 0; s < gr; ++s) {
+            float* yr = out + s * ldt;
+            ScaleAndMaskRow(yr, yr, gcols[g], scale, c, mask != nullptr ? mask_row(r0 + s) : nullptr, mst[3]);
+            top[r0 + s] = -std::numeric_limits<float>::infinity();
+            for (int64_t i = 0; i < gcols[g]; ++i) top[r0 + s] = top[r0 + s] > yr[i] ? top[r0 + s] : yr[i];
+          }
 #endif
+        }
         bool cleared = true;
-        for (int64_t s = 0; s < rows; ++s) {
-          float* yr = buf.data() + s * ldt;
-          const float* mr = mask != nullptr ? mask_row(s) : nullptr;
-          ScaleAndMaskRow(yr, yr, cols, scale, c, mr, mst[3]);
-          if (mask == nullptr) continue;
-          if (cols == T) continue;
+        for (int64_t s = 0; s < rows && mask != nullptr; ++s) {
+          if (gcols[s / kGroup] == T) continue;
           // Every skipped score, masked, lies more than kZeroMargin below the row's maximum.
-          float top = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : top)
-          for (int64_t i = 0; i < cols; ++i) top = top > yr[i] ? top : yr[i];
-          const float skipped = tail[(mr - mask) / T];  // at least the largest of the skipped ones
+          const float skipped = tail[(mask_row(s) - mask) / T];  // at least the largest of the skipped ones
           float qn = 0.f;
 #pragma omp simd reduction(+ : qn)
           for (int64_t i = 0; i < d; ++i) qn += qb[s * d + i] * qb[s * d + i];
           const float bound = factor * std::sqrt(qn) * kmax[kh];
-          if (!(skipped + bound + std::fabs(skipped) * 1e-6f < top - kZeroMargin)) cleared = false;
+          if (!(skipped + bound + std::fabs(skipped) * 1e-6f < top[s] - kZeroMargin)) cleared = false;
         }
-        if (!cleared) {  // the whole cache, as the original
-          cols = T;
-          continue;
+        if (!cleared) continue;  // the whole cache, as the original
+        for (int64_t s = 0; s < rows; ++s) {
+          float* pr = buf.data() + s * ldt;
+          const int64_t n = gcols[s / kGroup];
+          SoftmaxRowF32(pr, pr, n);
+          std::fill(pr + n, pr + cols, 0.f);  // the original's exact zeros there
         }
-        for (int64_t s = 0; s < rows; ++s) SoftmaxRowF32(buf.data() + s * ldt, buf.data() + s * ldt, cols);
         float* yb = y + ((bi * H + h) * S + s0) * dv;
 #if GAF_ATTENTION_AVX512
         if (dv == 64) {
