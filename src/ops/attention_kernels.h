@@ -118,11 +118,12 @@ struct ScoreEpilogue {
   int64_t m_row = 0, m_last = 1;
 };
 
-// ScoresTile with the epilogue above on columns [n0, n0 + nb) of the scores: C and top[i] for the
-// tile's MR rows. kFull: nb is 32 (the key loads need no mask; masked loads were 10% slower).
+// ScoresTile with the epilogue above on columns [n0, n0 + nb) of the scores: C, and for the tile's
+// MR rows the lane-wise maximum of what it stored into rmax[i] and whether it stored a NaN into
+// nan[i]. kFull: nb is 32 (the key loads need no mask; masked loads were 10% slower).
 template <int MR, bool kFull>
 inline void ScoresTileScaled(int64_t D, const float* A, const float* Bt, int64_t ldb, float* C, int64_t ldc,
-                             int64_t n0, int64_t nb, const ScoreEpilogue& e, float* top) {
+                             int64_t n0, int64_t nb, const ScoreEpilogue& e, __m512* rmax, bool* nan) {
   const __mmask16 mk[2] = {
       static_cast<__mmask16>(kFull || nb >= 16 ? 0xFFFF : (1u << nb) - 1),
       static_cast<__mmask16>(kFull || nb >= 32 ? 0xFFFF : nb > 16 ? (1u << (nb - 16)) - 1 : 0)};
@@ -153,8 +154,8 @@ inline void ScoresTileScaled(int64_t D, const float* A, const float* Bt, int64_t
         v = _mm512_add_ps(v, e.m_last == 1 ? _mm512_maskz_loadu_ps(mk[j], mr + n0 + 16 * j) : _mm512_set1_ps(mr[0]));
       }
       _mm512_mask_storeu_ps(C + i * ldc + 16 * j, mk[j], v);
-      if (_mm512_mask_cmp_ps_mask(mk[j], v, v, _CMP_UNORD_Q) != 0) top[i] = std::numeric_limits<float>::quiet_NaN();
-      else if (!std::isnan(top[i])) top[i] = std::max(top[i], _mm512_mask_reduce_max_ps(mk[j], v));
+      nan[i] = nan[i] || _mm512_mask_cmp_ps_mask(mk[j], v, v, _CMP_UNORD_Q) != 0;
+      rmax[i] = _mm512_mask_max_ps(rmax[i], mk[j], rmax[i], v);
     }
   }
 }
@@ -163,7 +164,21 @@ inline void ScoresTileScaled(int64_t D, const float* A, const float* Bt, int64_t
 // tiles, e.m advanced by e.m_row a row), and top[0, M) each row's largest (-inf when N is 0).
 inline void ScoresPackedScaled(int64_t M, int64_t N, int64_t D, const float* A, const float* Bt, int64_t ldb,
                                float* C, int64_t ldc, const ScoreEpilogue& e, float* top) {
-  std::fill(top, top + M, -std::numeric_limits<float>::infinity());
+  constexpr int64_t kMaxRows = 32;
+  if (M > kMaxRows) {  // in parts of rows (FusedAttention's groups are 8)
+    for (int64_t i = 0; i < M; i += kMaxRows) {
+      ScoreEpilogue ei = e;
+      if (ei.m != nullptr) ei.m += i * e.m_row;
+      ScoresPackedScaled(std::min(kMaxRows, M - i), N, D, A + i * D, Bt, ldb, C + i * ldc, ldc, ei, top + i);
+    }
+    return;
+  }
+  __m512 rmax[kMaxRows];
+  bool nan[kMaxRows];
+  for (int64_t i = 0; i < M; ++i) {
+    rmax[i] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    nan[i] = false;
+  }
   auto rows_from = [&](int64_t i) {
     ScoreEpilogue ei = e;
     if (ei.m != nullptr) ei.m += i * e.m_row;
@@ -174,13 +189,18 @@ inline void ScoresPackedScaled(int64_t M, int64_t N, int64_t D, const float* A, 
     int64_t i = 0;
     for (; i + 8 <= M; i += 8) {
       const ScoreEpilogue ei = rows_from(i);
-      if (nb == 32) ScoresTileScaled<8, true>(D, A + i * D, Bt + n0, ldb, C + i * ldc + n0, ldc, n0, nb, ei, top + i);
-      else ScoresTileScaled<8, false>(D, A + i * D, Bt + n0, ldb, C + i * ldc + n0, ldc, n0, nb, ei, top + i);
+      if (nb == 32) ScoresTileScaled<8, true>(D, A + i * D, Bt + n0, ldb, C + i * ldc + n0, ldc, n0, nb, ei, rmax + i, nan + i);
+      else ScoresTileScaled<8, false>(D, A + i * D, Bt + n0, ldb, C + i * ldc + n0, ldc, n0, nb, ei, rmax + i, nan + i);
     }
     for (; i + 4 <= M; i += 4)
-      ScoresTileScaled<4, false>(D, A + i * D, Bt + n0, ldb, C + i * ldc + n0, ldc, n0, nb, rows_from(i), top + i);
+      ScoresTileScaled<4, false>(D, A + i * D, Bt + n0, ldb, C + i * ldc + n0, ldc, n0, nb, rows_from(i), rmax + i, nan + i);
     for (; i < M; ++i)
-      ScoresTileScaled<1, false>(D, A + i * D, Bt + n0, ldb, C + i * ldc + n0, ldc, n0, nb, rows_from(i), top + i);
+      ScoresTileScaled<1, false>(D, A + i * D, Bt + n0, ldb, C + i * ldc + n0, ldc, n0, nb, rows_from(i), rmax + i, nan + i);
+  }
+  for (int64_t i = 0; i < M; ++i) {
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, rmax[i]);
+    top[i] = nan[i] ? std::numeric_limits<float>::quiet_NaN() : *std::max_element(lanes, lanes + 16);
   }
 }
 

@@ -548,7 +548,7 @@ void FusedAttentionKernel(KernelContext& ctx) {
         for (int64_t s = 0; s < rows; ++s) {
           float* pr = buf.data() + s * ldt;
           const int64_t n = gcols[s / kGroup];
-          SoftmaxRowF32(pr, pr, n);
+          SoftmaxRowWithMaxF32(pr, pr, n, top[s]);  // its maximum from the scores tiles
           std::fill(pr + n, pr + cols, 0.f);  // the original's exact zeros there
         }
         float* yb = y + ((bi * H + h) * S + s0) * dv;

@@ -109,6 +109,8 @@ Shape ResolveReshape(const Shape& in, const std::vector<int64_t>& shape);
 
 // Softmax of one row of n floats with the Softmax kernel's arithmetic (y may be x).
 void SoftmaxRowF32(const float* x, float* y, int64_t n);
+// The same given the row's maximum (computed where the row was made): the same results.
+void SoftmaxRowWithMaxF32(const float* x, float* y, int64_t n, float max);
 // Softmax's first half over a segment of a row (attention split along the keys): *max = the
 // segment's maximum, y = exp(x - max) with the Softmax kernel's exp (y may be x); returns the sum
 // of y. A segment of -inf only: y = 0, sum 0 (it takes no weight when the segments combine).

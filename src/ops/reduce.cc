@@ -653,6 +653,21 @@ void ArgKernel(KernelContext& ctx) {
 
 enum class SoftKind { kSoftmax, kLogSoftmax, kHardmax };
 
+// Softmax of a row whose maximum m is known: exp(x - m), their sum, then each times 1 / sum.
+template <class T>
+inline void SoftmaxFromMax(const T* x, T* y, int64_t n, T m) {
+  T s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) {
+    const T e = ExpT<T>(x[i] - m);
+    y[i] = e;
+    s += e;
+  }
+  const T inv = T(1) / s;
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] *= inv;
+}
+
 template <class T, SoftKind K>
 void SoftRow(const T* x, T* y, int64_t n) {
   if constexpr (K == SoftKind::kHardmax) {
@@ -661,18 +676,10 @@ void SoftRow(const T* x, T* y, int64_t n) {
     y[idx] = T(1);
   } else {
     const T m = RowReduce<T, Comb::kMax, Pre::kId>(x, n);
-    T s = 0;
     if constexpr (K == SoftKind::kSoftmax) {
-#pragma omp simd reduction(+ : s)
-      for (int64_t i = 0; i < n; ++i) {
-        const T e = ExpT<T>(x[i] - m);
-        y[i] = e;
-        s += e;
-      }
-      const T inv = T(1) / s;
-#pragma omp simd
-      for (int64_t i = 0; i < n; ++i) y[i] *= inv;
+      SoftmaxFromMax<T>(x, y, n, m);
     } else {
+      T s = 0;
 #pragma omp simd reduction(+ : s)
       for (int64_t i = 0; i < n; ++i) s += ExpT<T>(x[i] - m);
       const T off = m + std::log(s);
@@ -1358,6 +1365,8 @@ void Reg(OpRegistry& r, const char* op, OpKind kind, KernelFn fn) {
 }  // namespace
 
 void SoftmaxRowF32(const float* x, float* y, int64_t n) { SoftRow<float, SoftKind::kSoftmax>(x, y, n); }
+
+void SoftmaxRowWithMaxF32(const float* x, float* y, int64_t n, float max) { SoftmaxFromMax<float>(x, y, n, max); }
 
 float ExpRowF32(const float* x, float* y, int64_t n, float* max) {
   const float m = RowReduce<float, Comb::kMax, Pre::kId>(x, n);
