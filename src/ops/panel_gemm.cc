@@ -160,13 +160,14 @@ void GatedTask(const float* x, int64_t M, int64_t K, const PanelWeight& w, int64
 }
 
 // A prompt's rows (more than kPanelMaxRows): each panel's rows in tiles of kTileRows, each tile
-// summing over all of K in registers (panel_tiles.h WholeKTile). The panel comes from memory with
-// the first tile and from L2 for the rest (48 columns of K = 1024 are 192 KiB); the rows of x are
-// read in place. Against the k-blocks above, no tile stores and reloads its sums between blocks.
-// bench/prompt_gemm_bench (the bench Llama's products at 256 rows, 2 threads, against oneDNN's
-// matmul on its own packed copy, interleaved): parity, 0.99-1.05x over a prompt's products in six
-// runs, at 0.87-0.89 of the FMA peak; the gate and up pair 1.02-1.08x, the narrow o product
-// 0.95-0.99x in five of six. What it saves is oneDNN's second copy of every weight.
+// summing over all of K in registers (panel_tiles.h WholeKTile). The panel comes from L2 (48
+// columns of K = 1024 are 192 KiB), put there by the previous task's last tiles (NextPanelChunk);
+// the rows of x are read in place. Against the k-blocks above, no tile stores and reloads its sums
+// between blocks. bench/prompt_gemm_bench (the bench Llama's products at 256 rows, 2 threads,
+// against oneDNN's matmul on its own packed copy, interleaved): before the prefetch, parity
+// (0.99-1.05x in six runs, 0.87-0.89 of the FMA peak; the narrow o product 0.95-0.99x, its first
+// tiles waiting on memory); with it, 416-419 against 405-407 GFLOPS over a prompt's products (two
+// pairs of binaries, alternating). It also saves oneDNN's second copy of every weight.
 template <int R, int V>
 void FullKTile(const float* x, int64_t ldx, const float* panel, int64_t K, float* out, int64_t ldo, const char* pf) {
   panel_detail::WholeKTile<float, V, R>(x, ldx, panel, K, out, ldo, pf);
