@@ -653,9 +653,9 @@ void ArgKernel(KernelContext& ctx) {
 
 enum class SoftKind { kSoftmax, kLogSoftmax, kHardmax };
 
-// Softmax of a row whose maximum m is known: exp(x - m), their sum, then each times 1 / sum.
+// y = exp(x - m) over a row (y may be x); returns their sum.
 template <class T>
-inline void SoftmaxFromMax(const T* x, T* y, int64_t n, T m) {
+inline T ExpSumFromMax(const T* x, T* y, int64_t n, T m) {
   T s = 0;
 #pragma omp simd reduction(+ : s)
   for (int64_t i = 0; i < n; ++i) {
@@ -663,7 +663,13 @@ inline void SoftmaxFromMax(const T* x, T* y, int64_t n, T m) {
     y[i] = e;
     s += e;
   }
-  const T inv = T(1) / s;
+  return s;
+}
+
+// Softmax of a row whose maximum m is known: exp(x - m), their sum, then each times 1 / sum.
+template <class T>
+inline void SoftmaxFromMax(const T* x, T* y, int64_t n, T m) {
+  const T inv = T(1) / ExpSumFromMax<T>(x, y, n, m);
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] *= inv;
 }
@@ -1375,14 +1381,7 @@ float ExpRowF32(const float* x, float* y, int64_t n, float* max) {
     std::fill(y, y + n, 0.f);
     return 0.f;
   }
-  float s = 0.f;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) {
-    const float e = ExpT<float>(x[i] - m);
-    y[i] = e;
-    s += e;
-  }
-  return s;
+  return ExpSumFromMax<float>(x, y, n, m);
 }
 
 bool MeanRowF32(const float* x, int64_t n, float* mean) {
