@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 
+#include "ops/attention_kernels.h"
 #include "ops/fused_attention.h"
 #include "runtime/session.h"
 #include "test_util.h"
@@ -132,6 +133,57 @@ TEST(MaskTail, EqualsTheValueByValueScan) {
       }
   EXPECT_GT(checked, 7000);
 }
+
+#if GAF_ATTENTION_AVX512
+// The prompt attention's scores tiles with their epilogue (ScoresPackedScaled) against the scalar
+// definition: each product summed over d in order, then ScaleAndMaskRow's scale and mask, and each
+// row's maximum (NaN when the row holds a NaN). Row counts of every tile size and past the 32 rows
+// one call holds at once, column counts off the 32-column chunks, masks per column, one per row
+// and none, the three scales; the columns past N are left as they were.
+TEST(ScoresPackedScaled, EqualsTheScaledMaskedProductAndItsRowMaxima) {
+  const int64_t D = 24, ldb = 80, ldc = 80, T = 80;
+  const Tensor a = RandomFloat({45, D}, 61), bt = RandomFloat({D, ldb}, 62), mk = RandomFloat({45, T}, 63, -5.f, 5.f);
+  int checked = 0;
+  for (int64_t M : {1, 3, 4, 5, 8, 9, 13, 40, 45})
+    for (int64_t N : {16, 32, 45, 70})
+      for (int64_t scale : {0, 1, 2})
+        for (int mask_kind : {0, 1, 2}) {  // none, per column, one value per row
+          const std::string what = fmt::format("M {} N {} scale {} mask {}", M, N, scale, mask_kind);
+          const float c = 0.37f;
+          std::vector<float> A(a.data<float>(), a.data<float>() + 45 * D);
+          if (M == 9) A[5 * D + 3] = std::numeric_limits<float>::quiet_NaN();  // row 5: NaN scores
+          ScoreEpilogue e{scale, c, mask_kind == 0 ? nullptr : mk.data<float>(), T, mask_kind == 1 ? 1 : 0};
+          std::vector<float> C(static_cast<size_t>(M * ldc), -7.f), top(static_cast<size_t>(M), 0.f);
+          ScoresPackedScaled(M, N, D, A.data(), bt.data<float>(), ldb, C.data(), ldc, e, top.data());
+          for (int64_t i = 0; i < M; ++i) {
+            std::vector<float> row(static_cast<size_t>(N));
+            for (int64_t j = 0; j < N; ++j) {
+              float sum = 0.f;
+              for (int64_t k = 0; k < D; ++k) sum = std::fma(A[i * D + k], bt.data<float>()[k * ldb + j], sum);
+              row[j] = sum;
+            }
+            ScaleAndMaskRow(row.data(), row.data(), N, scale, c, e.m != nullptr ? e.m + i * T : nullptr, e.m_last);
+            float want = -std::numeric_limits<float>::infinity();
+            bool nan = false;
+            for (int64_t j = 0; j < N; ++j) {
+              const float got = C[i * ldc + j];
+              if (std::isnan(row[j])) {
+                nan = true;
+                ASSERT_TRUE(std::isnan(got)) << what << " row " << i << " column " << j;
+                continue;
+              }
+              ASSERT_EQ(got, row[j]) << what << " row " << i << " column " << j;
+              want = std::max(want, row[j]);
+            }
+            for (int64_t j = N; j < ldc; ++j) ASSERT_EQ(C[i * ldc + j], -7.f) << what << " row " << i << " past N";
+            if (nan) EXPECT_TRUE(std::isnan(top[i])) << what << " row " << i;
+            else EXPECT_EQ(top[i], want) << what << " row " << i;
+            ++checked;
+          }
+        }
+  EXPECT_GT(checked, 1000);
+}
+#endif
 
 // A float causal mask of large finite negatives (finfo.min, as exports write an additive mask)
 // lets a prompt's blocks stop at their rows' last unmasked key, each row checking that what it
