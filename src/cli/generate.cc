@@ -33,6 +33,7 @@ struct GenerateArgs {
   int threads = 0;
   bool reference_kernels = false;
   bool no_cache_in_place = false;
+  bool no_task_team = false;
   bool half_weights = false, float32_weights = false;
   int repeat = 1;
   uint32_t seed = 0;
@@ -80,6 +81,7 @@ void RunGenerate(const GenerateArgs& a) {
   }
   UseHalfWeights(so, half);
   so.cache_in_place = !a.no_cache_in_place;
+  so.task_team = !a.no_task_team;
   Session session(m, so);
   DecoderSignature sig = DecoderSignature::Discover(session.inputs(), session.outputs());
   const int64_t vocab = DecoderVocabSize(m, sig);
@@ -150,6 +152,7 @@ void RunGenerate(const GenerateArgs& a) {
     j["prefill_tokens_per_second"] = prefill_s > 0 ? static_cast<double>(opt.prompt_ids.size()) / prefill_s : 0.0;
     j["deterministic"] = deterministic;
     j["cache_in_place"] = so.cache_in_place;
+    j["task_team"] = so.task_team;
     j["cache_appends"] = {{"in_place", appends.in_place}, {"new_storage_with_room", appends.new_room},
                           {"copied", appends.copied}};
     json per_run = json::array();
@@ -204,6 +207,9 @@ void AddGenerateCommand(CLI::App& app) {
   cmd->add_flag("--no-cache-in-place", a->no_cache_in_place,
                 "copy each step's key/value cache into a new present tensor instead of appending the new rows in "
                 "place (for comparison)");
+  cmd->add_flag("--no-task-team", a->no_task_team,
+                "open a parallel region per product in decode steps instead of holding the threads for the whole "
+                "step (for comparison)");
   cmd->add_flag("--half-weights", a->half_weights,
                 "float16 storage of constant MatMul weights (half the bytes; changes numerics slightly)");
   cmd->add_flag("--float32-weights", a->float32_weights,

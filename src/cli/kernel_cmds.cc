@@ -230,6 +230,7 @@ void RunBench(const BenchArgs& a) {
     SessionOptions s = so;
     s.fold_shapes = fold;
     s.rewrite_products = fold;
+    s.task_team = fold;  // part of the scheduling stage
     s.memory_plan = reuse;
     s.cache_in_place = reuse;
     if (kernels) {
@@ -257,7 +258,8 @@ void RunBench(const BenchArgs& a) {
       "shape outgrows it) or recycled by size class; KV caches appended in place once the attention is one node "
       "(from the next stage)", false, false);
   add("+ scheduling", fused, true,
-      "the same, constants folded once, shape computation reused while the shapes it reads are unchanged, products "
+      "the same, constants folded once, shape computation reused while the shapes it reads are unchanged, decode "
+      "steps led by a team of threads held for the step, products "
       "reading the KV cache and transposed operands in place, sibling products in one pass");
   std::string safe_summary, half_note =
       "float16 storage of constant MatMul weights (numerics change: verify --half-weights --dim sequence_length=1)";

@@ -11,6 +11,7 @@
 #include "ops/kernel_util.h"
 #include "ops/nn_internal.h"  // CeilDiv
 #include "ops/panel_gemm.h"
+#include "ops/task_team.h"
 #include "ops/panel_tiles.h"
 
 namespace gaf {
@@ -144,6 +145,7 @@ HalfPanelWeight HalfPanelWeight::GatePair(const float* gate, const float* up, in
 
 void HalfPanelGemmMany(const float* x, int64_t M, int64_t K, const HalfPanelProduct* ps, int count) {
   GAF_CHECK(M >= 1, "HalfPanelGemmMany: {} rows (at least 1)", M);
+  NoteProductRows(M);
   struct Task {
     int w;
     int64_t p, n;

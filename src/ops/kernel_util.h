@@ -12,6 +12,7 @@
 #include "ir/error.h"
 #include "ir/tensor.h"
 #include "ops/kernel.h"
+#include "ops/task_team.h"
 
 namespace gaf {
 
@@ -127,9 +128,18 @@ bool MeanSquareRowF32(const float* x, int64_t n, float* sq, float* mean);
 void RunPlanFallback(KernelContext& ctx);
 
 // Parallel loop over [0, n) in chunks; runs serially when n < grain. fn(begin, end).
+// Inside a run led by a TaskTeam (ops/task_team.h), the chunks go to the team's threads.
 template <class F>
 void ParallelFor(int64_t n, int64_t grain, F&& fn) {
   if (n <= 0) return;
+  if (TaskTeam* team = TaskTeam::Active(); team != nullptr && n >= 2 * grain) {
+    const int64_t chunks = std::min<int64_t>(team->threads() * 4, (n + grain - 1) / grain);
+    team->ForEach(chunks, [&](int64_t c, int64_t) {
+      const int64_t b = n * c / chunks, e = n * (c + 1) / chunks;
+      if (b < e) fn(b, e);
+    });
+    return;
+  }
   if (n < 2 * grain || omp_get_max_threads() == 1 || omp_in_parallel()) {
     fn(int64_t{0}, n);
     return;

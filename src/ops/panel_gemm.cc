@@ -14,6 +14,7 @@
 #include "ops/kernel_util.h"
 #include "ops/nn_internal.h"  // CeilDiv
 #include "ops/panel_tiles.h"
+#include "ops/task_team.h"
 
 namespace gaf {
 using nn_detail::CeilDiv;
@@ -320,6 +321,7 @@ void StoreGated(const float* g, int64_t ldg, const float* u, int64_t ldu, int64_
 
 void PanelGemmMany(const float* x, int64_t M, int64_t K, const PanelProduct* ps, int count) {
   GAF_CHECK(M >= 1, "PanelGemmMany: {} rows (at least 1)", M);
+  NoteProductRows(M);
   // Tasks: (weight, first panel, panels). A few rows take up to MultiPanels(M) full panels a task
   // (that many streams); more rows, one panel a task (their tiles reuse it from L1).
   struct Task {

@@ -32,6 +32,7 @@
 
 #include "ir/half.h"
 #include "ir/simd.h"  // GAF_AVX512
+#include "ops/task_team.h"
 
 namespace gaf::panel_detail {
 
@@ -231,8 +232,13 @@ inline std::vector<RowRangeTask> RowRangeTasks(int64_t units, int64_t M, int64_t
 // fn(t) for every task t in [0, n): taken dynamically by the OpenMP team when there are several and
 // `work` (weight elements x rows) reaches `min_parallel`, else in order on the calling thread (also
 // inside a parallel region).
+// Inside a run led by a TaskTeam (ops/task_team.h), the team's threads take them.
 template <class Fn>
 void RunPanelTasks(int64_t n, int64_t work, int64_t min_parallel, Fn&& fn) {
+  if (TaskTeam* team = TaskTeam::Active(); team != nullptr && n >= 2 && work >= min_parallel) {
+    team->ForEach(n, [&](int64_t t, int64_t) { fn(t); });
+    return;
+  }
   if (omp_in_parallel() || n < 2 || work < min_parallel || omp_get_max_threads() < 2) {
     for (int64_t t = 0; t < n; ++t) fn(t);
     return;
@@ -246,6 +252,10 @@ void RunPanelTasks(int64_t n, int64_t work, int64_t min_parallel, Fn&& fn) {
 // counter, in order), so tasks are still handed out dynamically, one held in reserve per thread.
 template <class Fn>
 void RunPanelTasksAhead(int64_t n, int64_t work, int64_t min_parallel, Fn&& fn) {
+  if (TaskTeam* team = TaskTeam::Active(); team != nullptr && n >= 2 && work >= min_parallel) {
+    team->ForEach(n, fn, /*ahead=*/true);  // the same claims: each thread's next task when it starts one
+    return;
+  }
   if (omp_in_parallel() || n < 2 || work < min_parallel || omp_get_max_threads() < 2) {
     for (int64_t t = 0; t < n; ++t) fn(t, t + 1 < n ? t + 1 : -1);
     return;

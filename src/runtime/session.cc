@@ -3,6 +3,7 @@
 #include "ir/limits.h"
 #include "ops/conv.h"
 #include "ops/gemm.h"
+#include "ops/task_team.h"
 #include "runtime/plan_calls.h"
 
 #include <omp.h>
@@ -772,16 +773,18 @@ std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,
     ~RestoreThreads() { omp_set_num_threads(n); }
   } restore;
   omp_set_num_threads(threads);
+  // The shape signature: the feeds' shapes with each dimension rounded up to a power of two (absurd
+  // sizes of empty tensors as they are).
+  std::string key;
+  for (const auto& [name, t] : feeds) {
+    key += fmt::format("{}:{}:", name, static_cast<int>(t.dtype()));
+    for (int64_t d : t.shape())
+      key += fmt::format("{},", d <= 1 || d > (int64_t{1} << 40) ? d : int64_t{1} << (64 - __builtin_clzll(d - 1)));
+    key += ';';
+  }
+  if (last_position_only) key += "last position";  // smaller outputs than the same feeds make otherwise
   MemoryPlan* plan = nullptr;
   if (options_.memory_plan) {
-    std::string key;
-    for (const auto& [name, t] : feeds) {
-      key += fmt::format("{}:{}:", name, static_cast<int>(t.dtype()));
-      for (int64_t d : t.shape())  // rounded up to a power of two (absurd sizes of empty tensors as they are)
-        key += fmt::format("{},", d <= 1 || d > (int64_t{1} << 40) ? d : int64_t{1} << (64 - __builtin_clzll(d - 1)));
-      key += ';';
-    }
-    if (last_position_only) key += "last position";  // smaller outputs than the same feeds make otherwise
     constexpr size_t kMaxPlans = 16;
     auto it = memory_plans_.find(key);
     if (it == memory_plans_.end()) {
@@ -794,7 +797,21 @@ std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,
   MemoryPlan::Scope buffers(plan);
   cache_room_ = cache_room && options_.cache_in_place;
   last_position_only_ = last_position_only;
-  std::vector<Tensor> all = Execute(PlanFor(model_.graph), nullptr, {}, &feeds);
+  // A team for the whole run where the last run of these shapes made only products of few rows.
+  auto rows = product_rows_.find(key);
+  const bool team = options_.task_team && threads > 1 && rows != product_rows_.end() && rows->second >= 1 &&
+                    rows->second <= kTeamMaxRows;
+  ThisThreadRunHints() = RunHints{};
+  std::vector<Tensor> all;
+  const Plan& graph_plan = PlanFor(model_.graph);
+  if (team) {
+    TaskTeam::Run(threads, [&] { all = Execute(graph_plan, nullptr, {}, &feeds); });
+  } else {
+    all = Execute(graph_plan, nullptr, {}, &feeds);
+  }
+  last_run_team_ = team;
+  if (product_rows_.size() >= 64 && rows == product_rows_.end()) product_rows_.erase(product_rows_.begin());
+  product_rows_[key] = ThisThreadRunHints().max_product_rows;
   if (!cache_room)  // a caller that does not feed them back gets contiguous tensors
     for (Tensor& t : all) t = t.Dense();
   if (output_names.empty()) return all;

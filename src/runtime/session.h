@@ -64,6 +64,13 @@ struct SessionOptions {
   // (at past 2,047 the bench Llama's copies move 100 MB a step). Off: the present is a new tensor
   // every step, as in other runs.
   bool cache_in_place = true;
+  // Runs whose weight products all took few rows (kTeamMaxRows: a decode step of up to 4
+  // sequences) on the last run of the same shapes are led by a team of threads held for the whole
+  // run (ops/task_team.h): the products' and ParallelFor's tasks go to threads already waiting
+  // instead of a parallel region per node. The first run of a shape signature, and runs of more
+  // rows (a prompt, whose attention and row operators open parallel regions of their own), run
+  // without one.
+  bool task_team = true;
 };
 
 struct OpProfile {
@@ -137,6 +144,15 @@ class Session {
   // as it doubles); the plan of the last run.
   std::map<std::string, std::unique_ptr<MemoryPlan>> memory_plans_;
   const MemoryPlan* last_memory_plan_ = nullptr;
+  // The most rows a weight product took in the last run of each shape signature (the memory
+  // plans' keys): whether the next run is led by a task team (SessionOptions::task_team).
+  std::map<std::string, int64_t> product_rows_;
+  bool last_run_team_ = false;
+
+ public:
+  static constexpr int64_t kTeamMaxRows = 4;
+  // Whether the last run was led by a task team (tests, `run --profile`).
+  bool last_run_had_team() const { return last_run_team_; }
 };
 
 // Replaces every call of a model-local function (in the graph and its subgraphs) with the

@@ -1,0 +1,73 @@
+// A team of threads held in one OpenMP parallel region for a whole run of small nodes (a decode
+// step), so that each parallel node hands its tasks to threads already waiting instead of opening a
+// parallel region of its own.
+//
+// Why: a decode step makes about 50 weight products of 50-200 us each, with a few microseconds of
+// one-thread work (normalizations, rotary, attention bookkeeping) between them. libgomp opens and
+// closes a region per product (the workers wake, and each region ends in a barrier that wakes the
+// caller). An emulation of the bench Llama's float16 step (its 49 calls' sizes and tasks, 8 us of
+// one-thread work between calls) took 5.18-5.60 ms with the threads held against 5.57-5.89 ms with
+// a region per call, and 5.15-5.36 ms as one call of all the step's tasks.
+//
+// TaskTeam::Run(threads, body) runs body on the calling thread (the leader) while the team's other
+// threads spin, waiting for work; ForEach, called by the leader inside body, hands out tasks to
+// every thread of the team, the leader included, and returns when all are done. Kernels reach the
+// team through ParallelFor (ops/kernel_util.h) and the panel products' task runners
+// (ops/panel_tiles.h); every other OpenMP region opened inside body runs on the leader alone (the
+// runtime does not nest teams), so a run is led by a team only where its parallel work goes
+// through those (Session::Run decides, runtime/session.cc).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <exception>
+#include <functional>
+
+namespace gaf {
+
+// What a run's kernels tell the session, on the calling thread, for the choice of a team for the
+// next run of the same shapes: the most rows a weight product (the panel products, whose tasks go
+// to the team) took. The session clears it before a run and reads it after.
+struct RunHints {
+  int64_t max_product_rows = 0;
+};
+RunHints& ThisThreadRunHints();
+inline void NoteProductRows(int64_t rows) {
+  RunHints& h = ThisThreadRunHints();
+  if (rows > h.max_product_rows) h.max_product_rows = rows;
+}
+
+class TaskTeam {
+ public:
+  // body() on the calling thread with a team of `threads` (fewer where the OpenMP runtime gives
+  // fewer) waiting for ForEach's tasks; body's exception, if any, is rethrown after the team is
+  // closed. With threads < 2, or inside a parallel region, body() runs alone (no team).
+  static void Run(int threads, const std::function<void()>& body);
+  // The team the calling thread leads and may hand tasks to now (inside Run's body, not inside one
+  // of the team's tasks), or null.
+  static TaskTeam* Active();
+
+  // fn(t, next) for every t in [0, n): the team's threads claim tasks in order from a shared
+  // counter, one when the last ends (next is -1); with `ahead`, each claims its next task when it
+  // starts one and tells fn (-1: none), so that a task can prefetch what its thread reads next
+  // (RunPanelTasksAhead). Returns when every task is done. A task that throws on the leader stops
+  // the tasks not yet started and rethrows here once the others end; on another thread it ends
+  // the process, as in an OpenMP region.
+  void ForEach(int64_t n, const std::function<void(int64_t, int64_t)>& fn, bool ahead = false);
+
+  int threads() const { return threads_; }
+
+ private:
+  struct Job;
+  void Work();
+  static void Drain(Job& job, std::exception_ptr* on_error);
+
+  int threads_ = 1;
+  std::atomic<Job*> job_{nullptr};
+  std::atomic<uint64_t> published_{0};  // the sequence number of the last job handed out
+  std::atomic<int> busy_{0};            // threads other than the leader inside a job
+  std::atomic<bool> stop_{false};
+  bool in_job_ = false;  // the leader is running a job's task (nested ParallelFor calls run inline)
+};
+
+}  // namespace gaf

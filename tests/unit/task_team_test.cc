@@ -1,0 +1,137 @@
+// ops/task_team.h: a team of threads held for a whole run (decode steps), its tasks, its errors,
+// and the session runs it leads.
+#include "ops/task_team.h"
+
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <atomic>
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+#include "ops/kernel_util.h"
+#include "runtime/session.h"
+#include "test_util.h"
+
+namespace gaf {
+namespace {
+
+using testing::MakeNode;
+using testing::RandomFloat;
+
+TEST(TaskTeam, ForEachRunsEveryTaskOnceAndTellsEachItsThreadsNext) {
+  for (bool ahead : {false, true}) {
+    const int64_t n = 2000;
+    std::vector<std::atomic<int>> runs(n);
+    std::vector<int64_t> next_of(n, -2);
+    std::atomic<int> threads_seen{0}, bad_next{0};
+    bool active_in_body = false, active_in_task = false;
+    TaskTeam::Run(2, [&] {
+      TaskTeam* team = TaskTeam::Active();
+      active_in_body = team != nullptr;
+      ASSERT_NE(team, nullptr);
+      std::vector<std::atomic<int>> per_thread(team->threads());
+      for (int call = 0; call < 50; ++call) {  // many calls: each a job of its own
+        team->ForEach(n / 50, [&](int64_t t, int64_t next) {
+          const int64_t i = call * (n / 50) + t;
+          runs[i].fetch_add(1);
+          next_of[i] = next;
+          if (ahead ? (next != -1 && next <= t) : next != -1) bad_next.fetch_add(1);
+          per_thread[omp_get_thread_num()].fetch_add(1);
+          volatile double spin = 0;  // a few microseconds of work, so both threads take some
+          for (int k = 0; k < 2000; ++k) spin = spin + k;
+          if (omp_get_thread_num() == 0 && TaskTeam::Active() != nullptr) active_in_task = true;
+        }, ahead);
+      }
+      for (auto& c : per_thread) threads_seen += c.load() > 0;
+    });
+    EXPECT_TRUE(active_in_body);
+    EXPECT_FALSE(active_in_task) << "a task's nested parallel loops must run inline";
+    EXPECT_EQ(TaskTeam::Active(), nullptr) << "no team after Run";
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(runs[i].load(), 1) << "task " << i << (ahead ? " (ahead)" : "");
+    EXPECT_EQ(bad_next.load(), 0);
+    // The tasks are shared (both threads took some) where the runtime gave two threads.
+    if (omp_get_max_threads() >= 2 && omp_get_num_procs() >= 2) {
+      EXPECT_EQ(threads_seen.load(), 2);
+    }
+  }
+}
+
+TEST(TaskTeam, ParallelForInsideARunCoversTheRangeOnce) {
+  std::vector<std::atomic<int>> hits(10000);
+  TaskTeam::Run(2, [&] {
+    ParallelFor(10000, 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) hits[i].fetch_add(1);
+    });
+  });
+  for (auto& h : hits) ASSERT_EQ(h.load(), 1);
+}
+
+TEST(TaskTeam, ALeadersExceptionEndsTheJobAndLeavesRun) {
+  std::atomic<int> ran{0};
+  bool thrown = false;
+  EXPECT_THROW(TaskTeam::Run(2,
+                             [&] {
+                               TaskTeam::Active()->ForEach(1000, [&](int64_t, int64_t) {
+                                 ran.fetch_add(1);
+                                 if (omp_get_thread_num() == 0 && !thrown) {
+                                   thrown = true;
+                                   throw std::runtime_error("task failed");
+                                 }
+                               });
+                             }),
+               std::runtime_error);
+  EXPECT_TRUE(thrown);
+  EXPECT_GE(ran.load(), 1);
+  // The team is closed: a later team runs.
+  int later = 0;
+  TaskTeam::Run(2, [&] { TaskTeam::Active()->ForEach(10, [&](int64_t, int64_t) {}); later = 1; });
+  EXPECT_EQ(later, 1);
+}
+
+TEST(TaskTeam, OneThreadOrANestedRunHasNoTeam) {
+  bool one = true, nested = true;
+  TaskTeam::Run(1, [&] { one = TaskTeam::Active() != nullptr; });
+  EXPECT_FALSE(one);
+#pragma omp parallel num_threads(2)
+  {
+    if (omp_get_thread_num() == 0) TaskTeam::Run(2, [&] { nested = TaskTeam::Active() != nullptr; });
+  }
+  EXPECT_FALSE(nested);
+}
+
+// A SwiGLU MLP whose weights are packed (its products run on the panels): a decode step's run of
+// one or two rows is led by a team from the second run of its shapes on; a prompt's (64 rows) never.
+// The results are the bits of a session without teams.
+TEST(TaskTeam, SessionLeadsRunsOfFewRowsFromTheSecondOnWithTheSameBits) {
+  const int64_t K = 512, F = 520;
+  Graph g;
+  g.inputs = {testing::FloatValue("x", {-1, K})};
+  g.SetInitializer("wg", RandomFloat({K, F}, 51, -0.1f, 0.1f));
+  g.SetInitializer("wu", RandomFloat({K, F}, 52, -0.1f, 0.1f));
+  g.nodes.push_back(MakeNode("MatMul", {"x", "wg"}, {"g"}, "gate_proj"));
+  g.nodes.push_back(MakeNode("MatMul", {"x", "wu"}, {"u"}, "up_proj"));
+  g.nodes.push_back(MakeNode("Sigmoid", {"g"}, {"s"}, "sigmoid"));
+  g.nodes.push_back(MakeNode("Mul", {"g", "s"}, {"silu"}, "silu"));
+  g.nodes.push_back(MakeNode("Mul", {"u", "silu"}, {"y"}, "gate"));
+  g.outputs = {ValueInfo{"y", DataType::kFloat}};
+  Model m = testing::MakeModel(std::move(g));
+  SessionOptions with{.num_threads = 2}, without{.num_threads = 2};
+  without.task_team = false;
+  Session led(m, with), plain(m, without);
+  for (int64_t rows : {1, 2, 64}) {
+    const Tensor x = RandomFloat({rows, K}, 7 + static_cast<uint32_t>(rows));
+    for (int run = 0; run < 3; ++run) {
+      const Tensor a = led.Run({{"x", x}}, {})[0], b = plain.Run({{"x", x}}, {})[0];
+      EXPECT_EQ(led.last_run_had_team(), rows <= Session::kTeamMaxRows && run > 0) << rows << " rows, run " << run;
+      EXPECT_FALSE(plain.last_run_had_team());
+      ASSERT_EQ(a.numel(), b.numel());
+      for (int64_t i = 0; i < a.numel(); ++i)
+        ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]) << rows << " rows, run " << run << ", element " << i;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gaf
