@@ -2,6 +2,8 @@
 
 #include <omp.h>
 
+#include <thread>
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define GAF_PAUSE() _mm_pause()
@@ -38,7 +40,8 @@ TaskTeam* TaskTeam::Active() {
 }
 
 void TaskTeam::Run(int threads, const std::function<void()>& body) {
-  if (threads < 2 || omp_in_parallel() || tl_leading != nullptr) return body();
+  // Never more threads than cores: threads that spin while they wait must each have one.
+  if (threads < 2 || threads > omp_get_num_procs() || omp_in_parallel() || tl_leading != nullptr) return body();
   TaskTeam team;
   std::exception_ptr error;
 #pragma omp parallel num_threads(threads)
@@ -86,12 +89,22 @@ void TaskTeam::Drain(Job& job, std::exception_ptr* on_error) {
 
 void TaskTeam::Work() {
   uint64_t seen = 0;
+  int idle = 0;
   while (!stop_.load(std::memory_order_acquire)) {
     const uint64_t published = published_.load(std::memory_order_acquire);
     if (published == seen) {
-      GAF_PAUSE();
+      // Spins through the short gaps of a decode step (a few microseconds between products); past
+      // kSpins pauses without work it yields the core between checks, so that a thread that
+      // shares its core with others (a host busier than the team thought) does not starve them.
+      constexpr int kSpins = 4096;
+      if (++idle < kSpins) {
+        GAF_PAUSE();
+      } else {
+        std::this_thread::yield();
+      }
       continue;
     }
+    idle = 0;
     // The leader waits for busy_ to fall to 0 after it takes the job back, so a job read here,
     // after busy_ was raised, lives until busy_ is lowered again.
     busy_.fetch_add(1, std::memory_order_seq_cst);

@@ -41,7 +41,8 @@ class TaskTeam {
  public:
   // body() on the calling thread with a team of `threads` (fewer where the OpenMP runtime gives
   // fewer) waiting for ForEach's tasks; body's exception, if any, is rethrown after the team is
-  // closed. With threads < 2, or inside a parallel region, body() runs alone (no team).
+  // closed. With threads < 2 or more than the cores (the waiting threads spin), or inside a
+  // parallel region, body() runs alone (no team).
   static void Run(int threads, const std::function<void()>& body);
   // The team the calling thread leads and may hand tasks to now (inside Run's body, not inside one
   // of the team's tasks), or null.
