@@ -311,6 +311,11 @@ void RunRun(const RunArgs& a) {
                r.rotaries, r.rotaries_transposed, r.chained_operators, r.elementwise_chains, r.last_positions);
     for (const std::string& n : r.notes) fmt::print("  {}\n", n);
     fmt::print("{}\n", DescribeMemoryPlan(session.memory_plan_stats()));
+    fmt::print("task team: the last run {}\n",
+               session.last_run_had_team()
+                   ? "was led by a team of threads held for the whole run (its products took at most 4 rows)"
+                   : "opened a parallel region per parallel node (a team leads runs whose products took at most 4 "
+                     "rows in the last run of the same shapes)");
     if (kernels) fmt::print("fused kernels:\n{}", DescribeFusedKernels(*kernels));
     PrintChainSteps();
   }

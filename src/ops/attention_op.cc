@@ -517,8 +517,8 @@ void AttentionKernel(KernelContext& ctx) {
   // Each thread's scores (and, for 3-D inputs, its gathered query rows and outputs), allocated
   // here, on the calling thread, where an allocation past the memory limit is a clean error (not
   // inside the parallel loop, where an exception cannot leave).
-  const bool nested = omp_in_parallel();
-  const int64_t team = nested ? 1 : omp_get_max_threads();
+  const bool nested = ParallelThreadsNested();
+  const int64_t team = nested ? 1 : ParallelThreads();
   const int64_t per_thread = CheckedAdd(CheckedMul(block, T, "attention scores"),
                                         rank == 3 ? CheckedMul(block, CheckedAdd(Dq, Dv), "attention rows") : 0,
                                         "attention scratch");

@@ -524,6 +524,7 @@ struct TimedRun {
     }
   }
   static double Once(BlockedChain::Impl::Plan& p) {
+    NoteOwnParallelRegion();  // oneDNN runs its own OpenMP regions
     dnnl::stream s(DnnlEngine());
     const auto t0 = std::chrono::steady_clock::now();
     for (auto& st : p.steps) st.Execute(s);
@@ -647,6 +648,7 @@ std::vector<Tensor> BlockedChain::Run(const std::vector<const Tensor*>& inputs) 
   for (size_t i = 0; i < impl_->inputs.size(); ++i)
     if (p.input_mem[i]) p.input_mem[i].set_data_handle(const_cast<float*>(inputs[i]->data<float>()));
   for (size_t i = 0; i < outs.size(); ++i) p.output_mem[i].set_data_handle(outs[i].data<float>());
+  NoteOwnParallelRegion();  // oneDNN runs its own OpenMP regions
   dnnl::stream s(DnnlEngine());
   if (!StepProfiling().load(std::memory_order_relaxed)) {
     for (Impl::Step& st : p.steps) st.Execute(s);

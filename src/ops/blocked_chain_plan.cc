@@ -889,6 +889,7 @@ std::pair<dnnl::memory, dnnl::memory> ChainPlanner::ConvWeights(const Op& op, co
   for (int64_t o = 0; o < M; ++o)
     for (int64_t j = 0; j < per; ++j)
       wf.data<float>()[o * per + j] = w.data<float>()[o * per + j] * op.scale[static_cast<size_t>(o)];
+  NoteOwnParallelRegion();  // oneDNN runs its own OpenMP regions
   dnnl::stream s(eng_);
   dnnl::memory user_w(dnnl::memory::desc(wd, dt::f32, G == 1 ? tag::oihw : tag::goihw), eng_, wf.data<float>());
   dnnl::memory wm(pd.weights_desc(), eng_, plan_->WeightSpace(pd.weights_desc().get_size()));
@@ -954,6 +955,7 @@ void ChainPlanner::EmitBinary(const Op& op, int k) {
     src1_md = BlockedMd(s1);
     dnnl::memory plain(PlainMd(s1), eng_, const_cast<float*>(t.data<float>()));
     c1 = dnnl::memory(src1_md, eng_);
+    NoteOwnParallelRegion();  // oneDNN runs its own OpenMP regions
     dnnl::stream cs(eng_);
     dnnl::reorder(plain, c1).execute(cs, plain, c1);
     cs.wait();

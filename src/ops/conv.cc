@@ -344,6 +344,7 @@ void ConvTiledF32(const Geom& g, int64_t group, int64_t N, int64_t C, int64_t M,
   const int64_t tiles = (rows + per - 1) / per;
   const int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
   const bool parallel_tiles = nt > 1 && N * group * tiles >= 2 * nt;
+  if (parallel_tiles || ParallelThreads() > 1) NoteOwnParallelRegion();  // its tiles' region, or GEMMs that thread
   auto add_bias_and_epilogue = [&](int64_t n, int64_t gi, int64_t m0, int64_t m1, int64_t c0, int64_t c1) {
     float* yt = y + (n * M + gi * Mg) * osz;
     if (bias != nullptr)

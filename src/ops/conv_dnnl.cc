@@ -102,6 +102,7 @@ struct PreparedConv::Impl {
       p->residual_reorder = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p->user_dst_md, eng, p->dst_md));
     }
     // The weight (and bias) once, in the primitive's layout.
+    NoteOwnParallelRegion();  // oneDNN runs its own OpenMP regions
     dnnl::stream s(eng);
     dnnl::memory user_w(dnnl::memory::desc(Dims(weight.shape()), dt::f32, tag::oihw), eng,
                         const_cast<float*>(weight.data<float>()));
@@ -149,6 +150,7 @@ void PreparedConv::Run(const Tensor& x, Tensor* y, const Tensor* residual) {
   *y = Tensor::Uninitialized(DataType::kFloat, p->y);
   if (y->numel() == 0 || x.numel() == 0) return;
   dnnl::engine& eng = DnnlEngine();
+  NoteOwnParallelRegion();  // oneDNN runs its own OpenMP regions
   dnnl::stream s(eng);
   dnnl::memory user_src(p->user_src_md, eng, const_cast<float*>(x.data<float>()));
   dnnl::memory user_dst(p->user_dst_md, eng, y->data<float>());

@@ -295,7 +295,7 @@ void DecodeSteps(const Tensor& Q, Cache& K, Cache& V, int64_t scale, float c, co
   const int64_t b = Q.dim(0), H = Q.dim(1), S = Q.dim(2), d = Q.dim(3);
   const int64_t T = K.t.dim(2), dv = V.t.dim(3), g = K.t.dim(1), r = K.r;
   const int64_t heads = b * g;
-  const int threads = omp_in_parallel() ? 1 : omp_get_max_threads();
+  const int threads = ParallelThreads();
   if (heads < threads && T >= 2 * kMinSplitKeys && heads * r * S * T * (d + dv) > kParallelMultiplyAdds)
     return DecodeStepsSplit(Q, K, V, scale, c, mask, mst, Y,
                             std::min<int64_t>((threads + heads - 1) / heads, T / kMinSplitKeys));
@@ -452,6 +452,7 @@ void FusedAttentionKernel(KernelContext& ctx) {
   const float factor = (scale == 1 ? 1.f / std::fabs(c) : scale == 2 ? std::fabs(c) : 1.f) * 1.001f;
   const int64_t blocks = (S + kBlockRows - 1) / kBlockRows, tasks = b * H * blocks;
   const int threads = std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), tasks);
+  if (threads > 1) NoteOwnParallelRegion();
   // One parallel region for the whole call: the keys' packing and what may be skipped first, then
   // the query blocks. As four parallel loops of their own, with the mask tails scanned value by
   // value, that set-up took 120-280 us of a 256-token call's 0.9 ms here; in the region, 55-98 us.

@@ -396,8 +396,7 @@ void GemvRowsF32(const float* x, const float* w, int64_t ldw, float* y, int64_t 
   const int64_t groups = CeilDiv(N, kRows);
   const int nt = omp_in_parallel() || K * N < kGemvMinParallel ? 1 : omp_get_max_threads();
   auto finish = [&](int64_t n, float dot) { y[n] = alpha * dot + (beta == 0.f ? 0.f : beta * y[n]); };
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int64_t g = 0; g < groups; ++g) {
+  auto group = [&](int64_t g) {
     const int64_t n0 = g * kRows, rows = std::min<int64_t>(kRows, N - n0);
 #if GAF_AVX512
     if (rows == kRows) {
@@ -416,7 +415,7 @@ void GemvRowsF32(const float* x, const float* w, int64_t ldw, float* y, int64_t 
           for (int l = 0; l < w; ++l) lane[l] += lane[l + w];
         finish(n0 + j, lane[0]);
       }
-      continue;
+      return;
     }
 #endif
     for (int64_t n = n0; n < n0 + rows; ++n) {
@@ -425,7 +424,15 @@ void GemvRowsF32(const float* x, const float* w, int64_t ldw, float* y, int64_t 
       for (int64_t k = 0; k < K; ++k) dot += x[k] * row[k];
       finish(n, dot);
     }
+  };
+  if (TaskTeam::Active() != nullptr && K * N >= kGemvMinParallel) {  // a team's run: ParallelFor hands it the groups
+    ParallelFor(groups, 1, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) group(g);
+    });
+    return;
   }
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int64_t g = 0; g < groups; ++g) group(g);
 }
 
 void GemvF32ManyRows(const float* x, int64_t M, int64_t K, const GemvOutput* outs, int count) {

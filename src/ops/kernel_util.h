@@ -127,6 +127,18 @@ bool MeanSquareRowF32(const float* x, int64_t n, float* sq, float* mean);
 // its outputs (runtime/plan_rewrite.h).
 void RunPlanFallback(KernelContext& ctx);
 
+// The threads parallel loops (ParallelFor, the panel task runners) may use now: the leading
+// team's inside a run led by a TaskTeam, 1 inside another parallel region, else OpenMP's setting.
+// Per-thread scratch for ParallelFor's chunks is indexed by omp_get_thread_num() below this count
+// (0 where the loop runs inline in another region: ParallelThreadsNested()).
+inline int ParallelThreads() {
+  if (TaskTeam* team = TaskTeam::Active()) return team->threads();
+  return omp_in_parallel() ? 1 : omp_get_max_threads();
+}
+// Whether ParallelFor called here runs inline inside a parallel region that is not a team's (its
+// chunks then run on this thread, whatever omp_get_thread_num() says).
+inline bool ParallelThreadsNested() { return TaskTeam::Active() == nullptr && omp_in_parallel(); }
+
 // Parallel loop over [0, n) in chunks; runs serially when n < grain. fn(begin, end).
 // Inside a run led by a TaskTeam (ops/task_team.h), the chunks go to the team's threads.
 template <class F>

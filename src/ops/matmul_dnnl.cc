@@ -90,6 +90,7 @@ void PreparedMatMul::RunLibrary(const float* A, int64_t M, float* C) const {
       for (const Impl::Packed& p : impl_->packed)
         if (p.md == pd.weights_desc()) packed = p.mem;
       if (!packed) {
+        NoteOwnParallelRegion();  // oneDNN runs its own OpenMP regions
         dnnl::stream s(eng);
         dnnl::memory user({{K, N}, dt::f32, tag::ab}, eng, const_cast<float*>(weight_.data<float>()));
         Impl::Packed p{pd.weights_desc(), Tensor(), dnnl::memory()};
@@ -104,6 +105,7 @@ void PreparedMatMul::RunLibrary(const float* A, int64_t M, float* C) const {
     }
     plan = it->second;
   }
+  NoteOwnParallelRegion();  // oneDNN runs its own OpenMP regions
   dnnl::stream s(eng);
   dnnl::memory src({{M, K}, dt::f32, tag::ab}, eng, const_cast<float*>(A));
   dnnl::memory dst({{M, N}, dt::f32, tag::ab}, eng, C);

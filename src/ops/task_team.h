@@ -28,14 +28,21 @@ namespace gaf {
 // What a run's kernels tell the session, on the calling thread, for the choice of a team for the
 // next run of the same shapes: the most rows a weight product (the panel products, whose tasks go
 // to the team) took. The session clears it before a run and reads it after.
+// And whether a kernel ran parallel work in a region of its own (a convolution, a oneDNN
+// primitive, a prompt's attention): inside a team such a region gets one thread, so a run with
+// one is not led by a team.
 struct RunHints {
   int64_t max_product_rows = 0;
+  bool own_regions = false;
 };
 RunHints& ThisThreadRunHints();
 inline void NoteProductRows(int64_t rows) {
   RunHints& h = ThisThreadRunHints();
   if (rows > h.max_product_rows) h.max_product_rows = rows;
 }
+// Called by a kernel before it opens a parallel region of its own (not through ParallelFor or
+// the panel task runners) for work that wants several threads.
+inline void NoteOwnParallelRegion() { ThisThreadRunHints().own_regions = true; }
 
 class TaskTeam {
  public:

@@ -797,7 +797,8 @@ std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,
   MemoryPlan::Scope buffers(plan);
   cache_room_ = cache_room && options_.cache_in_place;
   last_position_only_ = last_position_only;
-  // A team for the whole run where the last run of these shapes made only products of few rows.
+  // A team for the whole run where the last run of these shapes made only products of few rows and
+  // no kernel opened a parallel region of its own (inside a team it would get one thread).
   auto rows = product_rows_.find(key);
   const bool team = options_.task_team && threads > 1 && rows != product_rows_.end() && rows->second >= 1 &&
                     rows->second <= kTeamMaxRows;
@@ -811,7 +812,8 @@ std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,
   }
   last_run_team_ = team;
   if (product_rows_.size() >= 64 && rows == product_rows_.end()) product_rows_.erase(product_rows_.begin());
-  product_rows_[key] = ThisThreadRunHints().max_product_rows;
+  const RunHints& hints = ThisThreadRunHints();
+  product_rows_[key] = hints.own_regions ? -1 : hints.max_product_rows;
   if (!cache_room)  // a caller that does not feed them back gets contiguous tensors
     for (Tensor& t : all) t = t.Dense();
   if (output_names.empty()) return all;

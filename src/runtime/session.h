@@ -66,10 +66,10 @@ struct SessionOptions {
   bool cache_in_place = true;
   // Runs whose weight products all took few rows (kTeamMaxRows: a decode step of up to 4
   // sequences) on the last run of the same shapes are led by a team of threads held for the whole
-  // run (ops/task_team.h): the products' and ParallelFor's tasks go to threads already waiting
-  // instead of a parallel region per node. The first run of a shape signature, and runs of more
-  // rows (a prompt, whose attention and row operators open parallel regions of their own), run
-  // without one.
+  // run (ops/task_team.h): the products', GEMVs' and ParallelFor's tasks go to threads already
+  // waiting instead of a parallel region per node. The first run of a shape signature, runs of
+  // more rows (a prompt), and runs where a kernel opened a parallel region of its own (oneDNN,
+  // convolutions, a prompt's attention: inside a team it would get one thread) run without one.
   bool task_team = true;
 };
 
@@ -145,7 +145,8 @@ class Session {
   std::map<std::string, std::unique_ptr<MemoryPlan>> memory_plans_;
   const MemoryPlan* last_memory_plan_ = nullptr;
   // The most rows a weight product took in the last run of each shape signature (the memory
-  // plans' keys): whether the next run is led by a task team (SessionOptions::task_team).
+  // plans' keys; -1 where a kernel opened a parallel region of its own): whether the next run is
+  // led by a task team (SessionOptions::task_team).
   std::map<std::string, int64_t> product_rows_;
   bool last_run_team_ = false;
 

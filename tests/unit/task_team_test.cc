@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "ops/kernel_util.h"
+#include "ops/gemm.h"  // kPackedMatMulMinWeight
 #include "runtime/session.h"
 #include "test_util.h"
 
@@ -137,6 +138,57 @@ TEST(TaskTeam, SessionLeadsRunsOfFewRowsFromTheSecondOnWithTheSameBits) {
       for (int64_t i = 0; i < a.numel(); ++i)
         ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]) << rows << " rows, run " << run << ", element " << i;
     }
+  }
+}
+
+// ONNX's Attention op (opset 23) at a decode step's shape over a long past, inside a run led by a
+// team: its tasks run on both threads, each with scratch of its own (they shared one slot when the
+// kernel took "inside a parallel region" for "one thread"), and give the bits of a run without.
+TEST(TaskTeam, AttentionOpInsideATeamKeepsEachThreadsScratchApart) {
+  NEED_TWO_CORES();
+  Graph g;
+  g.inputs = {testing::FloatValue("Q", {1, -1, -1}), testing::FloatValue("K", {1, -1, -1}),
+              testing::FloatValue("V", {1, -1, -1})};
+  g.nodes.push_back(MakeNode("Attention", {"Q", "K", "V"}, {"Y"}, "attn",
+                             {testing::IntAttr("q_num_heads", 16), testing::IntAttr("kv_num_heads", 8)}));
+  g.outputs.push_back(ValueInfo{"Y", DataType::kFloat});
+  Model m = testing::MakeModel(std::move(g), 23);
+  SessionOptions o{.num_threads = 2};
+  Session s(m, o);
+  // 8 cache heads x 1 query x 2 heads x 1024 keys x 128: above the kernel's one-thread work.
+  const Tensor q = RandomFloat({1, 1, 16 * 64}, 1), k = RandomFloat({1, 1024, 8 * 64}, 2),
+               v = RandomFloat({1, 1024, 8 * 64}, 3);
+  const Tensor alone = s.Run({{"Q", q}, {"K", k}, {"V", v}})[0];
+  for (int rep = 0; rep < 20; ++rep) {
+    Tensor led;
+    TaskTeam::Run(2, [&] { led = s.Run({{"Q", q}, {"K", k}, {"V", v}})[0]; });
+    ASSERT_EQ(led.numel(), alone.numel());
+    for (int64_t i = 0; i < led.numel(); ++i)
+      ASSERT_EQ(led.data<float>()[i], alone.data<float>()[i]) << "repeat " << rep << ", element " << i;
+  }
+}
+
+// A convolution (oneDNN or the tiles' own region) in a run whose product takes 2 rows: inside a
+// team it would run on one thread, so the session leads no such run by a team.
+TEST(TaskTeam, RunsWithAConvolutionAreNotLedByATeam) {
+  const int64_t C = 16, H = 16, K = C * H * H, N = 64;
+  static_assert(K * N >= kPackedMatMulMinWeight);  // the product's weight is prepared (panels)
+  Graph g;
+  g.inputs = {testing::FloatValue("x", {-1, C, H, H})};
+  g.SetInitializer("cw", RandomFloat({C, C, 3, 3}, 11, -0.1f, 0.1f));
+  g.SetInitializer("shape", Tensor::FromVector<int64_t>({-1, K}, {2}));
+  g.SetInitializer("w", RandomFloat({K, N}, 12, -0.1f, 0.1f));
+  g.nodes.push_back(MakeNode("Conv", {"x", "cw"}, {"c"}, "conv", {testing::IntsAttr("pads", {1, 1, 1, 1})}));
+  g.nodes.push_back(MakeNode("Reshape", {"c", "shape"}, {"f"}, "flatten"));
+  g.nodes.push_back(MakeNode("MatMul", {"f", "w"}, {"y"}, "fc"));
+  g.outputs = {ValueInfo{"y", DataType::kFloat}};
+  Model m = testing::MakeModel(std::move(g));
+  SessionOptions o{.num_threads = 2};
+  Session s(m, o);
+  const Tensor x = RandomFloat({2, C, H, H}, 13);
+  for (int run = 0; run < 3; ++run) {
+    s.Run({{"x", x}}, {});
+    EXPECT_FALSE(s.last_run_had_team()) << "run " << run;
   }
 }
 
