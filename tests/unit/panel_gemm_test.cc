@@ -367,26 +367,6 @@ TEST(HalfPanelGemm, GatePairAppliesTheGateInsideItsTasks) {
   }
 }
 
-// A SwiGLU MLP as exporters write it (gate and up products of one input, Mul(Mul(g, Sigmoid(g)),
-// up)): the plan makes one GatedMatMul of the two products and the gate, whose results are the
-// original graph's (the products' sums run in another order than the library's: 1e-4) at one row,
-// a few, the panels' most, and past them (129: oneDNN's products, then the gate). With the up
-// product also a graph output, the products stay siblings and the gate a SiLUGate.
-Model GatedMlp(int64_t K, int64_t F, bool up_out) {
-  Graph g;
-  g.inputs = {testing::FloatValue("x", {-1, K})};
-  g.SetInitializer("wg", RandomFloat({K, F}, 51, -0.1f, 0.1f));
-  g.SetInitializer("wu", RandomFloat({K, F}, 52, -0.1f, 0.1f));
-  g.nodes.push_back(MakeNode("MatMul", {"x", "wg"}, {"g"}, "gate_proj"));
-  g.nodes.push_back(MakeNode("MatMul", {"x", "wu"}, {"u"}, "up_proj"));
-  g.nodes.push_back(MakeNode("Sigmoid", {"g"}, {"s"}, "sigmoid"));
-  g.nodes.push_back(MakeNode("Mul", {"g", "s"}, {"silu"}, "silu"));
-  g.nodes.push_back(MakeNode("Mul", {"u", "silu"}, {"y"}, "gate"));  // up first: the pair finds the gate
-  g.outputs = {ValueInfo{"y", DataType::kFloat}};
-  if (up_out) g.outputs.push_back(ValueInfo{"u", DataType::kFloat});
-  return MakeModel(std::move(g), 17);
-}
-
 TEST(PanelGemm, GatedMlpRunsAsOneGatedMatMul) {
   const int64_t K = 512, F = 520;
   static_assert(512 * 520 >= kPackedMatMulMinWeight);  // both weights prepared
@@ -394,7 +374,7 @@ TEST(PanelGemm, GatedMlpRunsAsOneGatedMatMul) {
   off.rewrite_products = false;
   off.prepared_kernels = false;
   for (bool up_out : {false, true}) {
-    Model m = GatedMlp(K, F, up_out);
+    Model m = testing::GatedMlp(K, F, up_out);
     Session fast(m, on), plain(m, off);
     EXPECT_EQ(fast.product_rewrites().gated_products, up_out ? 0 : 1);
     EXPECT_EQ(fast.product_rewrites().silu_gates, 1);
@@ -419,7 +399,7 @@ TEST(PanelGemm, GatedMlpRunsAsOneGatedMatMul) {
   }
   // Weights too small to pack: the registry's GatedMatMul (the sibling products as given, then the
   // gate), with no fallback either.
-  Model small = GatedMlp(16, 40, false);
+  Model small = testing::GatedMlp(16, 40, false);
   Session fast(small, on), plain(small, off);
   ASSERT_EQ(fast.product_rewrites().gated_products, 1);
   for (int64_t rows : {1, 3, 9}) {

@@ -113,17 +113,7 @@ TEST(TaskTeam, OneThreadMoreThreadsThanCoresOrANestedRunHasNoTeam) {
 // The results are the bits of a session without teams.
 TEST(TaskTeam, SessionLeadsRunsOfFewRowsFromTheSecondOnWithTheSameBits) {
   const int64_t K = 512, F = 520;
-  Graph g;
-  g.inputs = {testing::FloatValue("x", {-1, K})};
-  g.SetInitializer("wg", RandomFloat({K, F}, 51, -0.1f, 0.1f));
-  g.SetInitializer("wu", RandomFloat({K, F}, 52, -0.1f, 0.1f));
-  g.nodes.push_back(MakeNode("MatMul", {"x", "wg"}, {"g"}, "gate_proj"));
-  g.nodes.push_back(MakeNode("MatMul", {"x", "wu"}, {"u"}, "up_proj"));
-  g.nodes.push_back(MakeNode("Sigmoid", {"g"}, {"s"}, "sigmoid"));
-  g.nodes.push_back(MakeNode("Mul", {"g", "s"}, {"silu"}, "silu"));
-  g.nodes.push_back(MakeNode("Mul", {"u", "silu"}, {"y"}, "gate"));
-  g.outputs = {ValueInfo{"y", DataType::kFloat}};
-  Model m = testing::MakeModel(std::move(g));
+  Model m = testing::GatedMlp(K, F, false);
   SessionOptions with{.num_threads = 2}, without{.num_threads = 2};
   without.task_team = false;
   Session led(m, with), plain(m, without);

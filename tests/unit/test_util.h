@@ -116,6 +116,26 @@ inline Model SiblingProjections(int64_t K, const std::vector<int64_t>& n, uint32
   return MakeModel(std::move(g));
 }
 
+// A SwiGLU MLP as exporters write it (gate and up products of one input, Mul(Mul(g, Sigmoid(g)),
+// up)): the plan makes one GatedMatMul of the two products and the gate, whose results are the
+// original graph's (the products' sums run in another order than the library's: 1e-4) at one row,
+// a few, the panels' most, and past them (129: oneDNN's products, then the gate). With the up
+// product also a graph output, the products stay siblings and the gate a SiLUGate.
+inline Model GatedMlp(int64_t K, int64_t F, bool up_out) {
+  Graph g;
+  g.inputs = {FloatValue("x", {-1, K})};
+  g.SetInitializer("wg", RandomFloat({K, F}, 51, -0.1f, 0.1f));
+  g.SetInitializer("wu", RandomFloat({K, F}, 52, -0.1f, 0.1f));
+  g.nodes.push_back(MakeNode("MatMul", {"x", "wg"}, {"g"}, "gate_proj"));
+  g.nodes.push_back(MakeNode("MatMul", {"x", "wu"}, {"u"}, "up_proj"));
+  g.nodes.push_back(MakeNode("Sigmoid", {"g"}, {"s"}, "sigmoid"));
+  g.nodes.push_back(MakeNode("Mul", {"g", "s"}, {"silu"}, "silu"));
+  g.nodes.push_back(MakeNode("Mul", {"u", "silu"}, {"y"}, "gate"));  // up first: the pair finds the gate
+  g.outputs = {ValueInfo{"y", DataType::kFloat}};
+  if (up_out) g.outputs.push_back(ValueInfo{"u", DataType::kFloat});
+  return MakeModel(std::move(g), 17);
+}
+
 // Calls of op type `op` in a session's profile (SessionOptions::profile), 0 when none ran.
 inline int64_t ProfiledCalls(const Session& s, const std::string& op) {
   for (const OpProfile& p : s.Profile())
