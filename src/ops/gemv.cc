@@ -315,7 +315,7 @@ void GemvMany(const float* x, int64_t ldx, int64_t M, int64_t K, const GemvProdu
     }
   };
   thread_local std::vector<float> scratch;
-  int nt = omp_in_parallel() || weights * M < kGemvMinParallel ? 1 : omp_get_max_threads();
+  int nt = weights * M < kGemvMinParallel ? 1 : ParallelThreads();
   nt = static_cast<int>(std::min<int64_t>(nt, tasks));
   if (nt > 1 && !g_gemv_governor.TeamAllowed()) nt = 1;
   if (nt == 1) {
@@ -335,6 +335,11 @@ void GemvMany(const float* x, int64_t ldx, int64_t M, int64_t K, const GemvProdu
     locate(t, &p, &c, &c0);
     return part + part_at[p] + c * M * ps[p].N + M * c0;
   };
+  if (TaskTeam* team = TaskTeam::Active()) {  // a decode step led by a team: its threads take the tasks
+    team->ForEach(tasks, [&](int64_t t, int64_t) { run(t, partial(t)); });
+    for (int64_t t = 0; t < tasks; ++t) fold(t, partial(t));
+    return;
+  }
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   Clock::time_point master_end;

@@ -12,6 +12,7 @@
 
 #include "ops/kernel_util.h"
 #include "ops/gemm.h"  // kPackedMatMulMinWeight
+#include "ops/gemv.h"
 #include "runtime/session.h"
 #include "test_util.h"
 
@@ -129,6 +130,27 @@ TEST(TaskTeam, SessionLeadsRunsOfFewRowsFromTheSecondOnWithTheSameBits) {
         ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]) << rows << " rows, run " << run << ", element " << i;
     }
   }
+}
+
+// The GEMVs inside a team (a decode step's products by weights too small to pack) hand their tasks
+// to the team's threads; each task's partial sums stay its own, so the bits are a call's outside.
+TEST(TaskTeam, GemvsInsideATeamGiveTheBitsOfACallOutside) {
+  NEED_TWO_CORES();
+  const int64_t K = 1024, N0 = 300, N1 = 200;
+  const Tensor x = RandomFloat({2, K}, 21), w0 = RandomFloat({K, N0}, 22), w1 = RandomFloat({K, N1}, 23);
+  const Tensor wt = RandomFloat({N0, K}, 24);  // [N, K]: GemvRowsF32
+  auto products = [&](std::vector<float>& out) {
+    out.assign(2 * (N0 + N1) + N0, 0.f);
+    const GemvOutput outs[] = {{w0.data<float>(), N0, out.data(), N0},
+                               {w1.data<float>(), N1, out.data() + 2 * N0, N1}};
+    GemvF32ManyRows(x.data<float>(), 2, K, outs, 2);
+    GemvRowsF32(x.data<float>(), wt.data<float>(), K, out.data() + 2 * (N0 + N1), K, N0, 1.f, 0.f);
+  };
+  std::vector<float> alone, led;
+  products(alone);
+  TaskTeam::Run(2, [&] { products(led); });
+  ASSERT_EQ(alone.size(), led.size());
+  for (size_t i = 0; i < alone.size(); ++i) ASSERT_EQ(alone[i], led[i]) << "element " << i;
 }
 
 // ONNX's Attention op (opset 23) at a decode step's shape over a long past, inside a run led by a
