@@ -189,6 +189,7 @@ struct RunArgs {
   int threads = 0;
   int repeat = 1;
   int warmup = 0;
+  int profile_nodes = 0;  // --profile-nodes N: the N slowest nodes too
   unsigned seed = 0;
   bool json = false;
   bool profile = false, no_prepared = false, reference_kernels = false, no_rewrites = false, no_memory_plan = false;
@@ -200,7 +201,7 @@ void RunRun(const RunArgs& a) {
   Model m = LoadModelArg(a.model, a.inputs);
   SessionOptions so;
   so.num_threads = a.threads;
-  so.profile = a.profile;
+  so.profile = a.profile || a.profile_nodes > 0;
   so.prepared_kernels = !a.no_prepared;
   so.rewrite_products = !a.no_rewrites;
   so.memory_plan = !a.no_memory_plan;
@@ -241,11 +242,16 @@ void RunRun(const RunArgs& a) {
   // Warm-up runs (untimed, not profiled): the first run of a session also packs constant weights
   // for the prepared kernels, creates library primitives and touches fresh memory.
   GAF_CHECK(a.warmup >= 0, "run: --warmup must be at least 0, got {}", a.warmup);
+  GAF_CHECK(a.profile_nodes >= 0, "run: --profile-nodes must be at least 0, got {}", a.profile_nodes);
   for (int r = 0; r < a.warmup; ++r) session.Run(feeds);
   if (a.warmup > 0) session.ResetProfile();
   // The oneDNN chains' steps are timed in the same runs (listed after the fused kernels).
   if (a.profile) BlockedChain::SetStepProfiling(true);
   for (int r = 0; r < std::max(1, a.repeat); ++r) {
+    // The last run's outputs go back first, as in a loop that uses each run's outputs before the
+    // next: held, every other run's large outputs would come from fresh memory (a 256-token
+    // prompt's 32.8 MB of logits took 10 ms more in page faults).
+    outs.clear();
     auto t0 = std::chrono::steady_clock::now();
     outs = session.Run(feeds);
     times.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
@@ -271,6 +277,7 @@ void RunRun(const RunArgs& a) {
     j["runs"] = times.size();
     j["warmup_runs"] = a.warmup;
     j["median_seconds"] = median;
+    j["run_seconds"] = times;  // each timed run's, in order
     j["outputs"] = json::array();
     for (size_t i = 0; i < outs.size(); ++i) {
       json o{{"name", session.outputs()[i].name}, {"type", DataTypeName(outs[i].dtype())}, {"shape", outs[i].shape()}};
@@ -294,10 +301,21 @@ void RunRun(const RunArgs& a) {
     fmt::print("outputs written to {}/ as .npy\n", a.output_dir);
     for (const std::string& w : written) fmt::print("  {}\n", w);
   }
-  if (a.profile) {
+  if (a.profile || a.profile_nodes > 0) {
     fmt::print("time per op type ({}):\n", a.warmup > 0 ? "the timed runs" : "all runs");
     for (const OpProfile& p : session.Profile())
       fmt::print("  {:<24} {:>8} calls {:>10.3f} ms\n", p.op_type, p.calls, p.seconds * 1e3);
+    if (a.profile_nodes > 0) {
+      const std::vector<OpProfile> nodes = session.NodeProfile();
+      const size_t shown = std::min(nodes.size(), static_cast<size_t>(a.profile_nodes));
+      fmt::print("the {} slowest of {} nodes ({}; ms a call, then of all calls):\n", shown, nodes.size(),
+                 a.warmup > 0 ? "the timed runs" : "all runs");
+      for (size_t i = 0; i < shown; ++i) {
+        const OpProfile& p = nodes[i];
+        fmt::print("  {:>9.3f} {:>10.3f}  {} ({}, {} calls)\n", p.seconds * 1e3 / std::max<int64_t>(p.calls, 1),
+                   p.seconds * 1e3, p.node, p.op_type, p.calls);
+      }
+    }
     const ProductRewrites& r = session.product_rewrites();
     fmt::print("plan rewrites (--no-plan-rewrites turns them off): {} products read a transposed operand in place, {} "
                "a repeated KV cache once per cache head, {} making the present cache in the same pass, {} "
@@ -385,6 +403,8 @@ void AddRunCommand(CLI::App& app) {
                   "run N times first, untimed and not profiled (the first run packs weights and creates primitives)");
   cmd->add_option("--seed", a->seed, "seed of random inputs");
   cmd->add_flag("--profile", a->profile, "time per op type");
+  cmd->add_option("--profile-nodes", a->profile_nodes,
+                  "time per op type, and the N slowest nodes of the plan (rewritten nodes under their plan names)");
   cmd->add_flag("--no-prepared-kernels", a->no_prepared,
                 "run every Conv and MatMul through the registry's kernel (none prepared for its constant weight)");
   cmd->add_flag("--no-plan-rewrites", a->no_rewrites,

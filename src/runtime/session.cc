@@ -563,6 +563,14 @@ void Session::RunStep(const PlanStep& st, std::vector<Tensor>& slots, SubgraphRu
     p.op_type = node.op_type;
     p.calls++;
     p.seconds += dt;
+    const std::string key = node.name.empty() ? node.Describe() : node.name;
+    OpProfile& np = node_profile_[key];
+    if (np.calls == 0) {
+      np.op_type = node.op_type;
+      np.node = key;
+    }
+    np.calls++;
+    np.seconds += dt;
   }
   for (size_t o = 0; o < st.out_slots.size(); ++o) {
     if (st.out_slots[o] < 0) continue;
@@ -834,13 +842,20 @@ MemoryPlanStats Session::memory_plan_stats() const {
 void Session::ResetProfile() {
   std::lock_guard<std::mutex> lock(run_mutex_);
   profile_.clear();
+  node_profile_.clear();
 }
 
-std::vector<OpProfile> Session::Profile() const {
+namespace {
+std::vector<OpProfile> SlowestFirst(const std::map<std::string, OpProfile>& m) {
   std::vector<OpProfile> out;
-  for (const auto& [k, v] : profile_) out.push_back(v);
+  for (const auto& [k, v] : m) out.push_back(v);
   std::sort(out.begin(), out.end(), [](const OpProfile& a, const OpProfile& b) { return a.seconds > b.seconds; });
   return out;
 }
+}  // namespace
+
+std::vector<OpProfile> Session::Profile() const { return SlowestFirst(profile_); }
+
+std::vector<OpProfile> Session::NodeProfile() const { return SlowestFirst(node_profile_); }
 
 }  // namespace gaf

@@ -75,6 +75,7 @@ struct SessionOptions {
 
 struct OpProfile {
   std::string op_type;
+  std::string node;  // Session::NodeProfile: the node's name (Node::Describe() when it has none)
   int64_t calls = 0;
   double seconds = 0;
 };
@@ -105,6 +106,8 @@ class Session {
 
   // Per op type totals since construction (only with options.profile), largest first.
   std::vector<OpProfile> Profile() const;
+  // The same per node of the plan (rewritten nodes under their plan names), slowest first.
+  std::vector<OpProfile> NodeProfile() const;
   // Forgets the totals so far (a caller's warm-up runs, say).
   void ResetProfile();
   // What the plan rewrote (SessionOptions::rewrite_products).
@@ -133,6 +136,7 @@ class Session {
   std::vector<ValueInfo> inputs_, outputs_;
   std::unordered_map<const Graph*, std::unique_ptr<Plan>> plans_;
   std::map<std::string, OpProfile> profile_;
+  std::map<std::string, OpProfile> node_profile_;
   std::mutex run_mutex_;
   bool cache_room_ = false;  // the current run's Run(..., cache_room) and options_.cache_in_place
   bool last_position_only_ = false;  // the current run's Run(..., last_position_only)

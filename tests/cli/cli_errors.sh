@@ -53,6 +53,18 @@ if "$BIN" run "$MODEL" --warmup 2 --repeat 3 --profile >"$TMP/out" 2>"$TMP/err" 
 else
   fail=$((fail + 1)); echo "FAIL --warmup: the timing line or the profile's call counts:"; head -n 3 "$TMP/out" "$TMP/err"
 fi
+# --profile-nodes N: the N slowest nodes by name, each with its op type and its call count (one per
+# timed run); --json lists every timed run's seconds.
+if "$BIN" run "$MODEL" --warmup 1 --repeat 2 --profile-nodes 3 >"$TMP/out" 2>"$TMP/err" &&
+   grep -qE '^the 3 slowest of [0-9]+ nodes \(the timed runs' "$TMP/out" &&
+   [ "$(grep -cE '^ +[0-9.]+ +[0-9.]+  .* \([A-Za-z]+, 2 calls\)$' "$TMP/out")" -eq 3 ] &&
+   "$BIN" run "$MODEL" --repeat 3 --json >"$TMP/out.json" 2>"$TMP/err" &&
+   /usr/bin/python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); t = j["run_seconds"]; assert len(t) == 3 and all(x > 0 for x in t) and sorted(t)[1] == j["median_seconds"]' "$TMP/out.json"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL --profile-nodes / --json run_seconds:"; head -n 12 "$TMP/out" "$TMP/err"
+fi
+expect_error "negative --profile-nodes" "$BIN" run "$MODEL" --profile-nodes -1
 # A CNN fused into a oneDNN chain: `run --profile` lists the chain's slowest steps by node and kernel,
 # and the chains' time by kind of step (sorted by share: with two timed runs on a loaded machine one
 # preempted reorder or pool can outweigh the convolutions, so the test does not ask for convolution first).
