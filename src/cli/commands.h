@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ir/tensor.h"
+#include "runtime/session.h"
 
 namespace gaf::cli {
 
@@ -28,6 +29,11 @@ void AddKernelCommands(CLI::App& app);   // kernel_cmds.cc: compile, verify, ben
 // weights are) after a warm-up, on the current OpenMP thread count (calibrate.cc; bench's
 // bandwidth floor of a decode step).
 double ReadBandwidthGbs(const Tensor& a, int repeats);
+
+// Prints the `count` slowest plan nodes of the session's profile (SessionOptions::profile), each
+// with ms a call, ms in all, its op type and calls, under a heading naming `what` was profiled
+// (info_run.cc; `run --profile-nodes`, `generate --profile-nodes`).
+void PrintSlowestNodes(const Session& session, int count, const std::string& what);
 
 // NAME=VALUE bindings of symbolic dims (--dim); gaf::Error naming a malformed one.
 std::map<std::string, int64_t> ParseDimBindings(const std::vector<std::string>& dims);

@@ -39,6 +39,7 @@ struct GenerateArgs {
   uint32_t seed = 0;
   int64_t eos = -1;
   bool json = false;
+  int profile_nodes = -1;  // --profile-nodes N (0: --profile, per op type only); -1: no profile
 };
 
 std::vector<int64_t> ParseIds(const std::string& s) {
@@ -82,6 +83,8 @@ void RunGenerate(const GenerateArgs& a) {
   UseHalfWeights(so, half);
   so.cache_in_place = !a.no_cache_in_place;
   so.task_team = !a.no_task_team;
+  GAF_CHECK(a.profile_nodes >= -1, "generate: --profile-nodes must be at least 0, got {}", a.profile_nodes);
+  so.profile = a.profile_nodes >= 0;
   Session session(m, so);
   DecoderSignature sig = DecoderSignature::Discover(session.inputs(), session.outputs());
   const int64_t vocab = DecoderVocabSize(m, sig);
@@ -121,7 +124,11 @@ void RunGenerate(const GenerateArgs& a) {
   const CacheAppendCounts before = CacheAppendTotals();
   std::vector<GenerateResult> runs;
   if (repeats > 1) Generate(session, sig, opt);  // warm-up
+  // With a profile, each generation forgets the totals after its prefill: what is left at the end
+  // is the last generation's decode steps.
+  if (so.profile) opt.after_prefill = [&session] { session.ResetProfile(); };
   for (int r = 0; r < repeats; ++r) runs.push_back(Generate(session, sig, opt));
+  const int64_t profiled_steps = static_cast<int64_t>(runs.back().step_seconds.size());
   const CacheAppendCounts after = CacheAppendTotals();
   const CacheAppendCounts appends{after.in_place - before.in_place, after.new_room - before.new_room,
                                   after.copied - before.copied};
@@ -161,6 +168,16 @@ void RunGenerate(const GenerateArgs& a) {
                          {"decode_ms_per_token", r.MedianStepSeconds() * 1e3},
                          {"decode_steps", r.step_seconds.size()}});
     j["runs"] = per_run;
+    if (so.profile) {  // the last generation's decode steps
+      json types = json::array(), nodes = json::array();
+      for (const OpProfile& p : session.Profile())
+        types.push_back({{"op_type", p.op_type}, {"calls", p.calls}, {"ms", p.seconds * 1e3}});
+      const std::vector<OpProfile> slow = session.NodeProfile();
+      for (size_t i = 0; i < slow.size() && i < static_cast<size_t>(a.profile_nodes); ++i)
+        nodes.push_back({{"node", slow[i].node}, {"op_type", slow[i].op_type}, {"calls", slow[i].calls},
+                         {"ms", slow[i].seconds * 1e3}});
+      j["profile"] = {{"decode_steps", profiled_steps}, {"op_types", types}, {"nodes", nodes}};
+    }
     fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return;
   }
@@ -184,6 +201,16 @@ void RunGenerate(const GenerateArgs& a) {
                deterministic ? "" : " (WARNING: the generated tokens differed between runs)");
   else
     fmt::print("(one cold run: the prefill includes one-time setup; use --repeat R for steady-state timings)\n");
+  if (so.profile) {
+    const std::string what = fmt::format("the last generation's {} decode steps", profiled_steps);
+    fmt::print("time per op type ({}; calls and ms a step):\n", what);
+    const double steps = static_cast<double>(std::max<int64_t>(profiled_steps, 1));
+    for (const OpProfile& p : session.Profile())
+      fmt::print("  {:<24} {:>8.1f} calls {:>10.3f} ms\n", p.op_type, static_cast<double>(p.calls) / steps,
+                 p.seconds * 1e3 / steps);
+    if (a.profile_nodes > 0) PrintSlowestNodes(session, a.profile_nodes, what);
+    fmt::print("(each node timed: the profiled steps run a little slower than unprofiled ones)\n");
+  }
   if (kernels) fmt::print("fused operators (generated kernels):\n{}", DescribeFusedKernels(*kernels));
   else if (has_fused) fmt::print("fused operators run through their function bodies (--reference-kernels)\n");
 }
@@ -204,6 +231,10 @@ void AddGenerateCommand(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "seed of the random prompt")->capture_default_str();
   cmd->add_option("--eos", a->eos, "stop after generating this token id");
   cmd->add_flag("--json", a->json, "machine-readable output");
+  cmd->add_flag_callback("--profile", [a] { a->profile_nodes = std::max(a->profile_nodes, 0); },
+                         "time per op type over the last generation's decode steps (ms a step)");
+  cmd->add_option("--profile-nodes", a->profile_nodes,
+                  "--profile, and the N slowest nodes of those steps (rewritten nodes under their plan names)");
   cmd->add_flag("--no-cache-in-place", a->no_cache_in_place,
                 "copy each step's key/value cache into a new present tensor instead of appending the new rows in "
                 "place (for comparison)");

@@ -196,6 +196,21 @@ struct RunArgs {
   bool half_weights = false, float32_weights = false;
 };
 
+}  // namespace
+
+void PrintSlowestNodes(const Session& session, int count, const std::string& what) {
+  const std::vector<OpProfile> nodes = session.NodeProfile();
+  const size_t shown = std::min(nodes.size(), static_cast<size_t>(std::max(count, 0)));
+  fmt::print("the {} slowest of {} nodes ({}; ms a call, then of all calls):\n", shown, nodes.size(), what);
+  for (size_t i = 0; i < shown; ++i) {
+    const OpProfile& p = nodes[i];
+    fmt::print("  {:>9.3f} {:>10.3f}  {} ({}, {} calls)\n", p.seconds * 1e3 / std::max<int64_t>(p.calls, 1),
+               p.seconds * 1e3, p.node, p.op_type, p.calls);
+  }
+}
+
+namespace {
+
 void RunRun(const RunArgs& a) {
   if (!a.output_dir.empty()) CheckOutputDir(a.output_dir, "-o");
   Model m = LoadModelArg(a.model, a.inputs);
@@ -305,17 +320,7 @@ void RunRun(const RunArgs& a) {
     fmt::print("time per op type ({}):\n", a.warmup > 0 ? "the timed runs" : "all runs");
     for (const OpProfile& p : session.Profile())
       fmt::print("  {:<24} {:>8} calls {:>10.3f} ms\n", p.op_type, p.calls, p.seconds * 1e3);
-    if (a.profile_nodes > 0) {
-      const std::vector<OpProfile> nodes = session.NodeProfile();
-      const size_t shown = std::min(nodes.size(), static_cast<size_t>(a.profile_nodes));
-      fmt::print("the {} slowest of {} nodes ({}; ms a call, then of all calls):\n", shown, nodes.size(),
-                 a.warmup > 0 ? "the timed runs" : "all runs");
-      for (size_t i = 0; i < shown; ++i) {
-        const OpProfile& p = nodes[i];
-        fmt::print("  {:>9.3f} {:>10.3f}  {} ({}, {} calls)\n", p.seconds * 1e3 / std::max<int64_t>(p.calls, 1),
-                   p.seconds * 1e3, p.node, p.op_type, p.calls);
-      }
-    }
+    if (a.profile_nodes > 0) PrintSlowestNodes(session, a.profile_nodes, a.warmup > 0 ? "the timed runs" : "all runs");
     const ProductRewrites& r = session.product_rewrites();
     fmt::print("plan rewrites (--no-plan-rewrites turns them off): {} products read a transposed operand in place, {} "
                "a repeated KV cache once per cache head, {} making the present cache in the same pass, {} "

@@ -260,6 +260,7 @@ GenerateResult Generate(Session& session, const DecoderSignature& sig, const Gen
   int64_t token = ArgmaxLastPosition(loop.Step(options.prompt_ids));
   result.prefill_seconds = Since(t0);
   result.tokens.push_back(token);
+  if (options.after_prefill) options.after_prefill();
 
   // Decode: one token per run; present becomes past (the same buffers, handed over).
   while (static_cast<int>(result.tokens.size()) < options.max_new_tokens && token != options.eos_token_id) {

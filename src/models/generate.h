@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -35,6 +36,7 @@ struct GenerateOptions {
   std::vector<int64_t> prompt_ids;  // must not be empty
   int max_new_tokens = 50;          // tokens produced (the first comes from the prefill)
   int64_t eos_token_id = -1;        // stop after producing it; -1: never stop early
+  std::function<void()> after_prefill;  // called after the prefill, outside the timings (may be empty)
 };
 
 struct GenerateResult {

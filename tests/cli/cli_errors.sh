@@ -149,6 +149,24 @@ assert ca["in_place"] > 0 and ca["copied"] == 0, ca
 assert cb["in_place"] == 0 and cb["new_storage_with_room"] == 0 and cb["copied"] > 0, cb
 PY
 then pass=$((pass + 1)); else echo "FAIL generate's KV cache in place: $(cat "$TMP/err")"; fail=$((fail + 1)); fi
+# generate --profile-nodes N: the last generation's decode steps (5 after the prefill of -n 6):
+# the slowest nodes' calls one per step, slowest first, the same tokens as without the profile.
+if "$BIN" generate "$DEC/model.onnx" -n 6 --repeat 2 --profile-nodes 4 --json >"$TMP/prof.json" 2>"$TMP/err" &&
+  "$BIN" generate "$DEC/model.onnx" -n 6 --repeat 2 --profile-nodes 4 >"$TMP/prof.txt" 2>>"$TMP/err" &&
+  grep -qE "^the 4 slowest of [0-9]+ nodes \(the last generation's 5 decode steps" "$TMP/prof.txt" &&
+  /usr/bin/python3 - "$TMP/in_place.json" "$TMP/prof.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert a["tokens"] == b["tokens"], (a["tokens"], b["tokens"])
+p = b["profile"]
+assert p["decode_steps"] == 5, p["decode_steps"]
+assert len(p["nodes"]) == 4 and all(n["calls"] == 5 and n["ms"] > 0 for n in p["nodes"]), p["nodes"]
+assert [n["ms"] for n in p["nodes"]] == sorted((n["ms"] for n in p["nodes"]), reverse=True)
+types = {t["op_type"]: t["calls"] for t in p["op_types"]}
+assert types.get("FusedAttention", 0) % 5 == 0 and types.get("FusedAttention", 0) > 0, types
+PY
+then pass=$((pass + 1)); else echo "FAIL generate --profile-nodes: $(cat "$TMP/err")"; head -n 5 "$TMP/prof.txt"; fail=$((fail + 1)); fi
+expect_error "generate negative --profile-nodes" "$BIN" generate "$DEC/model.onnx" -n 2 --profile-nodes -2
 # A test_data_set folder is one sample: it runs.
 "$BIN" run "$DEC/model.onnx" -i "$DEC/test_data_set_0" >/dev/null 2>"$TMP/err" || { echo "FAIL run -i test_data_set_0: $(cat "$TMP/err")"; fail=$((fail + 1)); }
 # TorchScript files are models too (exported to ONNX by python/graph_autofusion/torch_io.py with
