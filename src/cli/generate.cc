@@ -39,7 +39,8 @@ struct GenerateArgs {
   uint32_t seed = 0;
   int64_t eos = -1;
   bool json = false;
-  int profile_nodes = -1;  // --profile-nodes N (0: --profile, per op type only); -1: no profile
+  bool profile = false;    // --profile: time per op type over the last generation's decode steps
+  int profile_nodes = 0;   // --profile-nodes N: the N slowest nodes too
 };
 
 std::vector<int64_t> ParseIds(const std::string& s) {
@@ -83,8 +84,8 @@ void RunGenerate(const GenerateArgs& a) {
   UseHalfWeights(so, half);
   so.cache_in_place = !a.no_cache_in_place;
   so.task_team = !a.no_task_team;
-  GAF_CHECK(a.profile_nodes >= -1, "generate: --profile-nodes must be at least 0, got {}", a.profile_nodes);
-  so.profile = a.profile_nodes >= 0;
+  GAF_CHECK(a.profile_nodes >= 0, "generate: --profile-nodes must be at least 0, got {}", a.profile_nodes);
+  so.profile = a.profile || a.profile_nodes > 0;
   Session session(m, so);
   DecoderSignature sig = DecoderSignature::Discover(session.inputs(), session.outputs());
   const int64_t vocab = DecoderVocabSize(m, sig);
@@ -231,8 +232,7 @@ void AddGenerateCommand(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "seed of the random prompt")->capture_default_str();
   cmd->add_option("--eos", a->eos, "stop after generating this token id");
   cmd->add_flag("--json", a->json, "machine-readable output");
-  cmd->add_flag_callback("--profile", [a] { a->profile_nodes = std::max(a->profile_nodes, 0); },
-                         "time per op type over the last generation's decode steps (ms a step)");
+  cmd->add_flag("--profile", a->profile, "time per op type over the last generation's decode steps (ms a step)");
   cmd->add_option("--profile-nodes", a->profile_nodes,
                   "--profile, and the N slowest nodes of those steps (rewritten nodes under their plan names)");
   cmd->add_flag("--no-cache-in-place", a->no_cache_in_place,

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <string_view>
 #include <set>
 #include <unordered_set>
 
@@ -563,14 +564,13 @@ void Session::RunStep(const PlanStep& st, std::vector<Tensor>& slots, SubgraphRu
     p.op_type = node.op_type;
     p.calls++;
     p.seconds += dt;
-    const std::string key = node.name.empty() ? node.Describe() : node.name;
-    OpProfile& np = node_profile_[key];
-    if (np.calls == 0) {
-      np.op_type = node.op_type;
-      np.node = key;
+    auto it = node.name.empty() ? node_profile_.end() : node_profile_.find(std::string_view(node.name));
+    if (it == node_profile_.end()) {
+      std::string key = node.name.empty() ? node.Describe() : node.name;
+      it = node_profile_.try_emplace(key, OpProfile{node.op_type, key}).first;
     }
-    np.calls++;
-    np.seconds += dt;
+    it->second.calls++;
+    it->second.seconds += dt;
   }
   for (size_t o = 0; o < st.out_slots.size(); ++o) {
     if (st.out_slots[o] < 0) continue;
@@ -846,7 +846,8 @@ void Session::ResetProfile() {
 }
 
 namespace {
-std::vector<OpProfile> SlowestFirst(const std::map<std::string, OpProfile>& m) {
+template <class Map>
+std::vector<OpProfile> SlowestFirst(const Map& m) {
   std::vector<OpProfile> out;
   for (const auto& [k, v] : m) out.push_back(v);
   std::sort(out.begin(), out.end(), [](const OpProfile& a, const OpProfile& b) { return a.seconds > b.seconds; });

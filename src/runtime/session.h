@@ -136,7 +136,7 @@ class Session {
   std::vector<ValueInfo> inputs_, outputs_;
   std::unordered_map<const Graph*, std::unique_ptr<Plan>> plans_;
   std::map<std::string, OpProfile> profile_;
-  std::map<std::string, OpProfile> node_profile_;
+  std::map<std::string, OpProfile, std::less<>> node_profile_;  // found by name without a copy
   std::mutex run_mutex_;
   bool cache_room_ = false;  // the current run's Run(..., cache_room) and options_.cache_in_place
   bool last_position_only_ = false;  // the current run's Run(..., last_position_only)
