@@ -34,6 +34,7 @@ struct GenerateArgs {
   bool reference_kernels = false;
   bool no_cache_in_place = false;
   bool no_task_team = false;
+  bool no_read_ahead = false;
   bool half_weights = false, float32_weights = false;
   int repeat = 1;
   uint32_t seed = 0;
@@ -84,6 +85,7 @@ void RunGenerate(const GenerateArgs& a) {
   UseHalfWeights(so, half);
   so.cache_in_place = !a.no_cache_in_place;
   so.task_team = !a.no_task_team;
+  so.read_ahead = !a.no_read_ahead;
   GAF_CHECK(a.profile_nodes >= 0, "generate: --profile-nodes must be at least 0, got {}", a.profile_nodes);
   so.profile = a.profile || a.profile_nodes > 0;
   Session session(m, so);
@@ -161,6 +163,7 @@ void RunGenerate(const GenerateArgs& a) {
     j["deterministic"] = deterministic;
     j["cache_in_place"] = so.cache_in_place;
     j["task_team"] = so.task_team;
+    j["read_ahead"] = so.read_ahead;
     j["cache_appends"] = {{"in_place", appends.in_place}, {"new_storage_with_room", appends.new_room},
                           {"copied", appends.copied}};
     json per_run = json::array();
@@ -241,6 +244,9 @@ void AddGenerateCommand(CLI::App& app) {
   cmd->add_flag("--no-task-team", a->no_task_team,
                 "open a parallel region per product in decode steps instead of holding the threads for the whole "
                 "step (for comparison)");
+  cmd->add_flag("--no-read-ahead", a->no_read_ahead,
+                "in decode steps, let the threads with no task left in a weight product wait instead of prefetching "
+                "what they read first in the next one (for comparison)");
   cmd->add_flag("--half-weights", a->half_weights,
                 "float16 storage of constant MatMul weights (half the bytes; changes numerics slightly)");
   cmd->add_flag("--float32-weights", a->float32_weights,

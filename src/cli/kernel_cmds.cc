@@ -220,7 +220,7 @@ void RunBench(const BenchArgs& a) {
 
   std::vector<std::unique_ptr<Stage>> stages;
   auto add = [&](const std::string& name, const Model& m, bool kernels, const std::string& note, bool half = false,
-                 bool fold = true, bool reuse = true) {
+                 bool fold = true, bool reuse = true, bool read_ahead = true) {
     auto st = std::make_unique<Stage>();
     st->name = name;
     st->model = m;
@@ -231,6 +231,7 @@ void RunBench(const BenchArgs& a) {
     s.fold_shapes = fold;
     s.rewrite_products = fold;
     s.task_team = fold;  // part of the scheduling stage
+    s.read_ahead = fold && read_ahead;
     s.memory_plan = reuse;
     s.cache_in_place = reuse;
     if (kernels) {
@@ -260,7 +261,12 @@ void RunBench(const BenchArgs& a) {
   add("+ scheduling", fused, true,
       "the same, constants folded once, shape computation reused while the shapes it reads are unchanged, decode "
       "steps led by a team of threads held for the step, products "
-      "reading the KV cache and transposed operands in place, sibling products in one pass");
+      "reading the KV cache and transposed operands in place, sibling products in one pass",
+      false, true, true, /*read_ahead=*/false);
+  // The original's pipelining: the memory kept busy between a decode step's products.
+  add("+ read-ahead", fused, true,
+      "the same, and the threads with no task left in a decode step's weight product prefetch what they read first "
+      "in the next one (through its last tasks and the one-thread work after it)");
   std::string safe_summary, half_note =
       "float16 storage of constant MatMul weights (numerics change: verify --half-weights --dim sequence_length=1)";
   if (a.safe) {

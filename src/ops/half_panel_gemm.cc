@@ -170,6 +170,12 @@ void HalfPanelGemmMany(const float* x, int64_t M, int64_t K, const HalfPanelProd
     return;
   }
   if (M > kHalfPanelMaxRows) return HalfPanelGemmRows(x, M, K, ps, count, weights);
+  const int64_t panel_bytes = K * W * static_cast<int64_t>(sizeof(uint16_t));  // (ops/task_team.h ReadAhead)
+  panel_detail::AnnounceFirstTasks(ps[0].w, static_cast<int64_t>(tasks.size()), panel_bytes, panel_bytes,
+                                   [&](int64_t r) {
+                                     const Task& t = tasks[r];
+                                     return std::pair<const void*, int64_t>(ps[t.w].w->panel(t.p), t.n);
+                                   });
   auto run = [&](int64_t t) {
     const Task& task = tasks[t];
     const HalfPanelWeight& w = *ps[task.w].w;

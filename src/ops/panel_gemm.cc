@@ -355,6 +355,14 @@ void PanelGemmMany(const float* x, int64_t M, int64_t K, const PanelProduct* ps,
     return;
   }
   if (M > kPanelMaxRows) return PanelGemmRows(x, M, K, ps, count);
+  if (M <= kMultiPanelMaxRows) {  // a decode step's product: the team reads its first tasks ahead
+    const int64_t panel_bytes = K * kPanelCols * static_cast<int64_t>(sizeof(float));
+    panel_detail::AnnounceFirstTasks(ps[0].w, static_cast<int64_t>(tasks.size()), panel_bytes, panel_bytes,
+                                     [&](int64_t r) {
+                                       const Task& t = tasks[r];
+                                       return std::pair<const void*, int64_t>(ps[t.w].w->panel(t.p), t.n);
+                                     });
+  }
   auto run = [&](int64_t t) {
     const Task& task = tasks[t];
     const PanelWeight& w = *ps[task.w].w;

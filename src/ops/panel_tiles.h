@@ -229,6 +229,25 @@ inline std::vector<RowRangeTask> RowRangeTasks(int64_t units, int64_t M, int64_t
   return tasks;
 }
 
+// Tells the team leading the run (if any) what a decode product's first tasks read, so that it
+// prefetches them at the end of the product before (TaskTeam::Announce): rank r takes task r
+// first, its panels side by side. task(r) gives task r's first panel and panel count; panels lie
+// `panel_stride` bytes apart and each reads `panel_bytes` from its start.
+template <class TaskOf>
+void AnnounceFirstTasks(const void* key, int64_t tasks, int64_t panel_stride, int64_t panel_bytes, TaskOf&& task) {
+  TaskTeam* team = TaskTeam::Active();
+  if (team == nullptr) return;
+  FirstReads first[ReadAhead::kMaxThreads];
+  const int count = static_cast<int>(std::min<int64_t>({tasks, team->threads(), ReadAhead::kMaxThreads}));
+  for (int r = 0; r < count; ++r) {
+    const auto [panel, n] = task(r);
+    first[r].streams = static_cast<int>(std::min<int64_t>(n, 4));
+    first[r].bytes = panel_bytes;
+    for (int s = 0; s < first[r].streams; ++s) first[r].p[s] = static_cast<const char*>(panel) + s * panel_stride;
+  }
+  team->Announce(key, first, count);
+}
+
 // fn(t) for every task t in [0, n): taken dynamically by the OpenMP team when there are several and
 // `work` (weight elements x rows) reaches `min_parallel`, else in order on the calling thread (also
 // inside a parallel region).

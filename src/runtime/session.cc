@@ -814,7 +814,8 @@ std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,
   std::vector<Tensor> all;
   const Plan& graph_plan = PlanFor(model_.graph);
   if (team) {
-    TaskTeam::Run(threads, [&] { all = Execute(graph_plan, nullptr, {}, &feeds); });
+    TaskTeam::Run(threads, [&] { all = Execute(graph_plan, nullptr, {}, &feeds); },
+                  options_.read_ahead ? &read_ahead_ : nullptr);
   } else {
     all = Execute(graph_plan, nullptr, {}, &feeds);
   }

@@ -19,6 +19,7 @@
 #include "ir/graph.h"
 #include "ir/memory_plan.h"
 #include "ops/kernel.h"
+#include "ops/task_team.h"  // ReadAhead
 #include "runtime/plan_rewrite.h"
 
 namespace gaf {
@@ -71,6 +72,10 @@ struct SessionOptions {
   // more rows (a prompt), and runs where a kernel opened a parallel region of its own (oneDNN,
   // convolutions, a prompt's attention: inside a team it would get one thread) run without one.
   bool task_team = true;
+  // In runs led by a team, the threads with no task left in a weight product prefetch what they
+  // read first in the next one (ops/task_team.h ReadAhead, learned over the runs of this
+  // session). Off: they wait (for comparison).
+  bool read_ahead = true;
 };
 
 struct OpProfile {
@@ -153,11 +158,14 @@ class Session {
   // led by a task team (SessionOptions::task_team).
   std::map<std::string, int64_t> product_rows_;
   bool last_run_team_ = false;
+  ReadAhead read_ahead_;  // the products' order, for the runs led by a team (SessionOptions::read_ahead)
 
  public:
   static constexpr int64_t kTeamMaxRows = 4;
   // Whether the last run was led by a task team (tests, `run --profile`).
   bool last_run_had_team() const { return last_run_team_; }
+  // The weight products whose successor the runs led by a team have learned (ReadAhead; tests).
+  size_t read_ahead_entries() const { return read_ahead_.size(); }
 };
 
 // Replaces every call of a model-local function (in the graph and its subgraphs) with the

@@ -6,8 +6,10 @@
 #include <omp.h>
 
 #include <atomic>
+#include <chrono>
 #include <set>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include "ops/kernel_util.h"
@@ -107,6 +109,93 @@ TEST(TaskTeam, OneThreadMoreThreadsThanCoresOrANestedRunHasNoTeam) {
     if (omp_get_thread_num() == 0) TaskTeam::Run(2, [&] { nested = TaskTeam::Active() != nullptr; });
   }
   EXPECT_FALSE(nested);
+}
+
+// A weight product announces what each thread reads first in it; the team remembers that as what
+// follows the product announced before it, and a thread with no task of a product left prefetches
+// what followed that product the last time. Without a ReadAhead nothing is learned or prefetched.
+TEST(TaskTeam, ReadAheadLearnsWhatFollowsEachProductAndPrefetchesIt) {
+  NEED_TWO_CORES();
+  constexpr int64_t kBytes = 16 << 10;  // of each of 2 streams; under any L2's budget (64 KiB and up)
+  std::vector<char> a(1 << 20), b(1 << 20);
+  auto reads_of = [](const std::vector<char>& v, FirstReads* r) {
+    for (int rank = 0; rank < 2; ++rank) {
+      r[rank].streams = 2;
+      r[rank].bytes = kBytes;
+      r[rank].p[0] = v.data() + rank * 2 * kBytes;
+      r[rank].p[1] = v.data() + (rank * 2 + 1) * kBytes;
+    }
+  };
+  FirstReads ra_a[2], ra_b[2];
+  reads_of(a, ra_a);
+  reads_of(b, ra_b);
+  for (bool with : {true, false}) {
+    ReadAhead learned;
+    int64_t after_first_round = -1, at_end = -1;
+    int worker_jobs = 0;  // jobs of the second round in which the other thread ran a task
+    TaskTeam::Run(
+        2,
+        [&] {
+          TaskTeam* team = TaskTeam::Active();
+          ASSERT_NE(team, nullptr);
+          for (int round = 0; round < 2; ++round) {
+            for (const FirstReads* r : {ra_a, ra_b}) {
+              team->Announce(r == ra_a ? a.data() : b.data(), r, 2);
+              std::atomic<bool> worker{false};
+              // Tasks long enough for the other thread to join the job.
+              team->ForEach(8, [&](int64_t, int64_t) {
+                if (omp_get_thread_num() != 0) worker = true;
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+              });
+              worker_jobs += round == 1 && worker.load();
+              // One-thread work after the product: the other thread reads ahead meanwhile.
+              std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            }
+            if (round == 0) after_first_round = team->read_ahead_bytes();
+          }
+          at_end = team->read_ahead_bytes();
+        },
+        with ? &learned : nullptr);
+    if (!with) {
+      EXPECT_EQ(at_end, 0) << "no ReadAhead: nothing prefetched";
+      continue;
+    }
+    EXPECT_EQ(after_first_round, 0) << "the first round has nothing learned to read ahead";
+    EXPECT_EQ(learned.size(), 2u) << "a -> b and b -> a";
+    // In the second round, the other thread read ahead its whole share of what came next (b after
+    // a, a after b) in each job it took part in.
+    if (worker_jobs == 0) GTEST_SKIP() << "the other thread took no task of the second round (a busy host)";
+    EXPECT_GE(at_end, worker_jobs * 2 * kBytes);
+  }
+}
+
+// Runs a session leads by a team learn the order of their weight products (two products here, so
+// each has one after it, the second's being the first of the next run), and read ahead without
+// changing a bit of the results.
+TEST(TaskTeam, SessionRunsLearnTheirProductsOrderWithTheSameBits) {
+  NEED_TWO_CORES();
+  const int64_t K = 512, N = 512;
+  static_assert(K * N >= kPackedMatMulMinWeight);  // both weights are prepared (panels)
+  Graph g;
+  g.inputs = {testing::FloatValue("x", {-1, K})};
+  g.SetInitializer("w1", RandomFloat({K, N}, 31, -0.1f, 0.1f));
+  g.SetInitializer("w2", RandomFloat({N, N}, 32, -0.1f, 0.1f));
+  g.nodes.push_back(MakeNode("MatMul", {"x", "w1"}, {"h"}, "first"));
+  g.nodes.push_back(MakeNode("MatMul", {"h", "w2"}, {"y"}, "second"));
+  g.outputs = {ValueInfo{"y", DataType::kFloat}};
+  Model m = testing::MakeModel(std::move(g));
+  SessionOptions with{.num_threads = 2}, without{.num_threads = 2};
+  without.read_ahead = false;
+  Session ahead(m, with), plain(m, without);
+  const Tensor x = RandomFloat({1, K}, 33);
+  for (int run = 0; run < 4; ++run) {
+    const Tensor y1 = ahead.Run({{"x", x}}, {})[0], y2 = plain.Run({{"x", x}}, {})[0];
+    ASSERT_EQ(y1.numel(), y2.numel());
+    for (int64_t i = 0; i < y1.numel(); ++i) ASSERT_EQ(y1.data<float>()[i], y2.data<float>()[i]) << "run " << run;
+  }
+  EXPECT_TRUE(ahead.last_run_had_team());
+  EXPECT_EQ(ahead.read_ahead_entries(), 2u);
+  EXPECT_EQ(plain.read_ahead_entries(), 0u);
 }
 
 // A SwiGLU MLP whose weights are packed (its products run on the panels): a decode step's run of
