@@ -149,6 +149,15 @@ assert ca["in_place"] > 0 and ca["copied"] == 0, ca
 assert cb["in_place"] == 0 and cb["new_storage_with_room"] == 0 and cb["copied"] > 0, cb
 PY
 then pass=$((pass + 1)); else echo "FAIL generate's KV cache in place: $(cat "$TMP/err")"; fail=$((fail + 1)); fi
+# generate --no-read-ahead: the same tokens, and the JSON says which (read_ahead).
+if "$BIN" generate "$DEC/model.onnx" -n 6 --json --no-read-ahead >"$TMP/no_ra.json" 2>"$TMP/err" &&
+  /usr/bin/python3 - "$TMP/in_place.json" "$TMP/no_ra.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert a["tokens"] == b["tokens"], (a["tokens"], b["tokens"])
+assert a["read_ahead"] is True and b["read_ahead"] is False, (a["read_ahead"], b["read_ahead"])
+PY
+then pass=$((pass + 1)); else echo "FAIL generate --no-read-ahead: $(cat "$TMP/err")"; fail=$((fail + 1)); fi
 # generate --profile-nodes N: the last generation's decode steps (5 after the prefill of -n 6):
 # the slowest nodes' calls one per step, slowest first, the same tokens as without the profile.
 if "$BIN" generate "$DEC/model.onnx" -n 6 --repeat 2 --profile-nodes 4 --json >"$TMP/prof.json" 2>"$TMP/err" &&
