@@ -70,11 +70,6 @@ int64_t PrefetchReads(const FirstReads& r, Stop&& stop) {
 
 }  // namespace
 
-void ReadAhead::Clear() {
-  next_.clear();
-  last_ = nullptr;
-}
-
 void TaskTeam::Announce(const void* key, const FirstReads* first, int count) {
   if (read_ahead_ == nullptr || key == nullptr) return;
   ReadAhead& ra = *read_ahead_;

@@ -68,7 +68,6 @@ class ReadAhead {
   static constexpr int kMaxThreads = 8;  // threads whose first reads are remembered
   // Entries past this many (products announced by other graphs' runs) start the learning afresh.
   static constexpr size_t kMaxEntries = 4096;
-  void Clear();
   size_t size() const { return next_.size(); }
 
  private:
