@@ -59,9 +59,10 @@ struct FirstReads {
 // last tasks end, and through the one-thread work after it (normalizations, rotary, attention),
 // the threads with no task left prefetch what they will read first in the next product into
 // their L2, instead of waiting with the memory idle. In the bench Llama's decode steps the
-// threads waited about a tenth of the step (tasks' ends and one-thread work), and steps with the
-// read-ahead ran 1.5-3.6% faster than the steps between them without it (interleaved in one
-// process; docs/benchmarks.md). The caller of TaskTeam::Run keeps one for the runs of one model
+// threads waited about a tenth of the step (tasks' ends and one-thread work); with the read-ahead
+// the steps ran 2.5-7.1% faster in float32 and 4.8% with float16 weights, side by side in one
+// process (`bench`'s `+ read-ahead` row; 0-2.5% at loaded minutes; between separate processes not
+// beyond their noise: docs/benchmarks.md). The caller of TaskTeam::Run keeps one for the runs of one model
 // (Session); a hint only: a wrong or stale entry costs reads, never results.
 class ReadAhead {
  public:
@@ -104,8 +105,8 @@ class TaskTeam {
   int threads() const { return threads_; }
 
   // Called by a weight product before its ForEach: `key` names the product (its weights), first[r]
-  // what the thread of rank r (0: the leader) reads first in it (rank r takes task r first: the
-  // leader claims as it publishes, the others as they see the job). Records them as what follows
+  // what the thread of rank r (0: the leader) reads first in it (rank r usually takes task r first:
+  // the leader claims as it publishes, the others as they see the job). Records them as what follows
   // the product announced before, and has the threads prefetch, once they have no task of this
   // product left, what followed this one the last time. Without a ReadAhead, nothing.
   void Announce(const void* key, const FirstReads* first, int count);
