@@ -44,11 +44,38 @@ inline void ScaleAndMaskRow(const float* x, float* y, int64_t n, int64_t scale, 
   }
 }
 
+// What a decode step's attention asks for ahead of its reads (DecodeScores, DecodeValues): the
+// rows it reads `ahead` bytes ahead into L1 (0: none), and while the scores go, a second stream
+// (the head's values, `next` of `next_bytes`) into L2 at the same pace, so that the values product
+// finds them there.
+struct DecodeAhead {
+  int64_t ahead = 0;
+  const float* next = nullptr;
+  int64_t next_bytes = 0;
+};
+
 #if GAF_ATTENTION_AVX512
+// Lines of a stream a kernel asks for ahead of its reads: [done, upto) of `bytes` from p, one
+// prefetch a 64-byte line (L1: prefetcht0; else L2: prefetcht1). Returns the new `done`.
+template <bool kL1>
+inline int64_t PrefetchLines(const char* p, int64_t bytes, int64_t done, int64_t upto) {
+  upto = std::min(upto, bytes);
+  for (; done < upto; done += 64) {
+    if (kL1) _mm_prefetch(p + done, _MM_HINT_T0);
+    else _mm_prefetch(p + done, _MM_HINT_T1);
+  }
+  return done;
+}
+
 // C[M, 16*DV] (+)= P[M,T] * V[T, 16*DV] (P rows ldp apart) for MB rows of P at a time: the MB x DV
 // sums in registers while V streams by (read once per MB rows: from L2 after the first block).
-template <int DV, int MB>
-inline void ValuesBlock(int64_t mb, int64_t T, const float* P, int64_t ldp, const float* V, float* C, bool accumulate) {
+// kAhead: V's rows asked for `ahead` bytes ahead into L1 (a decode step's values, from memory).
+template <int DV, int MB, bool kAhead = false>
+inline void ValuesBlock(int64_t mb, int64_t T, const float* P, int64_t ldp, const float* V, float* C, bool accumulate,
+                        int64_t ahead = 0) {
+  const char* vp = reinterpret_cast<const char*>(V);
+  const int64_t v_bytes = T * 16 * DV * static_cast<int64_t>(sizeof(float));
+  int64_t asked = 0;
   __m512 acc[MB][DV];
 #pragma GCC unroll 16
   for (int i = 0; i < MB; ++i)
@@ -56,6 +83,7 @@ inline void ValuesBlock(int64_t mb, int64_t T, const float* P, int64_t ldp, cons
     for (int c = 0; c < DV; ++c)
       acc[i][c] = accumulate && i < mb ? _mm512_loadu_ps(C + i * 16 * DV + 16 * c) : _mm512_setzero_ps();
   for (int64_t t = 0; t < T; ++t) {
+    if (kAhead && (t & 3) == 0) asked = PrefetchLines<true>(vp, v_bytes, asked, (t + 4) * 64 * DV + ahead);
     __m512 v[DV];
 #pragma GCC unroll 16
     for (int c = 0; c < DV; ++c) v[c] = _mm512_loadu_ps(V + t * 16 * DV + 16 * c);
@@ -75,10 +103,111 @@ inline void ValuesBlock(int64_t mb, int64_t T, const float* P, int64_t ldp, cons
   }
 }
 
-template <int DV, int MB>
-inline void ValuesAvx512(int64_t M, int64_t T, const float* P, int64_t ldp, const float* V, float* C, bool accumulate) {
+template <int DV, int MB, bool kAhead = false>
+inline void ValuesAvx512(int64_t M, int64_t T, const float* P, int64_t ldp, const float* V, float* C, bool accumulate,
+                         int64_t ahead = 0) {
   for (int64_t m0 = 0; m0 < M; m0 += MB)
-    ValuesBlock<DV, MB>(std::min<int64_t>(MB, M - m0), T, P + m0 * ldp, ldp, V, C + m0 * 16 * DV, accumulate);
+    ValuesBlock<DV, MB, kAhead>(std::min<int64_t>(MB, M - m0), T, P + m0 * ldp, ldp, V, C + m0 * 16 * DV, accumulate,
+                                m0 == 0 ? ahead : 0);
+}
+
+// Lane i of the result = the sum of the lanes of v[i] (16 vectors transposed and added in four
+// levels: 45 operations for 16 sums). (GCC 12 warns, wherever this is inlined, that the
+// intrinsics' undefined pass-through operand may be used uninitialized; it is not used.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+inline __m512 SumEach16(const __m512* v) {
+  __m512 t[8], u[4];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j)
+    t[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    const __m512d a = _mm512_castps_pd(t[2 * j]), b = _mm512_castps_pd(t[2 * j + 1]);
+    u[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
+}
+#pragma GCC diagnostic pop
+
+// Scores C[m, n] (rows ldc apart) = A[m, :] . B[n, :] for MR query rows (A's rows 16*DC apart) and
+// N cache rows (B's rows 16*DC apart), a decode step's product over a long cache: the query rows
+// in registers, 16/MR cache rows at a time, each of the 16 dot products summed over its 16 lanes
+// (DC multiply-adds a lane, in the order of the d axis) and then across them (SumEach16), so the
+// sums have the bits of ScoresAvx512's (ops/grouped_matmul.cc). The 16 sums advance together: one
+// dot product at a time waited on its multiply-add's latency.
+template <int MR, int DC>
+inline void DecodeScoresRows(int64_t N, const float* A, const float* B, float* C, int64_t ldc, const DecodeAhead& pf) {
+  constexpr int KG = 16 / MR;  // cache rows a group
+  constexpr int64_t kRow = 16 * DC;
+  __m512 q[MR][DC];
+#pragma GCC unroll 16
+  for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 16
+    for (int c = 0; c < DC; ++c) q[m][c] = _mm512_loadu_ps(A + m * kRow + 16 * c);
+  const char* bp = reinterpret_cast<const char*>(B);
+  const int64_t b_bytes = N * kRow * static_cast<int64_t>(sizeof(float));
+  const char* np = reinterpret_cast<const char*>(pf.next);
+  int64_t asked = 0, next_asked = 0;
+  int64_t n0 = 0;
+  for (; n0 + KG <= N; n0 += KG) {
+    if (pf.ahead > 0) asked = PrefetchLines<true>(bp, b_bytes, asked, (n0 + KG) * kRow * 4 + pf.ahead);
+    if (np != nullptr) next_asked = PrefetchLines<false>(np, pf.next_bytes, next_asked, pf.next_bytes * (n0 + KG) / N);
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+    for (int k = 0; k < KG; ++k)
+#pragma GCC unroll 16
+      for (int c = 0; c < DC; ++c) {
+        const __m512 b = _mm512_loadu_ps(B + (n0 + k) * kRow + 16 * c);
+#pragma GCC unroll 16
+        for (int m = 0; m < MR; ++m) acc[m * KG + k] = _mm512_fmadd_ps(q[m][c], b, acc[m * KG + k]);
+      }
+    alignas(64) float s[16];
+    _mm512_store_ps(s, SumEach16(acc));
+#pragma GCC unroll 16
+    for (int m = 0; m < MR; ++m)
+#pragma GCC unroll 16
+      for (int k = 0; k < KG; ++k) C[m * ldc + n0 + k] = s[m * KG + k];
+  }
+  for (; n0 < N; ++n0)  // the last rows, one at a time
+#pragma GCC unroll 16
+    for (int m = 0; m < MR; ++m) {
+      __m512 acc[16];
+#pragma GCC unroll 16
+      for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
+#pragma GCC unroll 16
+      for (int c = 0; c < DC; ++c) acc[0] = _mm512_fmadd_ps(q[m][c], _mm512_loadu_ps(B + n0 * kRow + 16 * c), acc[0]);
+      alignas(64) float s[16];
+      _mm512_store_ps(s, SumEach16(acc));
+      C[m * ldc + n0] = s[0];
+    }
+  if (np != nullptr) PrefetchLines<false>(np, pf.next_bytes, next_asked, pf.next_bytes);
+}
+
+// DecodeScoresRows for any M rows (A's rows 16*DC apart): the rows in blocks of 8, 4, 2 and 1,
+// each block one pass over B (a block's next pass finds B in L2 when it fits there).
+template <int DC>
+inline void DecodeScoresOf(int64_t M, int64_t N, const float* A, const float* B, float* C, int64_t ldc,
+                           const DecodeAhead& pf) {
+  int64_t m = 0;
+  for (; m + 8 <= M; m += 8) DecodeScoresRows<8, DC>(N, A + m * 16 * DC, B, C + m * ldc, ldc, m == 0 ? pf : DecodeAhead{});
+  for (; m + 4 <= M; m += 4) DecodeScoresRows<4, DC>(N, A + m * 16 * DC, B, C + m * ldc, ldc, m == 0 ? pf : DecodeAhead{});
+  for (; m + 2 <= M; m += 2) DecodeScoresRows<2, DC>(N, A + m * 16 * DC, B, C + m * ldc, ldc, m == 0 ? pf : DecodeAhead{});
+  for (; m < M; ++m) DecodeScoresRows<1, DC>(N, A + m * 16 * DC, B, C + m * ldc, ldc, m == 0 ? pf : DecodeAhead{});
+}
+
+// C[M, N] for D = 64 or 128 (true), else false (the caller's kernel).
+inline bool DecodeScores(int64_t M, int64_t N, int64_t D, const float* A, const float* B, float* C, int64_t ldc,
+                         const DecodeAhead& pf) {
+  if (D == 64) DecodeScoresOf<4>(M, N, A, B, C, ldc, pf);
+  else if (D == 128) DecodeScoresOf<8>(M, N, A, B, C, ldc, pf);
+  else return false;
+  return true;
 }
 
 // C[mr rows, ldc apart][32 columns from n0, the first nb] = A[mr rows, D apart] * Bt[D, ldb apart]:

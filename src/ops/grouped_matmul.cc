@@ -76,25 +76,12 @@ void SmallProduct(int64_t M, int64_t N, int64_t K, bool trans_b, const float* __
 }
 
 #if GAF_ATTENTION_AVX512
-// Lane i of the result = the sum of the lanes of v[i] (16 vectors transposed and added in four
-// levels: 45 operations for 16 sums).
-inline __m512 SumEach16(const __m512* v) {
-  __m512 t[8], u[4];
-  for (int j = 0; j < 8; ++j)
-    t[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]), _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
-  for (int j = 0; j < 4; ++j) {
-    const __m512d a = _mm512_castps_pd(t[2 * j]), b = _mm512_castps_pd(t[2 * j + 1]);
-    u[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)), _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-  }
-  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
-  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
-}
-
 // Attention scores C[M,N] = A[M,D] * B[N,D]ᵀ for D a multiple of 16 (a decode step: M = the query
 // heads of one cache head, N = the cache length): 16 cache rows at a time stay in L1 while every
 // query row takes its 16 dot products, summed across lanes together.
-void ScoresAvx512(int64_t M, int64_t N, int64_t D, const float* A, const float* B, float* C, int64_t ldc) {
+void ScoresAvx512(int64_t M, int64_t N, int64_t D, const float* A, const float* B, float* C, int64_t ldc,
+                  const DecodeAhead& pf) {
+  if (DecodeScores(M, N, D, A, B, C, ldc, pf)) return;  // the same sums, 16 at a time
   const int64_t chunks = D / 16;
   for (int64_t n0 = 0; n0 < N; n0 += 16) {
     const int64_t nb = std::min<int64_t>(16, N - n0);
@@ -117,23 +104,27 @@ void ScoresAvx512(int64_t M, int64_t N, int64_t D, const float* A, const float* 
 
 // The attention products of a decode step or short prompt, when this machine and shape have them:
 // false when the caller is to use the library. A's rows are lda apart, C's ldc apart (scores) or
-// N (values, which add into C when accumulate).
+// N (values, which add into C when accumulate). pf: what the kernels ask for ahead of their reads.
 bool AttentionProduct(int64_t M, int64_t N, int64_t K, bool trans_b, const float* A, int64_t lda, const float* B,
-                      float* C, int64_t ldc, bool accumulate) {
+                      float* C, int64_t ldc, bool accumulate, const DecodeAhead& pf = {}) {
   if (M > 16) return false;
   if (trans_b) {
     if (K % 16 != 0 || K > 256 || lda != K || accumulate) return false;
-    ScoresAvx512(M, N, K, A, B, C, ldc);
+    ScoresAvx512(M, N, K, A, B, C, ldc, pf);
     return true;
   }
   if (ldc != N) return false;
-  if (N == 64) ValuesAvx512<4, 4>(M, K, A, lda, B, C, accumulate);
-  else if (N == 128) ValuesAvx512<8, 2>(M, K, A, lda, B, C, accumulate);
+  const bool ahead = pf.ahead > 0;
+  if (N == 64) ahead ? ValuesAvx512<4, 4, true>(M, K, A, lda, B, C, accumulate, pf.ahead)
+                     : ValuesAvx512<4, 4>(M, K, A, lda, B, C, accumulate);
+  else if (N == 128) ahead ? ValuesAvx512<8, 2, true>(M, K, A, lda, B, C, accumulate, pf.ahead)
+                           : ValuesAvx512<8, 2>(M, K, A, lda, B, C, accumulate);
   else return false;
   return true;
 }
 #else
-bool AttentionProduct(int64_t, int64_t, int64_t, bool, const float*, int64_t, const float*, float*, int64_t, bool) {
+bool AttentionProduct(int64_t, int64_t, int64_t, bool, const float*, int64_t, const float*, float*, int64_t, bool,
+                      const DecodeAhead& = {}) {
   return false;
 }
 #endif
@@ -170,14 +161,14 @@ void Products(int64_t batches, int64_t M, int64_t N, int64_t K, bool trans_b, co
 
 // C[M,N] (+)= A[M,K] * op(B) with A's rows lda apart and C's ldc apart (one segment of the cache rows).
 void AttentionSegment(int64_t M, int64_t N, int64_t K, bool trans_b, const float* A, int64_t lda, const float* B, float* C,
-             int64_t ldc, bool accumulate) {
+             int64_t ldc, bool accumulate, const DecodeAhead& pf) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
     if (!accumulate)
       for (int64_t m = 0; m < M; ++m) std::fill(C + m * ldc, C + m * ldc + N, 0.f);
     return;
   }
-  if (AttentionProduct(M, N, K, trans_b, A, lda, B, C, ldc, accumulate)) return;
+  if (AttentionProduct(M, N, K, trans_b, A, lda, B, C, ldc, accumulate, pf)) return;
   SgemmF32(false, trans_b, M, N, K, 1.f, A, lda, B, trans_b ? K : N, accumulate ? 1.f : 0.f, C, ldc);
 }
 

@@ -183,6 +183,66 @@ TEST(ScoresPackedScaled, EqualsTheScaledMaskedProductAndItsRowMaxima) {
         }
   EXPECT_GT(checked, 1000);
 }
+
+// A decode step's scores (DecodeScores: the query rows in registers, 16 dot products advancing
+// together) have the bits of the kernel they replaced (one cache row's dot product at a time,
+// 16 summed across lanes together, as below), for any number of query rows up to 16 and cache
+// rows (the last rows of a group one at a time), d 64 and 128, with and without the requests
+// ahead (DecodeAhead, which only prefetch); and they are the dot products (against double sums).
+// The values product with its requests ahead has the bits of the one without.
+TEST(DecodeScores, HasTheBitsOfOneDotProductAtATime) {
+  int checked = 0;
+  for (int64_t D : {64, 128}) {
+    const Tensor a = RandomFloat({16, D}, 71), b = RandomFloat({70, D}, 72), v = RandomFloat({70, D}, 73);
+    const float* A = a.data<float>();
+    const float* B = b.data<float>();
+    for (int64_t M = 1; M <= 16; ++M)
+      for (int64_t N : {0, 1, 3, 4, 5, 15, 16, 17, 33, 70})
+        for (bool ahead : {false, true}) {
+          const std::string what = fmt::format("D {} M {} N {} ahead {}", D, M, N, ahead);
+          const int64_t ldc = 75;
+          std::vector<float> C(static_cast<size_t>(M * ldc), -7.f);
+          DecodeAhead pf;
+          if (ahead) pf.ahead = 256, pf.next = v.data<float>(), pf.next_bytes = N * D * 4;
+          ASSERT_TRUE(DecodeScores(M, N, D, A, B, C.data(), ldc, pf));
+          for (int64_t m = 0; m < M; ++m) {
+            for (int64_t n0 = 0; n0 < N; n0 += 16) {
+              __m512 part[16];
+              for (int64_t k = 0; k < 16; ++k) {
+                part[k] = _mm512_setzero_ps();
+                if (n0 + k < N)
+                  for (int64_t c = 0; c < D / 16; ++c)
+                    part[k] = _mm512_fmadd_ps(_mm512_loadu_ps(A + m * D + 16 * c), _mm512_loadu_ps(B + (n0 + k) * D + 16 * c),
+                                              part[k]);
+              }
+              alignas(64) float want[16];
+              _mm512_store_ps(want, SumEach16(part));
+              for (int64_t k = 0; k < 16 && n0 + k < N; ++k) {
+                const float got = C[m * ldc + n0 + k];
+                ASSERT_EQ(got, want[k]) << what << " row " << m << " key " << n0 + k;
+                double exact = 0;
+                for (int64_t c = 0; c < D; ++c) exact += static_cast<double>(A[m * D + c]) * B[(n0 + k) * D + c];
+                ASSERT_NEAR(got, exact, 1e-4 * (1 + std::abs(exact))) << what;
+                ++checked;
+              }
+            }
+            for (int64_t j = N; j < ldc; ++j) ASSERT_EQ(C[m * ldc + j], -7.f) << what << " past N";
+          }
+        }
+    // P [4, 70] by V [70, D]: with and without the requests ahead, the same bits.
+    const Tensor p = RandomFloat({4, 70}, 74);
+    std::vector<float> y0(static_cast<size_t>(4 * D)), y1(y0.size());
+    if (D == 64) {
+      ValuesAvx512<4, 4>(4, 70, p.data<float>(), 70, v.data<float>(), y0.data(), false);
+      ValuesAvx512<4, 4, true>(4, 70, p.data<float>(), 70, v.data<float>(), y1.data(), false, 512);
+    } else {
+      ValuesAvx512<8, 2>(4, 70, p.data<float>(), 70, v.data<float>(), y0.data(), false);
+      ValuesAvx512<8, 2, true>(4, 70, p.data<float>(), 70, v.data<float>(), y1.data(), false, 512);
+    }
+    EXPECT_EQ(y0, y1) << "D " << D;
+  }
+  EXPECT_GT(checked, 10000);
+}
 #endif
 
 // A float causal mask of large finite negatives (finfo.min, as exports write an additive mask)
