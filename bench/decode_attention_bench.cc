@@ -11,10 +11,14 @@
 //                the whole-head prefetch
 //   ahead        DecodeScores and the values asking for their rows 4 KiB ahead, no whole-head prefetch
 //   ahead+v      as `ahead`, and the values asked for into L2 while the scores go (the session's
-//                decode steps: ops/fused_attention.cc)
+//                decode steps with 2 query rows a cache head or more; with one, `scores`:
+//                ops/fused_attention.cc, AheadTakes)
 //
 //   decode_attention_bench [--past 256,2000,4000] [--layers 12] [--kv-heads 4] [--group 4]
 //                          [--head-dim 64] [--threads 1,2] [--rounds 9]
+//
+// Environment: AHEAD (bytes ahead, 4096), HOT (set: no eviction between steps, the kernels'
+// speed from the caches).
 //
 // Prints per past length and thread count the median ms per step of each variant, its GB/s over
 // the cache bytes, the floor's GB/s (bench_util.h's read patterns over the same caches, cold, the

@@ -260,12 +260,17 @@ void DecodeStepsSplit(const Tensor& Q, Cache& K, Cache& V, int64_t scale, float 
     }
 }
 
-// Whether this build's decode kernels take a head of M query rows and widths d, dv (then they ask
-// for its rows ahead of their reads: DecodeAhead). decode_attention_bench, 2 threads, the bench
-// Llama's heads (12 layers, 4 cache heads of 4 query rows, d 64) at a 2,000-row past, cold:
-// 1.69-1.72 ms a step against 2.16-2.18 with the whole head asked for at its task's start.
-bool DecodeKernelsTake(int64_t M, int64_t d, int64_t dv) {
-  return GAF_ATTENTION_AVX512 && M <= 16 && (d == 64 || d == 128) && (dv == 64 || dv == 128);
+// Whether a decode task asks for its head's rows as its kernels go (DecodeAhead) rather than all
+// at its start: where this build's decode kernels take the head, and for 2 query rows or more.
+// decode_attention_bench, 2 threads, 12 layers at a 2,000-row past, cold, ms a step (as they go
+// against all at the start, both with DecodeScores): 4 cache heads of 4 query rows, d 64 (the
+// bench Llama) 1.69-1.72 against 1.86 (2.16-2.18 with the scores one dot product at a time); 8
+// rows 1.87 against 2.15; 2 rows 1.59 against 1.61; d 128 4.00 against 4.01; but 1 row (16 heads of
+// multi-head attention) 6.2-6.8 against 5.84-5.87 (4 to 64 KiB ahead): a row's few multiply-adds
+// a byte leave the reads as the only work, and asking for the whole head at once keeps more of
+// them in flight.
+bool AheadTakes(int64_t M, int64_t d, int64_t dv) {
+  return GAF_ATTENTION_AVX512 && M >= 2 && M <= 16 && (d == 64 || d == 128) && (dv == 64 || dv == 128);
 }
 constexpr int64_t kAheadBytes = 4096;
 
@@ -318,7 +323,7 @@ void DecodeSteps(const Tensor& Q, Cache& K, Cache& V, int64_t scale, float c, co
   auto task = [&](int64_t t, bool prefetch) {
     const int64_t i = t / parts, p = t % parts, bi = i / g;
     const int64_t h0 = i % g * r + r * p / parts, h1 = i % g * r + r * (p + 1) / parts, M = (h1 - h0) * S;
-    const bool ahead = prefetch && DecodeKernelsTake(M, d, dv);
+    const bool ahead = prefetch && AheadTakes(M, d, dv);
     if (prefetch && !ahead) PrefetchHead(K, i), PrefetchHead(V, i);
     DecodeAhead kpf, vpf;
     if (ahead) {
