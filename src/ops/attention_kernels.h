@@ -115,7 +115,9 @@ inline void ValuesAvx512(int64_t M, int64_t T, const float* P, int64_t ldp, cons
 // levels: 45 operations for 16 sums). (GCC 12 warns, wherever this is inlined, that the
 // intrinsics' undefined pass-through operand may be used uninitialized; it is not used.)
 #pragma GCC diagnostic push
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #pragma GCC diagnostic ignored "-Wuninitialized"
 inline __m512 SumEach16(const __m512* v) {
   __m512 t[8], u[4];
