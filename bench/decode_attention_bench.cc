@@ -6,7 +6,7 @@
 //
 //   whole-head   the kernels before issue 14's attention work: the head's rows asked for into L2
 //                at the task's start (all of them), then the scores one dot product at a time
-//                (ScoresOneAtATime below: ScoresAvx512 as it was), the softmax, the values
+//                (ScoresRowByRow, ops/attention_kernels.h), the softmax, the values
 //   scores       DecodeScores (ops/attention_kernels.h: 16 dot products advancing together) with
 //                the whole-head prefetch
 //   ahead        DecodeScores and the values asking for their rows 4 KiB ahead, no whole-head prefetch
@@ -49,29 +49,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The scores as ops/grouped_matmul.cc computed them before DecodeScores: per query row, 16 cache
-// rows' dot products one after another, then summed across lanes together.
-void ScoresOneAtATime(int64_t M, int64_t N, int64_t D, const float* A, const float* B, float* C, int64_t ldc) {
-  const int64_t chunks = D / 16;
-  for (int64_t n0 = 0; n0 < N; n0 += 16) {
-    const int64_t nb = std::min<int64_t>(16, N - n0);
-    for (int64_t m = 0; m < M; ++m) {
-      const float* a = A + m * D;
-      __m512 part[16];
-      for (int64_t i = 0; i < 16; ++i) {
-        __m512 acc = _mm512_setzero_ps();
-        if (i < nb) {
-          const float* b = B + (n0 + i) * D;
-          for (int64_t c = 0; c < chunks; ++c)
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + 16 * c), _mm512_loadu_ps(b + 16 * c), acc);
-        }
-        part[i] = acc;
-      }
-      _mm512_mask_storeu_ps(C + m * ldc + n0, static_cast<__mmask16>((1u << nb) - 1), gaf::SumEach16(part));
-    }
-  }
-}
-
 void PrefetchAll(const float* p, int64_t n) {
   const char* b = reinterpret_cast<const char*>(p);
   for (int64_t off = 0; off < n * 4; off += 64) _mm_prefetch(b + off, _MM_HINT_T1);
@@ -97,7 +74,7 @@ void Head(const Setup& s, Variant var, int64_t l, int64_t h, std::vector<float>&
   float* sb = scores.data();
   if (var == kWholeHead || var == kScores) PrefetchAll(k, T * d), PrefetchAll(v, T * d);
   if (var == kWholeHead) {
-    ScoresOneAtATime(M, T, d, q, k, sb, T);
+    gaf::ScoresRowByRow(M, T, d, q, k, sb, T);
   } else {
     gaf::DecodeAhead pf;
     if (var != kScores) pf.ahead = kAheadBytes;

@@ -135,6 +135,32 @@ inline __m512 SumEach16(const __m512* v) {
 }
 #pragma GCC diagnostic pop
 
+// Scores C[M, N] (rows ldc apart) = A[M, D] * B[N, D]ᵀ for D a multiple of 16: per query row, 16
+// cache rows' dot products one after another (each waits on its multiply-adds' latency), then
+// summed across lanes together. The decode kernel before DecodeScores, which gives the same bits
+// faster; kept for the widths DecodeScores does not take (and by decode_attention_bench as the
+// kernel it replaced).
+inline void ScoresRowByRow(int64_t M, int64_t N, int64_t D, const float* A, const float* B, float* C, int64_t ldc) {
+  const int64_t chunks = D / 16;
+  for (int64_t n0 = 0; n0 < N; n0 += 16) {
+    const int64_t nb = std::min<int64_t>(16, N - n0);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* a = A + m * D;
+      __m512 part[16];
+      for (int64_t i = 0; i < 16; ++i) {
+        __m512 acc = _mm512_setzero_ps();
+        if (i < nb) {
+          const float* b = B + (n0 + i) * D;
+          for (int64_t c = 0; c < chunks; ++c)
+            acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + 16 * c), _mm512_loadu_ps(b + 16 * c), acc);
+        }
+        part[i] = acc;
+      }
+      _mm512_mask_storeu_ps(C + m * ldc + n0, static_cast<__mmask16>((1u << nb) - 1), SumEach16(part));
+    }
+  }
+}
+
 // Scores C[m, n] (rows ldc apart) = A[m, :] . B[n, :] for MR query rows (A's rows 16*DC apart) and
 // N cache rows (B's rows 16*DC apart), a decode step's product over a long cache: the query rows
 // in registers, 16/MR cache rows at a time, each of the 16 dot products summed over its 16 lanes

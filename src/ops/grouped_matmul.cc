@@ -77,29 +77,11 @@ void SmallProduct(int64_t M, int64_t N, int64_t K, bool trans_b, const float* __
 
 #if GAF_ATTENTION_AVX512
 // Attention scores C[M,N] = A[M,D] * B[N,D]ᵀ for D a multiple of 16 (a decode step: M = the query
-// heads of one cache head, N = the cache length): 16 cache rows at a time stay in L1 while every
-// query row takes its 16 dot products, summed across lanes together.
+// heads of one cache head, N = the cache length): DecodeScores where it takes D, else one cache
+// row's dot product at a time (the same sums).
 void ScoresAvx512(int64_t M, int64_t N, int64_t D, const float* A, const float* B, float* C, int64_t ldc,
                   const DecodeAhead& pf) {
-  if (DecodeScores(M, N, D, A, B, C, ldc, pf)) return;  // the same sums, 16 at a time
-  const int64_t chunks = D / 16;
-  for (int64_t n0 = 0; n0 < N; n0 += 16) {
-    const int64_t nb = std::min<int64_t>(16, N - n0);
-    for (int64_t m = 0; m < M; ++m) {
-      const float* a = A + m * D;
-      __m512 part[16];
-      for (int64_t i = 0; i < 16; ++i) {
-        __m512 acc = _mm512_setzero_ps();
-        if (i < nb) {
-          const float* b = B + (n0 + i) * D;
-          for (int64_t c = 0; c < chunks; ++c)
-            acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + 16 * c), _mm512_loadu_ps(b + 16 * c), acc);
-        }
-        part[i] = acc;
-      }
-      _mm512_mask_storeu_ps(C + m * ldc + n0, static_cast<__mmask16>((1u << nb) - 1), SumEach16(part));
-    }
-  }
+  if (!DecodeScores(M, N, D, A, B, C, ldc, pf)) ScoresRowByRow(M, N, D, A, B, C, ldc);
 }
 
 // The attention products of a decode step or short prompt, when this machine and shape have them:

@@ -185,8 +185,8 @@ TEST(ScoresPackedScaled, EqualsTheScaledMaskedProductAndItsRowMaxima) {
 }
 
 // A decode step's scores (DecodeScores: the query rows in registers, 16 dot products advancing
-// together) have the bits of the kernel they replaced (one cache row's dot product at a time,
-// 16 summed across lanes together, as below), for any number of query rows up to 16 and cache
+// together) have the bits of the kernel they replaced (ScoresRowByRow: one cache row's dot product
+// at a time, 16 summed across lanes together), for any number of query rows up to 16 and cache
 // rows (the last rows of a group one at a time), d 64 and 128, with and without the requests
 // ahead (DecodeAhead, which only prefetch); and they are the dot products (against double sums).
 // The values product with its requests ahead has the bits of the one without.
@@ -205,26 +205,16 @@ TEST(DecodeScores, HasTheBitsOfOneDotProductAtATime) {
           DecodeAhead pf;
           if (ahead) pf.ahead = 256, pf.next = v.data<float>(), pf.next_bytes = N * D * 4;
           ASSERT_TRUE(DecodeScores(M, N, D, A, B, C.data(), ldc, pf));
+          std::vector<float> want(static_cast<size_t>(M * ldc), -7.f);
+          ScoresRowByRow(M, N, D, A, B, want.data(), ldc);
           for (int64_t m = 0; m < M; ++m) {
-            for (int64_t n0 = 0; n0 < N; n0 += 16) {
-              __m512 part[16];
-              for (int64_t k = 0; k < 16; ++k) {
-                part[k] = _mm512_setzero_ps();
-                if (n0 + k < N)
-                  for (int64_t c = 0; c < D / 16; ++c)
-                    part[k] = _mm512_fmadd_ps(_mm512_loadu_ps(A + m * D + 16 * c), _mm512_loadu_ps(B + (n0 + k) * D + 16 * c),
-                                              part[k]);
-              }
-              alignas(64) float want[16];
-              _mm512_store_ps(want, SumEach16(part));
-              for (int64_t k = 0; k < 16 && n0 + k < N; ++k) {
-                const float got = C[m * ldc + n0 + k];
-                ASSERT_EQ(got, want[k]) << what << " row " << m << " key " << n0 + k;
-                double exact = 0;
-                for (int64_t c = 0; c < D; ++c) exact += static_cast<double>(A[m * D + c]) * B[(n0 + k) * D + c];
-                ASSERT_NEAR(got, exact, 1e-4 * (1 + std::abs(exact))) << what;
-                ++checked;
-              }
+            for (int64_t n = 0; n < N; ++n) {
+              const float got = C[m * ldc + n];
+              ASSERT_EQ(got, want[m * ldc + n]) << what << " row " << m << " key " << n;
+              double exact = 0;
+              for (int64_t c = 0; c < D; ++c) exact += static_cast<double>(A[m * D + c]) * B[n * D + c];
+              ASSERT_NEAR(got, exact, 1e-4 * (1 + std::abs(exact))) << what;
+              ++checked;
             }
             for (int64_t j = N; j < ldc; ++j) ASSERT_EQ(C[m * ldc + j], -7.f) << what << " past N";
           }
