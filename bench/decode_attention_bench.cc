@@ -9,13 +9,18 @@
 //                (ScoresRowByRow, ops/attention_kernels.h), the softmax, the values
 //   scores       DecodeScores (ops/attention_kernels.h: 16 dot products advancing together) with
 //                the whole-head prefetch
+//   none         DecodeScores, no requests ahead (a split cache's segments in the session before
+//                this change)
 //   ahead        DecodeScores and the values asking for their rows 4 KiB ahead, no whole-head prefetch
 //   ahead+v      as `ahead`, and the values asked for into L2 while the scores go (the session's
 //                decode steps with 2 query rows a cache head or more; with one, `scores`:
 //                ops/fused_attention.cc, AheadTakes)
 //
 //   decode_attention_bench [--past 256,2000,4000] [--layers 12] [--kv-heads 4] [--group 4]
-//                          [--head-dim 64] [--threads 1,2] [--rounds 9]
+//                          [--head-dim 64] [--parts 1] [--threads 1,2] [--rounds 9]
+//
+// --parts P splits each head's cache rows into P segments, a task each (the session's
+// DecodeStepsSplit, when cache heads are fewer than threads).
 //
 // Environment: AHEAD (bytes ahead, 4096), HOT (set: no eviction between steps, the kernels'
 // speed from the caches).
@@ -54,22 +59,24 @@ void PrefetchAll(const float* p, int64_t n) {
   for (int64_t off = 0; off < n * 4; off += 64) _mm_prefetch(b + off, _MM_HINT_T1);
 }
 
-enum Variant { kWholeHead, kScores, kAhead, kAheadValues, kVariants };
-const char* kNames[] = {"whole-head", "scores", "ahead", "ahead+v"};
+enum Variant { kWholeHead, kScores, kNone, kAhead, kAheadValues, kVariants };
+const char* kNames[] = {"whole-head", "scores", "none", "ahead", "ahead+v"};
 const int64_t kAheadBytes = std::getenv("AHEAD") ? std::atoll(std::getenv("AHEAD")) : 4096;
 
 struct Setup {
-  int64_t layers, g, r, d, T;
-  std::vector<float> q, k, v, y;  // q [layers, g, r, d]; k, v [layers, g, T, d]; y as q
+  int64_t layers, g, r, d, T, parts;
+  std::vector<float> q, k, v, y;  // q [layers, g, r, d]; k, v [layers, g, T, d]; y [layers, g, parts, r, d]
 };
 
-// One head's task: scores, scale, softmax, values into y.
-void Head(const Setup& s, Variant var, int64_t l, int64_t h, std::vector<float>& scores) {
-  const int64_t M = s.r, T = s.T, d = s.d;
+// One task: rows [j0, j1) of a head's cache (all of them, or a segment of a split cache as the
+// session's DecodeStepsSplit takes it): scores, scale, softmax over the rows, values into y (a
+// split cache's segments are then combined, a few hundred multiply-adds not timed here).
+void Task(const Setup& s, Variant var, int64_t l, int64_t h, int64_t p, std::vector<float>& scores) {
+  const int64_t M = s.r, d = s.d, j0 = s.T * p / s.parts, T = s.T * (p + 1) / s.parts - j0;
   const float* q = s.q.data() + (l * s.g + h) * M * d;
-  const float* k = s.k.data() + (l * s.g + h) * T * d;
-  const float* v = s.v.data() + (l * s.g + h) * T * d;
-  float* y = const_cast<float*>(s.y.data()) + (l * s.g + h) * M * d;
+  const float* k = s.k.data() + ((l * s.g + h) * s.T + j0) * d;
+  const float* v = s.v.data() + ((l * s.g + h) * s.T + j0) * d;
+  float* y = const_cast<float*>(s.y.data()) + ((l * s.g + h) * s.parts + p) * M * d;
   scores.resize(static_cast<size_t>(M * T));
   float* sb = scores.data();
   if (var == kWholeHead || var == kScores) PrefetchAll(k, T * d), PrefetchAll(v, T * d);
@@ -77,7 +84,7 @@ void Head(const Setup& s, Variant var, int64_t l, int64_t h, std::vector<float>&
     gaf::ScoresRowByRow(M, T, d, q, k, sb, T);
   } else {
     gaf::DecodeAhead pf;
-    if (var != kScores) pf.ahead = kAheadBytes;
+    if (var == kAhead || var == kAheadValues) pf.ahead = kAheadBytes;
     if (var == kAheadValues) pf.next = v, pf.next_bytes = T * d * 4;
     gaf::DecodeScores(M, T, d, q, k, sb, T, pf);
   }
@@ -96,7 +103,7 @@ void Head(const Setup& s, Variant var, int64_t l, int64_t h, std::vector<float>&
   }
 }
 
-// One step: every layer's heads over a team of `threads` (the heads of a layer split among them).
+// One step: every layer's tasks over a team of `threads` (a layer's tasks split among them).
 double Step(const Setup& s, Variant var, int threads) {
   const auto t0 = Clock::now();
 #pragma omp parallel num_threads(threads)
@@ -104,7 +111,7 @@ double Step(const Setup& s, Variant var, int threads) {
     thread_local std::vector<float> scores;
     for (int64_t l = 0; l < s.layers; ++l) {
 #pragma omp for schedule(static, 1)
-      for (int64_t h = 0; h < s.g; ++h) Head(s, var, l, h, scores);
+      for (int64_t t = 0; t < s.g * s.parts; ++t) Task(s, var, l, t / s.parts, t % s.parts, scores);
     }
   }
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
@@ -144,7 +151,7 @@ double FloorMs(const Setup& s, int threads, const std::vector<float>& junk, doub
 
 int main(int argc, char** argv) {
   std::vector<int> pasts = {256, 2000, 4000}, thread_counts = {1, 2};
-  int64_t layers = 12, g = 4, r = 4, d = 64;
+  int64_t layers = 12, g = 4, r = 4, d = 64, parts = 1;
   int rounds = 9;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string k = argv[i], v = argv[i + 1];
@@ -154,6 +161,7 @@ int main(int argc, char** argv) {
     else if (k == "--kv-heads") g = std::atoll(v.c_str());
     else if (k == "--group") r = std::atoll(v.c_str());
     else if (k == "--head-dim") d = std::atoll(v.c_str());
+    else if (k == "--parts") parts = std::max<int64_t>(1, std::atoll(v.c_str()));
     else if (k == "--rounds") rounds = std::atoi(v.c_str());
     else {
       std::fprintf(stderr, "decode_attention_bench: unknown option %s\n", k.c_str());
@@ -166,12 +174,13 @@ int main(int argc, char** argv) {
   }
   const std::vector<float> junk(size_t{64} << 20, 1.f);  // 256 MiB
   double sink = 0;
-  std::printf("{\"layers\": %lld, \"kv_heads\": %lld, \"group\": %lld, \"head_dim\": %lld, \"rounds\": %d, \"results\": [\n",
+  std::printf("{\"layers\": %lld, \"kv_heads\": %lld, \"group\": %lld, \"head_dim\": %lld, \"parts\": %lld, "
+              "\"rounds\": %d, \"results\": [\n",
               static_cast<long long>(layers), static_cast<long long>(g), static_cast<long long>(r),
-              static_cast<long long>(d), rounds);
+              static_cast<long long>(d), static_cast<long long>(parts), rounds);
   bool first_row = true;
   for (int T : pasts) {
-    Setup s{layers, g, r, d, T, {}, {}, {}, {}};
+    Setup s{layers, g, r, d, T, parts, {}, {}, {}, {}};
     std::mt19937 rng(1);
     std::normal_distribution<float> nd(0.f, 1.f);
     s.q.resize(static_cast<size_t>(layers * g * r * d));
@@ -180,7 +189,7 @@ int main(int argc, char** argv) {
     for (float& x : s.q) x = nd(rng);
     for (float& x : s.k) x = nd(rng);
     for (float& x : s.v) x = nd(rng);
-    s.y.assign(s.q.size(), 0.f);
+    s.y.assign(s.q.size() * static_cast<size_t>(parts), 0.f);
     const double mb = 2.0 * static_cast<double>(s.k.size()) * 4 / 1e6;
     for (int threads : thread_counts) {
       std::vector<std::vector<double>> ms(kVariants);
