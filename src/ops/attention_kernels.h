@@ -54,6 +54,23 @@ struct DecodeAhead {
   int64_t next_bytes = 0;
 };
 
+// Whether a decode step's task (FusedAttention's, ONNX Attention's) asks for its head's rows as
+// its kernels go (DecodeAhead) rather than all at its start: where this build's decode kernels
+// take the head, and for 2 query rows or more.
+// decode_attention_bench, 2 threads, 12 layers at a 2,000-row past, cold, ms a step (as they go
+// against all at the start, both with DecodeScores): 4 cache heads of 4 query rows, d 64 (the
+// bench Llama) 1.69-1.72 against 1.86 (2.16-2.18 with the scores one dot product at a time); 8
+// rows 1.87 against 2.15; 2 rows 1.59 against 1.61; d 128 4.00 against 4.01; but 1 row (16 heads of
+// multi-head attention) 6.2-6.8 against 5.84-5.87 (4 to 64 KiB ahead): a row's few multiply-adds
+// a byte leave the reads as the only work, and asking for the whole head at once keeps more of
+// them in flight. A split cache's segments (DecodeStepsSplit; `--parts 2`, one cache head, 2
+// threads, against no requests ahead as before): 4 query rows 0.375-0.389 against 0.468-0.477 ms,
+// 8 rows 0.313-0.320 against 0.380-0.398.
+inline bool DecodeAheadTakes(int64_t M, int64_t d, int64_t dv) {
+  return GAF_ATTENTION_AVX512 && M >= 2 && M <= 16 && (d == 64 || d == 128) && (dv == 64 || dv == 128);
+}
+inline constexpr int64_t kDecodeAheadBytes = 4096;
+
 #if GAF_ATTENTION_AVX512
 // Lines of a stream a kernel asks for ahead of its reads: [done, upto) of `bytes` from p, one
 // prefetch a 64-byte line (L1: prefetcht0; else L2: prefetcht1). Returns the new `done`.

@@ -252,6 +252,7 @@ struct AttentionCall {
   Heads kh, vh;
   float scale, softcap;
   bool causal, may_skip, packed;
+  bool ahead;  // a decode step's blocks over a long cache ask for their rows ahead (DecodeAhead)
   const std::vector<int64_t>* valid;  // nonpad_kv_seqlen clamped to [0, T], or null
   AttentionMask mask;
   const KeySkips* skips;
@@ -296,6 +297,7 @@ void AttendBlock(const AttentionCall& c, int64_t b, int64_t g, int64_t m0, int64
   const float scale = c.scale, softcap = c.softcap;
   const bool causal = c.causal, may_skip = c.may_skip;
   [[maybe_unused]] const bool packed = c.packed;
+  const bool ahead = c.ahead && !c.packed && DecodeAheadTakes(M, Dq, Dv);
   [[maybe_unused]] const int64_t ldt = c.ldt;
   const std::vector<int64_t>& finite_from = c.skips->finite_from;
   const std::vector<int64_t>& extent = c.skips->extent;
@@ -351,7 +353,16 @@ void AttendBlock(const AttentionCall& c, int64_t b, int64_t g, int64_t m0, int64
         ScoresPacked(M, cols, Dq, qa, c.kpack + (b * Hkv + g) * Dq * ldt, ldt, sc, cols);
       else
 #endif
-        AttentionSegment(M, cols, Dq, true, qa, Dq, kh.data + (b * Hkv + g) * kh.stride, sc, cols, false);
+      {
+        // As a decode step's kernels go: the keys ahead, and this head's values into L2 meanwhile.
+        DecodeAhead pf;
+        if (ahead) {
+          pf.ahead = kDecodeAheadBytes;
+          pf.next = vh.data + (b * Hkv + g) * vh.stride;
+          pf.next_bytes = cols * Dv * static_cast<int64_t>(sizeof(float));
+        }
+        AttentionSegment(M, cols, Dq, true, qa, Dq, kh.data + (b * Hkv + g) * kh.stride, sc, cols, false, pf);
+      }
     }
     bool proven = true;
     for (int64_t m = 0; m < M; ++m) {
@@ -404,7 +415,8 @@ void AttendBlock(const AttentionCall& c, int64_t b, int64_t g, int64_t m0, int64
       ValuesAvx512<8, 3>(M, cols, sc, cols, vb, yo, false);
     else
 #endif
-      AttentionSegment(M, Dv, cols, false, sc, cols, vb, yo, Dv, false);
+      AttentionSegment(M, Dv, cols, false, sc, cols, vb, yo, Dv, false,
+                       ahead ? DecodeAhead{kDecodeAheadBytes, nullptr, 0} : DecodeAhead{});
   } else {
     std::fill(yo, yo + M * Dv, 0.f);
   }
@@ -540,9 +552,12 @@ void AttentionKernel(KernelContext& ctx) {
       }
     });
   }
+  // Past the one-thread size the blocks read their caches from memory as they go (DecodeAhead;
+  // below it every head's rows are asked for at once, next).
+  const bool ahead = B * Hkv * M * T * (Dq + Dv) > kParallelMultiplyAdds;
   const AttentionCall call{rank, B, Hq, Hkv, r, S, T, Dq, Dv, P, past_k != nullptr, q, y, qk, qk_mode, kh, vh,
-                           scale, softcap, causal, may_skip, packed, nonpad != nullptr ? &valid : nullptr, am,
-                           &skips, packed ? kpack.data<float>() : nullptr, ldt};
+                           scale, softcap, causal, may_skip, packed, ahead, nonpad != nullptr ? &valid : nullptr,
+                           am, &skips, packed ? kpack.data<float>() : nullptr, ldt};
   auto rows = [&](int64_t b, int64_t g, int64_t m0, int64_t M) {
     AttendBlock(call, b, g, m0, M, scratch.data<float>() + (nested ? 0 : omp_get_thread_num()) * per_thread);
   };

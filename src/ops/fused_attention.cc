@@ -186,21 +186,6 @@ void KeyRuns(const Cache& C, int64_t i, int64_t j0, int64_t j1, Fn&& fn) {
   if (n1 > n0) fn(C.cur + (i * C.tn + n0) * w, n1 - n0, C.tp + n0 - j0);
 }
 
-// Whether a decode task asks for its head's rows as its kernels go (DecodeAhead) rather than all
-// at its start: where this build's decode kernels take the head, and for 2 query rows or more.
-// decode_attention_bench, 2 threads, 12 layers at a 2,000-row past, cold, ms a step (as they go
-// against all at the start, both with DecodeScores): 4 cache heads of 4 query rows, d 64 (the
-// bench Llama) 1.69-1.72 against 1.86 (2.16-2.18 with the scores one dot product at a time); 8
-// rows 1.87 against 2.15; 2 rows 1.59 against 1.61; d 128 4.00 against 4.01; but 1 row (16 heads of
-// multi-head attention) 6.2-6.8 against 5.84-5.87 (4 to 64 KiB ahead): a row's few multiply-adds
-// a byte leave the reads as the only work, and asking for the whole head at once keeps more of
-// them in flight. A split cache's segments (DecodeStepsSplit; `--parts 2`, one cache head, 2
-// threads, against no requests ahead as before): 4 query rows 0.375-0.389 against 0.468-0.477 ms,
-// 8 rows 0.313-0.320 against 0.380-0.398.
-bool AheadTakes(int64_t M, int64_t d, int64_t dv) {
-  return GAF_ATTENTION_AVX512 && M >= 2 && M <= 16 && (d == 64 || d == 128) && (dv == 64 || dv == 128);
-}
-constexpr int64_t kAheadBytes = 4096;
 
 // Row j of cache head i where it is (an appended cache's past or new rows).
 const float* RowOf(const Cache& C, int64_t i, int64_t j) {
@@ -236,11 +221,11 @@ void DecodeStepsSplit(const Tensor& Q, Cache& K, Cache& V, int64_t scale, float 
     if (static_cast<int64_t>(scores.size()) < M * n) scores.resize(static_cast<size_t>(M * n));
     float* sb = scores.data();
     const float* qb = q + (bi * H + h0) * S * d;
-    const bool ahead = AheadTakes(M, d, dv) && SameRuns(K, V);
+    const bool ahead = DecodeAheadTakes(M, d, dv) && SameRuns(K, V);
     KeyRuns(K, i, j0, j1, [&](const float* k, int64_t rows, int64_t off) {
       DecodeAhead pf;
       if (ahead) {
-        pf.ahead = kAheadBytes;
+        pf.ahead = kDecodeAheadBytes;
         pf.next = RowOf(V, i, j0 + off);
         pf.next_bytes = rows * dv * static_cast<int64_t>(sizeof(float));
       }
@@ -257,7 +242,7 @@ void DecodeStepsSplit(const Tensor& Q, Cache& K, Cache& V, int64_t scale, float 
     bool first = true;
     KeyRuns(V, i, j0, j1, [&](const float* v, int64_t rows, int64_t off) {
       DecodeAhead pf;
-      if (ahead) pf.ahead = kAheadBytes;
+      if (ahead) pf.ahead = kDecodeAheadBytes;
       AttentionSegment(M, dv, rows, false, sb + off, n, v, ob, dv, !first, pf);
       first = false;
     });
@@ -346,11 +331,11 @@ void DecodeSteps(const Tensor& Q, Cache& K, Cache& V, int64_t scale, float c, co
   auto task = [&](int64_t t, bool prefetch) {
     const int64_t i = t / parts, p = t % parts, bi = i / g;
     const int64_t h0 = i % g * r + r * p / parts, h1 = i % g * r + r * (p + 1) / parts, M = (h1 - h0) * S;
-    const bool ahead = prefetch && AheadTakes(M, d, dv);
+    const bool ahead = prefetch && DecodeAheadTakes(M, d, dv);
     if (prefetch && !ahead) PrefetchHead(K, i), PrefetchHead(V, i);
     DecodeAhead kpf, vpf;
     if (ahead) {
-      kpf.ahead = vpf.ahead = kAheadBytes;
+      kpf.ahead = vpf.ahead = kDecodeAheadBytes;
       const int64_t first_run = V.appended ? V.tp : T;  // the keys' first run (the past's when appended)
       if (SameRuns(K, V) && first_run > 0) {  // its values
         kpf.next = RowOf(V, i, 0);
