@@ -138,12 +138,21 @@ void RunGenerate(const GenerateArgs& a) {
   bool deterministic = true;
   for (const GenerateResult& r : runs) deterministic &= r.tokens == runs[0].tokens;
 
-  std::vector<double> prefill, step;
+  // The first decode step and the slowest, beside the median: a step that pays a one-time cost
+  // (the prompt's caches moved into storage with room, fresh pages faulted in) shows here.
+  auto first_step = [](const GenerateResult& r) { return r.step_seconds.empty() ? 0.0 : r.step_seconds[0]; };
+  auto slowest_step = [](const GenerateResult& r) {
+    return r.step_seconds.empty() ? 0.0 : *std::max_element(r.step_seconds.begin(), r.step_seconds.end());
+  };
+  std::vector<double> prefill, step, firsts, slowests;
   for (const GenerateResult& r : runs) {
     prefill.push_back(r.prefill_seconds);
     step.push_back(r.MedianStepSeconds());
+    firsts.push_back(first_step(r));
+    slowests.push_back(slowest_step(r));
   }
-  const double prefill_s = Median(prefill), step_s = Median(step);
+  const double prefill_s = Median(prefill), step_s = Median(step), first_s = Median(firsts),
+               slowest_s = Median(slowests);
   const double tps = step_s > 0 ? 1.0 / step_s : 0.0;
   const int threads = a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency());
   const GenerateResult& first = runs[0];
@@ -158,6 +167,8 @@ void RunGenerate(const GenerateArgs& a) {
     j["repeats"] = repeats;
     j["prefill_ms"] = prefill_s * 1e3;
     j["decode_ms_per_token"] = step_s * 1e3;
+    j["first_decode_step_ms"] = first_s * 1e3;
+    j["slowest_decode_step_ms"] = slowest_s * 1e3;
     j["decode_tokens_per_second"] = tps;
     j["prefill_tokens_per_second"] = prefill_s > 0 ? static_cast<double>(opt.prompt_ids.size()) / prefill_s : 0.0;
     j["deterministic"] = deterministic;
@@ -170,6 +181,8 @@ void RunGenerate(const GenerateArgs& a) {
     for (const GenerateResult& r : runs)
       per_run.push_back({{"prefill_ms", r.prefill_seconds * 1e3},
                          {"decode_ms_per_token", r.MedianStepSeconds() * 1e3},
+                         {"first_decode_step_ms", first_step(r) * 1e3},
+                         {"slowest_decode_step_ms", slowest_step(r) * 1e3},
                          {"decode_steps", r.step_seconds.size()}});
     j["runs"] = per_run;
     if (so.profile) {  // the last generation's decode steps
@@ -190,8 +203,9 @@ void RunGenerate(const GenerateArgs& a) {
   fmt::print("tokens   {} new: [{}]\n", first.tokens.size(), fmt::join(first.tokens, ", "));
   fmt::print("prefill  {:.3f} ms ({} tokens)\n", prefill_s * 1e3, opt.prompt_ids.size());
   if (!first.step_seconds.empty())
-    fmt::print("decode   {:.3f} ms/token (median of {} steps), {:.1f} tokens/s\n", step_s * 1e3,
-               first.step_seconds.size(), tps);
+    fmt::print("decode   {:.3f} ms/token (median of {} steps), {:.1f} tokens/s; the first step {:.3f} ms, the slowest "
+               "{:.3f} ms\n",
+               step_s * 1e3, first.step_seconds.size(), tps, first_s * 1e3, slowest_s * 1e3);
   if (appends.total() == 0)
     fmt::print("kv cache no decode step ran the attention as one node: each present is made by the model's own "
                "operators (a copy a step)\n");

@@ -158,6 +158,18 @@ assert a["tokens"] == b["tokens"], (a["tokens"], b["tokens"])
 assert a["read_ahead"] is True and b["read_ahead"] is False, (a["read_ahead"], b["read_ahead"])
 PY
 then pass=$((pass + 1)); else echo "FAIL generate --no-read-ahead: $(cat "$TMP/err")"; fail=$((fail + 1)); fi
+# generate reports its first decode step and its slowest beside the median, in the JSON (also per
+# run) and in the text.
+if "$BIN" generate "$DEC/model.onnx" -n 6 >"$TMP/steps.txt" 2>"$TMP/err" &&
+  grep -qE "^decode .* ms/token \(median of 5 steps\).*; the first step [0-9.]+ ms, the slowest [0-9.]+ ms$" "$TMP/steps.txt" &&
+  /usr/bin/python3 - "$TMP/in_place.json" <<'PY'
+import json, sys
+a = json.load(open(sys.argv[1]))
+for r in [a] + a["runs"]:
+    med, first, slow = r["decode_ms_per_token"], r["first_decode_step_ms"], r["slowest_decode_step_ms"]
+    assert 0 < med <= slow and 0 < first <= slow, (med, first, slow)
+PY
+then pass=$((pass + 1)); else echo "FAIL generate's first and slowest steps: $(cat "$TMP/err") $(cat "$TMP/steps.txt")"; fail=$((fail + 1)); fi
 # generate --profile-nodes N: the last generation's decode steps (5 after the prefill of -n 6):
 # the slowest nodes' calls one per step, slowest first, the same tokens as without the profile.
 if "$BIN" generate "$DEC/model.onnx" -n 6 --repeat 2 --profile-nodes 4 --json >"$TMP/prof.json" 2>"$TMP/err" &&
