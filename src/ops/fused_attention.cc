@@ -186,7 +186,6 @@ void KeyRuns(const Cache& C, int64_t i, int64_t j0, int64_t j1, Fn&& fn) {
   if (n1 > n0) fn(C.cur + (i * C.tn + n0) * w, n1 - n0, C.tp + n0 - j0);
 }
 
-
 // Row j of cache head i where it is (an appended cache's past or new rows).
 const float* RowOf(const Cache& C, int64_t i, int64_t j) {
   const int64_t w = C.t.dim(3);
@@ -280,7 +279,6 @@ void DecodeStepsSplit(const Tensor& Q, Cache& K, Cache& V, int64_t scale, float 
       for (int64_t k = 0; k < dv; ++k) yr[k] = acc[static_cast<size_t>(k)] / total;
     }
 }
-
 
 // Asks for the rows of cache head i (past and new) in L2 ahead of their use. In a decode step the
 // caches come from memory: the step's weights have streamed through the caches since the last step
