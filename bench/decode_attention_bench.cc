@@ -14,7 +14,7 @@
 //   ahead        DecodeScores and the values asking for their rows 4 KiB ahead, no whole-head prefetch
 //   ahead+v      as `ahead`, and the values asked for into L2 while the scores go (the session's
 //                decode steps with 2 query rows a cache head or more; with one, `scores`:
-//                ops/fused_attention.cc, AheadTakes)
+//                DecodeAheadTakes in ops/attention_kernels.h)
 //
 //   decode_attention_bench [--past 256,2000,4000] [--layers 12] [--kv-heads 4] [--group 4]
 //                          [--head-dim 64] [--parts 1] [--threads 1,2] [--rounds 9]
@@ -22,7 +22,7 @@
 // --parts P splits each head's cache rows into P segments, a task each (the session's
 // DecodeStepsSplit, when cache heads are fewer than threads).
 //
-// Environment: AHEAD (bytes ahead, 4096), HOT (set: no eviction between steps, the kernels'
+// Environment: AHEAD (bytes ahead; the session's kDecodeAheadBytes by default), HOT (set: no eviction between steps, the kernels'
 // speed from the caches).
 //
 // Prints per past length and thread count the median ms per step of each variant, its GB/s over
@@ -61,7 +61,7 @@ void PrefetchAll(const float* p, int64_t n) {
 
 enum Variant { kWholeHead, kScores, kNone, kAhead, kAheadValues, kVariants };
 const char* kNames[] = {"whole-head", "scores", "none", "ahead", "ahead+v"};
-const int64_t kAheadBytes = std::getenv("AHEAD") ? std::atoll(std::getenv("AHEAD")) : 4096;
+const int64_t kAheadBytes = std::getenv("AHEAD") ? std::atoll(std::getenv("AHEAD")) : gaf::kDecodeAheadBytes;
 
 struct Setup {
   int64_t layers, g, r, d, T, parts;

@@ -44,10 +44,10 @@ inline void ScaleAndMaskRow(const float* x, float* y, int64_t n, int64_t scale, 
   }
 }
 
-// What a decode step's attention asks for ahead of its reads (DecodeScores, DecodeValues): the
-// rows it reads `ahead` bytes ahead into L1 (0: none), and while the scores go, a second stream
-// (the head's values, `next` of `next_bytes`) into L2 at the same pace, so that the values product
-// finds them there.
+// What a decode step's attention asks for ahead of its reads (DecodeScores, ValuesAvx512 with
+// kAhead): the rows it reads, `ahead` bytes ahead into L1 (0: none); and while the scores go, a
+// second stream (the head's values, `next_bytes` from `next`) into L2 at the same pace, so that
+// the values product finds them there.
 struct DecodeAhead {
   int64_t ahead = 0;
   const float* next = nullptr;
@@ -182,7 +182,7 @@ inline void ScoresRowByRow(int64_t M, int64_t N, int64_t D, const float* A, cons
 // N cache rows (B's rows 16*DC apart), a decode step's product over a long cache: the query rows
 // in registers, 16/MR cache rows at a time, each of the 16 dot products summed over its 16 lanes
 // (DC multiply-adds a lane, in the order of the d axis) and then across them (SumEach16), so the
-// sums have the bits of ScoresAvx512's (ops/grouped_matmul.cc). The 16 sums advance together: one
+// sums have the bits of ScoresRowByRow's. The 16 sums advance together: one
 // dot product at a time waited on its multiply-add's latency.
 template <int MR, int DC>
 inline void DecodeScoresRows(int64_t N, const float* A, const float* B, float* C, int64_t ldc, const DecodeAhead& pf) {
@@ -200,7 +200,10 @@ inline void DecodeScoresRows(int64_t N, const float* A, const float* B, float* C
   int64_t n0 = 0;
   for (; n0 + KG <= N; n0 += KG) {
     if (pf.ahead > 0) asked = PrefetchLines<true>(bp, b_bytes, asked, (n0 + KG) * kRow * 4 + pf.ahead);
-    if (np != nullptr) next_asked = PrefetchLines<false>(np, pf.next_bytes, next_asked, pf.next_bytes * (n0 + KG) / N);
+    if (np != nullptr)  // the same fraction of the second stream as of the rows (in double: no product overflows)
+      next_asked = PrefetchLines<false>(
+          np, pf.next_bytes, next_asked,
+          static_cast<int64_t>(static_cast<double>(pf.next_bytes) * static_cast<double>(n0 + KG) / static_cast<double>(N)));
     __m512 acc[16];
 #pragma GCC unroll 16
     for (int j = 0; j < 16; ++j) acc[j] = _mm512_setzero_ps();
