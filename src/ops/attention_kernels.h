@@ -44,6 +44,15 @@ inline void ScaleAndMaskRow(const float* x, float* y, int64_t n, int64_t scale, 
   }
 }
 
+// The row stride (floats) of a prompt's keys packed transposed ([d, ldt], zero past T) and of its
+// score buffers: T rounded up to 16, then to an odd number of 64-byte lines. At a stride of a
+// power of two (T = 256, 1024) the scores tile's d rows of a key strip fell into a few L1 sets
+// and missed on every pass of the block's row groups.
+inline int64_t PackedKeyStride(int64_t T) {
+  const int64_t lines = (T + 15) / 16;
+  return (lines | 1) * 16;
+}
+
 // What a decode step's attention asks for ahead of its reads (DecodeScores, ValuesAvx512 with
 // kAhead): the rows it reads, `ahead` bytes ahead into L1 (0: none); and while the scores go, a
 // second stream (the head's values, `next_bytes` from `next`) into L2 at the same pace, so that
@@ -295,33 +304,39 @@ struct ScoreEpilogue {
   int64_t m_row = 0, m_last = 1;
 };
 
-// ScoresTile with the epilogue above on columns [n0, n0 + nb) of the scores: C, and for the tile's
-// MR rows the lane-wise maximum of what it stored into rmax[i] and whether it stored a NaN into
-// nan[i]. kFull: nb is 32 (the key loads need no mask; masked loads were 10% slower).
-template <int MR, bool kFull>
+// ScoresTile with the epilogue above on columns [n0, n0 + nb) of the scores, NV vectors of 16 wide:
+// C, and for the tile's MR rows the lane-wise maximum of what it stored into rmax[i] and whether it
+// stored a NaN into nan[i]. kFull: nb is 16 NV (the key loads need no mask; masked loads were 10%
+// slower).
+template <int MR, int NV, bool kFull>
 inline void ScoresTileScaled(int64_t D, const float* A, const float* Bt, int64_t ldb, float* C, int64_t ldc,
                              int64_t n0, int64_t nb, const ScoreEpilogue& e, __m512* rmax, bool* nan) {
-  const __mmask16 mk[2] = {
-      static_cast<__mmask16>(kFull || nb >= 16 ? 0xFFFF : (1u << nb) - 1),
-      static_cast<__mmask16>(kFull || nb >= 32 ? 0xFFFF : nb > 16 ? (1u << (nb - 16)) - 1 : 0)};
-  __m512 acc[MR][2];
+  __mmask16 mk[NV];
+#pragma GCC unroll 4
+  for (int j = 0; j < NV; ++j)
+    mk[j] = static_cast<__mmask16>(kFull || nb >= 16 * (j + 1) ? 0xFFFF : nb > 16 * j ? (1u << (nb - 16 * j)) - 1 : 0);
+  __m512 acc[MR][NV];
 #pragma GCC unroll 16
-  for (int i = 0; i < MR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_setzero_ps();
   for (int64_t k = 0; k < D; ++k) {
-    const __m512 b0 = kFull ? _mm512_loadu_ps(Bt + k * ldb) : _mm512_maskz_loadu_ps(mk[0], Bt + k * ldb);
-    const __m512 b1 = kFull ? _mm512_loadu_ps(Bt + k * ldb + 16) : _mm512_maskz_loadu_ps(mk[1], Bt + k * ldb + 16);
+    __m512 b[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j)
+      b[j] = kFull ? _mm512_loadu_ps(Bt + k * ldb + 16 * j) : _mm512_maskz_loadu_ps(mk[j], Bt + k * ldb + 16 * j);
 #pragma GCC unroll 16
     for (int i = 0; i < MR; ++i) {
       const __m512 a = _mm512_set1_ps(A[i * D + k]);
-      acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
-      acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) acc[i][j] = _mm512_fmadd_ps(a, b[j], acc[i][j]);
     }
   }
   const __m512 cv = _mm512_set1_ps(e.c);
 #pragma GCC unroll 16
   for (int i = 0; i < MR; ++i) {
-#pragma GCC unroll 2
-    for (int j = 0; j < 2; ++j) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
       if (mk[j] == 0) continue;
       __m512 v = acc[i][j];
       if (e.scale == 1) v = _mm512_div_ps(v, cv);
@@ -337,16 +352,33 @@ inline void ScoresTileScaled(int64_t D, const float* A, const float* Bt, int64_t
   }
 }
 
+#ifndef GAF_SCORE_STRIP
+#define GAF_SCORE_STRIP 48
+#endif
+constexpr int64_t kScoreStripFloats = GAF_SCORE_STRIP;
+
 // C[M, N] (rows ldc apart) = the scores of A[M, D] and Bt[D, N] with the epilogue e (ScoresPacked's
 // tiles, e.m advanced by e.m_row a row), and top[0, M) each row's largest (-inf when N is 0).
+// group_cols (optional, one per 8 rows, each at most N): the columns of each group of 8 rows;
+// the others are not computed, stored or counted in top. group_zero (optional, one per 8 rows):
+// the leading columns where the mask is 0 (or -0) in every row of the group; tiles inside them do
+// not read the mask (a causal mask is 0 below its diagonal: reading it for every head took a
+// sixth of the scores' time, the mask rows coming from L3). Adding 0 changes no score but a -0,
+// whose exp is the same. Each strip of 32 key columns is taken
+// by every group of rows in turn while it is in L1 (FusedAttention called this once per group of
+// 8 rows: each group read the whole packed keys from L2, and the scores ran at about 0.6 of
+// the FMA peak).
 inline void ScoresPackedScaled(int64_t M, int64_t N, int64_t D, const float* A, const float* Bt, int64_t ldb,
-                               float* C, int64_t ldc, const ScoreEpilogue& e, float* top) {
-  constexpr int64_t kMaxRows = 32;
-  if (M > kMaxRows) {  // in parts of rows (FusedAttention's groups are 8)
+                               float* C, int64_t ldc, const ScoreEpilogue& e, float* top,
+                               const int64_t* group_cols = nullptr, const int64_t* group_zero = nullptr) {
+  constexpr int64_t kMaxRows = 32, kGroup = 8;
+  if (M > kMaxRows) {  // in parts of rows
     for (int64_t i = 0; i < M; i += kMaxRows) {
       ScoreEpilogue ei = e;
       if (ei.m != nullptr) ei.m += i * e.m_row;
-      ScoresPackedScaled(std::min(kMaxRows, M - i), N, D, A + i * D, Bt, ldb, C + i * ldc, ldc, ei, top + i);
+      ScoresPackedScaled(std::min(kMaxRows, M - i), N, D, A + i * D, Bt, ldb, C + i * ldc, ldc, ei, top + i,
+                         group_cols != nullptr ? group_cols + i / kGroup : nullptr,
+                         group_zero != nullptr ? group_zero + i / kGroup : nullptr);
     }
     return;
   }
@@ -356,23 +388,35 @@ inline void ScoresPackedScaled(int64_t M, int64_t N, int64_t D, const float* A, 
     rmax[i] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     nan[i] = false;
   }
-  auto rows_from = [&](int64_t i) {
+  // The columns of the group row i is in.
+  auto cols_of = [&](int64_t i) { return group_cols != nullptr ? group_cols[i / kGroup] : N; };
+  // The epilogue of the tile at row i, columns [n0, n0 + nb).
+  auto epilogue = [&](int64_t i, int64_t n0, int64_t nb) {
     ScoreEpilogue ei = e;
     if (ei.m != nullptr) ei.m += i * e.m_row;
+    if (group_zero != nullptr && n0 + nb <= group_zero[i / kGroup]) ei.m = nullptr;
     return ei;
   };
-  for (int64_t n0 = 0; n0 < N; n0 += 32) {
-    const int64_t nb = std::min<int64_t>(32, N - n0);
+  constexpr int NV = kScoreStripFloats / 16;
+  for (int64_t n0 = 0; n0 < N; n0 += kScoreStripFloats) {
+    const float* b = Bt + n0;
     int64_t i = 0;
-    for (; i + 8 <= M; i += 8) {
-      const ScoreEpilogue ei = rows_from(i);
-      if (nb == 32) ScoresTileScaled<8, true>(D, A + i * D, Bt + n0, ldb, C + i * ldc + n0, ldc, n0, nb, ei, rmax + i, nan + i);
-      else ScoresTileScaled<8, false>(D, A + i * D, Bt + n0, ldb, C + i * ldc + n0, ldc, n0, nb, ei, rmax + i, nan + i);
+    for (; i + kGroup <= M; i += kGroup) {
+      const int64_t nb = std::min<int64_t>(kScoreStripFloats, cols_of(i) - n0);
+      if (nb <= 0) continue;
+      const ScoreEpilogue ei = epilogue(i, n0, nb);
+      if (nb == kScoreStripFloats)
+        ScoresTileScaled<8, NV, true>(D, A + i * D, b, ldb, C + i * ldc + n0, ldc, n0, nb, ei, rmax + i, nan + i);
+      else
+        ScoresTileScaled<8, NV, false>(D, A + i * D, b, ldb, C + i * ldc + n0, ldc, n0, nb, ei, rmax + i, nan + i);
     }
+    // The rows after the last whole group: one group's (the last), in tiles of 4, then 1.
+    const int64_t nb = i < M ? std::min<int64_t>(kScoreStripFloats, cols_of(i) - n0) : 0;
+    if (nb <= 0) continue;
     for (; i + 4 <= M; i += 4)
-      ScoresTileScaled<4, false>(D, A + i * D, Bt + n0, ldb, C + i * ldc + n0, ldc, n0, nb, rows_from(i), rmax + i, nan + i);
+      ScoresTileScaled<4, NV, false>(D, A + i * D, b, ldb, C + i * ldc + n0, ldc, n0, nb, epilogue(i, n0, nb), rmax + i, nan + i);
     for (; i < M; ++i)
-      ScoresTileScaled<1, false>(D, A + i * D, Bt + n0, ldb, C + i * ldc + n0, ldc, n0, nb, rows_from(i), rmax + i, nan + i);
+      ScoresTileScaled<1, NV, false>(D, A + i * D, b, ldb, C + i * ldc + n0, ldc, n0, nb, epilogue(i, n0, nb), rmax + i, nan + i);
   }
   for (int64_t i = 0; i < M; ++i) {
     alignas(64) float lanes[16];

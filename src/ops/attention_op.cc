@@ -539,7 +539,7 @@ void AttentionKernel(KernelContext& ctx) {
   // past T) and multiply the values in register tiles: the fused attention's prompt kernels
   // (ops/attention_kernels.h; each sum over its terms in order, whatever the block).
   const bool packed = GAF_ATTENTION_AVX512 && may_skip && block > 16;
-  const int64_t ldt = (T + 15) / 16 * 16;
+  const int64_t ldt = PackedKeyStride(T);
   Tensor kpack;
   if (packed) {
     kpack = Tensor::Uninitialized(DataType::kFloat,

@@ -464,7 +464,7 @@ void FusedAttentionKernel(KernelContext& ctx) {
 
   // The keys packed transposed per key head ([d, ldt], zero past T) for the scores kernel, where
   // this build has it; ldt is also the row length of the score buffers.
-  const int64_t ldt = (T + kColumnGrain - 1) / kColumnGrain * kColumnGrain;
+  const int64_t ldt = PackedKeyStride(T);
   // The buffer is the calling thread's, kept between calls: a fresh one cost a zeroing of new
   // pages every call (0.25 ms of a 256-token prompt's 1.9 ms here); only the padding is zeroed.
   // (The name kt means each thread's own inside a parallel region: there the pointer kp is read.)
@@ -483,6 +483,7 @@ void FusedAttentionKernel(KernelContext& ctx) {
   const int64_t mask_rows = skipping ? ctx.inputs[sm_first + (scale != 0)]->numel() / T : 0;
   std::vector<int64_t> extent(static_cast<size_t>(mask_rows));
   std::vector<float> tail(static_cast<size_t>(mask_rows));
+  std::vector<int64_t> zeros(static_cast<size_t>(mask_rows));  // per mask row: its leading 0s, to its extent
   // |score * scale| <= factor * |q| * |k| (with room for the dot product's rounding).
   const float factor = (scale == 1 ? 1.f / std::fabs(c) : scale == 2 ? std::fabs(c) : 1.f) * 1.001f;
   const int64_t blocks = (S + kBlockRows - 1) / kBlockRows, tasks = b * H * blocks;
@@ -505,7 +506,10 @@ void FusedAttentionKernel(KernelContext& ctx) {
     }
     if (skipping) {
 #pragma omp for schedule(static) nowait
-      for (int64_t r = 0; r < mask_rows; ++r) MaskTail(mask + r * T, T, &extent[r], &tail[r]);
+      for (int64_t r = 0; r < mask_rows; ++r) {
+        MaskTail(mask + r * T, T, &extent[r], &tail[r]);
+        zeros[r] = MaskZeroLead(mask + r * T, extent[r]);
+      }
 #pragma omp for schedule(static) nowait
       for (int64_t i = 0; i < b * gk; ++i) {
         bool fin = true;
@@ -535,7 +539,7 @@ void FusedAttentionKernel(KernelContext& ctx) {
       // (under a causal mask, the block's first rows need fewer than its last), the block's
       // probabilities are zero past them, up to the block's widest group.
       constexpr int64_t kGroup = 8;
-      int64_t gcols[kBlockRows / kGroup];
+      int64_t gcols[kBlockRows / kGroup], gzero[kBlockRows / kGroup];
       float top[kBlockRows];
       const int64_t groups = (rows + kGroup - 1) / kGroup;
       const bool may_skip = skipping && vfinite[vh] && std::isfinite(kmax[kh]);
@@ -551,15 +555,23 @@ void FusedAttentionKernel(KernelContext& ctx) {
           }
           gcols[g] = keep;
           cols = std::max(cols, keep);
+          gzero[g] = T;
+          for (int64_t s = g * kGroup; skipping && s < std::min(rows, (g + 1) * kGroup); ++s)
+            gzero[g] = std::min(gzero[g], zeros[(mask_row(s) - mask) / T]);
         }
+#if GAF_ATTENTION_AVX512
+        {
+          // Scaled, masked and each row's largest in the tiles' registers (as ScaleAndMaskRow);
+          // each group of rows to its own columns.
+          static_assert(kGroup == 8, "ScoresPackedScaled's group_cols are per 8 rows");
+          const ScoreEpilogue epi{scale, c, mask != nullptr ? mask_row(0) : nullptr, mst[2], mst[3]};
+          ScoresPackedScaled(rows, cols, d, qb, kp + kh * d * ldt, ldt, buf.data(), ldt, epi, top, gcols,
+                             skipping ? gzero : nullptr);
+        }
+#else
         for (int64_t g = 0; g < groups; ++g) {
           const int64_t r0 = g * kGroup, gr = std::min(kGroup, rows - r0);
           float* out = buf.data() + r0 * ldt;
-#if GAF_ATTENTION_AVX512
-          // Scaled, masked and each row's largest in the tiles' registers (as ScaleAndMaskRow).
-          const ScoreEpilogue epi{scale, c, mask != nullptr ? mask_row(r0) : nullptr, mst[2], mst[3]};
-          ScoresPackedScaled(gr, gcols[g], d, qb + r0 * d, kp + kh * d * ldt, ldt, out, ldt, epi, top + r0);
-#else
           SgemmF32(false, true, gr, gcols[g], d, 1.f, qb + r0 * d, d, kb, d, 0.f, out, ldt);
           for (int64_t s = 0; s < gr; ++s) {
             float* yr = out + s * ldt;
@@ -567,8 +579,8 @@ void FusedAttentionKernel(KernelContext& ctx) {
             top[r0 + s] = -std::numeric_limits<float>::infinity();
             for (int64_t i = 0; i < gcols[g]; ++i) top[r0 + s] = top[r0 + s] > yr[i] ? top[r0 + s] : yr[i];
           }
-#endif
         }
+#endif
         bool cleared = true;
         for (int64_t s = 0; s < rows && mask != nullptr; ++s) {
           if (gcols[s / kGroup] == T) continue;
@@ -640,6 +652,18 @@ void MaskTail(const float* mr, int64_t T, int64_t* extent, float* tail) {
   for (int64_t i = j; i < T; ++i) top = top > mr[i] ? top : mr[i];
   *extent = j;
   *tail = top;
+}
+
+int64_t MaskZeroLead(const float* mr, int64_t n) {
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    bool nonzero = false;
+#pragma omp simd reduction(| : nonzero)
+    for (int64_t i = j; i < j + 16; ++i) nonzero = nonzero | (mr[i] != 0.f);
+    if (nonzero) break;
+  }
+  while (j < n && mr[j] == 0.f) ++j;
+  return j;
 }
 
 void MaskTails(const float* mask, int64_t rows, int64_t T, std::vector<int64_t>* extent, std::vector<float>* tail) {

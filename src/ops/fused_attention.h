@@ -38,5 +38,7 @@ void RowNorms(const float* k, int64_t t, int64_t d, float* max_norm, bool* finit
 void MaskTails(const float* mask, int64_t rows, int64_t T, std::vector<int64_t>* extent, std::vector<float>* tail);
 // The same for one row mr[0, T).
 void MaskTail(const float* mr, int64_t T, int64_t* extent, float* tail);
+// How many of the first n values of a mask row are 0 or -0 (where adding the mask changes no score).
+int64_t MaskZeroLead(const float* mr, int64_t n);
 
 }  // namespace gaf

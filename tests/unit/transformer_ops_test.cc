@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <random>
 
 #include "ops/attention_kernels.h"
 #include "ops/fused_attention.h"
@@ -182,6 +183,65 @@ TEST(ScoresPackedScaled, EqualsTheScaledMaskedProductAndItsRowMaxima) {
           }
         }
   EXPECT_GT(checked, 1000);
+}
+
+// ScoresPackedScaled with columns per group of 8 rows (group_cols: a causal block's groups) and the
+// leading columns where the mask is 0 (group_zero, where the tiles do not read it): each row equals
+// its group's columns of the call without them (the same bits; a score plus a mask's 0 may differ
+// only in a zero's sign, which == ignores), the columns past its group's are left as they were,
+// and its maximum is over its group's columns.
+TEST(ScoresPackedScaled, TakesColumnsAndMaskZerosPerGroupOfRows) {
+  const int64_t D = 64, ld = 112, T = 112;
+  const Tensor a = RandomFloat({40, D}, 64), bt = RandomFloat({D, ld}, 65), mk = RandomFloat({40, T}, 66, -5.f, 5.f);
+  std::mt19937 rng(67);
+  int checked = 0;
+  for (int64_t M : {8, 13, 20, 32, 40})
+    for (int trial = 0; trial < 12; ++trial) {
+      const int64_t groups = (M + 7) / 8;
+      std::vector<int64_t> cols(static_cast<size_t>(groups)), zero(static_cast<size_t>(groups));
+      int64_t N = 0;
+      for (int64_t g = 0; g < groups; ++g) {
+        cols[g] = 16 * static_cast<int64_t>(rng() % 8);  // 0 .. 112
+        zero[g] = static_cast<int64_t>(rng() % (T + 1));
+        N = std::max(N, cols[g]);
+      }
+      // The mask: 0 (or -0) in each group's leading zero[g] columns, random past them.
+      std::vector<float> mask(mk.data<float>(), mk.data<float>() + 40 * T);
+      for (int64_t i = 0; i < M; ++i)
+        for (int64_t j = 0; j < zero[i / 8]; ++j) mask[i * T + j] = (i + j) % 3 == 0 ? -0.f : 0.f;
+      const ScoreEpilogue e{2, 0.125f, mask.data(), T, 1};
+      std::vector<float> want(static_cast<size_t>(M * ld), -7.f), wtop(static_cast<size_t>(M));
+      ScoresPackedScaled(M, N, D, a.data<float>(), bt.data<float>(), ld, want.data(), ld, e, wtop.data());
+      std::vector<float> got(static_cast<size_t>(M * ld), -7.f), top(static_cast<size_t>(M));
+      ScoresPackedScaled(M, N, D, a.data<float>(), bt.data<float>(), ld, got.data(), ld, e, top.data(), cols.data(),
+                         zero.data());
+      for (int64_t i = 0; i < M; ++i) {
+        const int64_t n = cols[i / 8];
+        float mx = -std::numeric_limits<float>::infinity();
+        for (int64_t j = 0; j < n; ++j) {
+          ASSERT_EQ(got[i * ld + j], want[i * ld + j]) << "M " << M << " trial " << trial << " row " << i << " col " << j;
+          mx = std::max(mx, want[i * ld + j]);
+        }
+        for (int64_t j = n; j < ld; ++j) ASSERT_EQ(got[i * ld + j], -7.f) << "M " << M << " row " << i << " past its columns";
+        EXPECT_EQ(top[i], mx) << "M " << M << " trial " << trial << " row " << i;
+        ++checked;
+      }
+    }
+  EXPECT_GT(checked, 1000);
+}
+
+// MaskZeroLead counts a row's leading 0s and -0s, up to n.
+TEST(MaskZeroLead, CountsLeadingZerosOfEitherSign) {
+  std::vector<float> row(70, 0.f);
+  EXPECT_EQ(MaskZeroLead(row.data(), 70), 70);
+  EXPECT_EQ(MaskZeroLead(row.data(), 33), 33);
+  row[5] = -0.f;
+  row[40] = -1e-30f;
+  EXPECT_EQ(MaskZeroLead(row.data(), 70), 40);
+  row[3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(MaskZeroLead(row.data(), 70), 3);
+  row[0] = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(MaskZeroLead(row.data(), 70), 0);
 }
 
 // A decode step's scores (DecodeScores: the query rows in registers, 16 dot products advancing
