@@ -19,34 +19,17 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
+#include <unordered_map>
 
 namespace gaf {
 namespace fs = std::filesystem;
 
 namespace {
 
-std::string ReadFile(const std::string& path) {
-  std::error_code ec;
-  GAF_CHECK(fs::exists(path, ec), "{}: no such file", path);
-  GAF_CHECK(!fs::is_directory(path, ec), "{}: is a directory, not a model file", path);
-  GAF_CHECK(fs::is_regular_file(path, ec), "{}: not a regular file", path);  // a FIFO would block
-  const auto size = fs::file_size(path, ec);
-  GAF_CHECK(!ec && size <= static_cast<uintmax_t>(INT_MAX), "{}: over 2 GiB, more than one protobuf file can hold",
-            path);
-  std::ifstream in(path, std::ios::binary);
-  GAF_CHECK(in.good(), "{}: cannot open for reading", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-void ParseProto(google::protobuf::MessageLite& msg, const std::string& bytes, const std::string& what) {
-  GAF_CHECK(bytes.size() <= static_cast<size_t>(INT_MAX), "{}: over 2 GiB, more than one protobuf can hold", what);
-  google::protobuf::io::ArrayInputStream raw(bytes.data(), static_cast<int>(bytes.size()));
-  google::protobuf::io::CodedInputStream coded(&raw);
+void ParseProto(google::protobuf::MessageLite& msg, google::protobuf::io::ZeroCopyInputStream* raw,
+                const std::string& what) {
+  google::protobuf::io::CodedInputStream coded(raw);
   coded.SetTotalBytesLimit(INT_MAX);
   // Each level of subgraph (Graph -> Node -> Attribute -> Graph) is three protobuf levels; the
   // runtime refuses nesting past the limit with its own message, so let the parser go a bit further.
@@ -57,11 +40,43 @@ void ParseProto(google::protobuf::MessageLite& msg, const std::string& bytes, co
             what, depth);
 }
 
+void ParseProto(google::protobuf::MessageLite& msg, const char* bytes, size_t size, const std::string& what) {
+  GAF_CHECK(size <= static_cast<size_t>(INT_MAX), "{}: over 2 GiB, more than one protobuf can hold", what);
+  google::protobuf::io::ArrayInputStream raw(bytes, static_cast<int>(size));
+  ParseProto(msg, &raw, what);
+}
+
+// Parses a file as it is read, in blocks (no buffer of the whole file: a model's weights inside its
+// protobuf were read into one, then copied by the parser, each copy faulting in fresh pages).
+// Returns the file's size.
+size_t ParseProtoFile(google::protobuf::MessageLite& msg, const std::string& path) {
+  std::error_code ec;
+  GAF_CHECK(fs::exists(path, ec), "{}: no such file", path);
+  GAF_CHECK(!fs::is_directory(path, ec), "{}: is a directory, not a model file", path);
+  GAF_CHECK(fs::is_regular_file(path, ec), "{}: not a regular file", path);  // a FIFO would block
+  const auto size = fs::file_size(path, ec);
+  GAF_CHECK(!ec && size <= static_cast<uintmax_t>(INT_MAX), "{}: over 2 GiB, more than one protobuf file can hold",
+            path);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  GAF_CHECK(fd >= 0, "{}: cannot open for reading: {}", path, std::strerror(errno));
+  struct Close {
+    int fd;
+    ~Close() { ::close(fd); }
+  } close_fd{fd};
+  if (size == 0) return 0;
+  google::protobuf::io::FileInputStream raw(fd, 1 << 20);
+  ParseProto(msg, &raw, path);
+  GAF_CHECK(raw.GetErrno() == 0, "{}: cannot be read: {}", path, std::strerror(raw.GetErrno()));
+  return static_cast<size_t>(size);
+}
+
 // ---------------- import ----------------
 
 struct ImportContext {
   std::string base_dir;
   std::string what;  // file name for messages
+  // The main graph's initializers already made (LoadModel), by their protobuf.
+  std::unordered_map<const onnx::TensorProto*, Tensor>* made = nullptr;
 };
 
 template <class Src, class Dst>
@@ -311,7 +326,12 @@ Graph GraphFromProto(const onnx::GraphProto& gp, const ImportContext& ctx) {
   for (const auto& vp : gp.value_info()) g.value_info.push_back(ValueInfoFromProto(vp));
   for (const auto& tp : gp.initializer()) {
     GAF_CHECK(!tp.name().empty(), "{}: graph '{}' has an initializer without a name", ctx.what, g.name);
-    g.initializers.emplace_back(tp.name(), TensorFromProto(tp, ctx));
+    Tensor* made = nullptr;
+    if (ctx.made != nullptr) {
+      auto it = ctx.made->find(&tp);
+      if (it != ctx.made->end()) made = &it->second;
+    }
+    g.initializers.emplace_back(tp.name(), made != nullptr ? std::move(*made) : TensorFromProto(tp, ctx));
   }
   for (const auto& sp : gp.sparse_initializer()) g.sparse_initializers.push_back(sp.SerializeAsString());
   g.nodes.reserve(gp.node_size());
@@ -494,12 +514,12 @@ Model ModelFromProto(const onnx::ModelProto& mp, const ImportContext& ctx) {
 
 }  // namespace
 
-Model ModelFromBytes(const std::string& bytes, const std::string& base_dir, const std::string& what) {
-  GAF_CHECK(!bytes.empty(), "{}: file is empty", what);
-  onnx::ModelProto mp;
-  ParseProto(mp, bytes, what);
+namespace {
+
+// The model of a parsed protobuf.
+Model ModelFromParsed(const onnx::ModelProto& mp, const ImportContext& ctx) {
+  const std::string& what = ctx.what;
   GAF_CHECK(mp.has_graph() && mp.ir_version() > 0, "{}: not an ONNX model (no graph or ir_version)", what);
-  ImportContext ctx{base_dir, what};
   Model m = ModelFromProto(mp, ctx);
   std::vector<std::string> problems = VerifyModel(m);
   if (!problems.empty()) {
@@ -510,10 +530,29 @@ Model ModelFromBytes(const std::string& bytes, const std::string& base_dir, cons
   return m;
 }
 
+}  // namespace
+
+Model ModelFromBytes(const std::string& bytes, const std::string& base_dir, const std::string& what) {
+  GAF_CHECK(!bytes.empty(), "{}: file is empty", what);
+  onnx::ModelProto mp;
+  ParseProto(mp, bytes.data(), bytes.size(), what);
+  return ModelFromParsed(mp, ImportContext{base_dir, what});
+}
+
 Model LoadModel(const std::string& path) {
-  std::string bytes = ReadFile(path);
+  onnx::ModelProto mp;
+  GAF_CHECK(ParseProtoFile(mp, path) > 0, "{}: file is empty", path);
   std::string dir = fs::path(path).parent_path().string();
-  return ModelFromBytes(bytes, dir.empty() ? "." : dir, path);
+  std::unordered_map<const onnx::TensorProto*, Tensor> made;
+  ImportContext ctx{dir.empty() ? "." : dir, path, &made};
+  // The main graph's initializers first, each protobuf's bytes freed once its tensor is made: the
+  // weights inside a model's protobuf are then held once, not twice, at any time.
+  if (mp.has_graph())
+    for (onnx::TensorProto& tp : *mp.mutable_graph()->mutable_initializer()) {
+      made.emplace(&tp, TensorFromProto(tp, ctx));
+      if (tp.has_raw_data()) std::string().swap(*tp.mutable_raw_data());
+    }
+  return ModelFromParsed(mp, ctx);
 }
 
 std::string ModelToBytes(const Model& model) {
@@ -592,9 +631,8 @@ std::string SaveModel(const Model& model, const std::string& path, const SaveOpt
 Tensor LoadTensorPb(const std::string& path) { return LoadTensorPb(path, nullptr); }
 
 Tensor LoadTensorPb(const std::string& path, std::string* name) {
-  std::string bytes = ReadFile(path);
   onnx::TensorProto tp;
-  ParseProto(tp, bytes, path);
+  ParseProtoFile(tp, path);
   ImportContext ctx{fs::path(path).parent_path().string(), path};
   if (name != nullptr) *name = tp.name();
   return TensorFromProto(tp, ctx);
