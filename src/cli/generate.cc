@@ -35,6 +35,7 @@ struct GenerateArgs {
   bool no_cache_in_place = false;
   bool no_task_team = false;
   bool no_read_ahead = false;
+  bool no_shape_memo = false;
   bool half_weights = false, float32_weights = false;
   int repeat = 1;
   uint32_t seed = 0;
@@ -86,6 +87,7 @@ void RunGenerate(const GenerateArgs& a) {
   so.cache_in_place = !a.no_cache_in_place;
   so.task_team = !a.no_task_team;
   so.read_ahead = !a.no_read_ahead;
+  so.memo_shapes = !a.no_shape_memo;
   GAF_CHECK(a.profile_nodes >= 0, "generate: --profile-nodes must be at least 0, got {}", a.profile_nodes);
   so.profile = a.profile || a.profile_nodes > 0;
   Session session(m, so);
@@ -129,9 +131,16 @@ void RunGenerate(const GenerateArgs& a) {
   if (repeats > 1) Generate(session, sig, opt);  // warm-up
   // With a profile, each generation forgets the totals after its prefill: what is left at the end
   // is the last generation's decode steps.
-  if (so.profile) opt.after_prefill = [&session] { session.ResetProfile(); };
+  int64_t memo_hits_before = 0;  // shape steps shared before the profiled decode steps
+  if (so.profile)
+    opt.after_prefill = [&session, &memo_hits_before] {
+      session.ResetProfile();
+      memo_hits_before = session.shape_memo_hits();
+    };
   for (int r = 0; r < repeats; ++r) runs.push_back(Generate(session, sig, opt));
   const int64_t profiled_steps = static_cast<int64_t>(runs.back().step_seconds.size());
+  const double shared_per_step = static_cast<double>(session.shape_memo_hits() - memo_hits_before) /
+                                 static_cast<double>(std::max<int64_t>(profiled_steps, 1));
   const CacheAppendCounts after = CacheAppendTotals();
   const CacheAppendCounts appends{after.in_place - before.in_place, after.new_room - before.new_room,
                                   after.copied - before.copied};
@@ -174,6 +183,7 @@ void RunGenerate(const GenerateArgs& a) {
     j["deterministic"] = deterministic;
     j["cache_in_place"] = so.cache_in_place;
     j["task_team"] = so.task_team;
+    j["shape_memo"] = so.memo_shapes;
     j["read_ahead"] = so.read_ahead;
     j["cache_appends"] = {{"in_place", appends.in_place}, {"new_storage_with_room", appends.new_room},
                           {"copied", appends.copied}};
@@ -193,7 +203,10 @@ void RunGenerate(const GenerateArgs& a) {
       for (size_t i = 0; i < slow.size() && i < static_cast<size_t>(a.profile_nodes); ++i)
         nodes.push_back({{"node", slow[i].node}, {"op_type", slow[i].op_type}, {"calls", slow[i].calls},
                          {"ms", slow[i].seconds * 1e3}});
-      j["profile"] = {{"decode_steps", profiled_steps}, {"op_types", types}, {"nodes", nodes}};
+      j["profile"] = {{"decode_steps", profiled_steps},
+                      {"op_types", types},
+                      {"nodes", nodes},
+                      {"shape_steps_shared_per_step", shared_per_step}};
     }
     fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return;
@@ -227,6 +240,9 @@ void RunGenerate(const GenerateArgs& a) {
       fmt::print("  {:<24} {:>8.1f} calls {:>10.3f} ms\n", p.op_type, static_cast<double>(p.calls) / steps,
                  p.seconds * 1e3 / steps);
     if (a.profile_nodes > 0) PrintSlowestNodes(session, a.profile_nodes, what);
+    fmt::print("shape steps that took the outputs of an earlier one with the same operator and inputs (a layer's "
+               "shapes): {:.1f} a step{}\n",
+               shared_per_step, so.memo_shapes ? "" : " (--no-shape-memo)");
     fmt::print("(each node timed: the profiled steps run a little slower than unprofiled ones)\n");
   }
   if (kernels) fmt::print("fused operators (generated kernels):\n{}", DescribeFusedKernels(*kernels));
@@ -261,6 +277,9 @@ void AddGenerateCommand(CLI::App& app) {
   cmd->add_flag("--no-read-ahead", a->no_read_ahead,
                 "in decode steps, let the threads with no task left in a weight product wait instead of prefetching "
                 "what they read first in the next one (for comparison)");
+  cmd->add_flag("--no-shape-memo", a->no_shape_memo,
+                "run every shape step of a decode step, instead of taking the outputs of an earlier one with the same "
+                "operator and inputs in the same step (a decoder's layers compute the same shapes; for comparison)");
   cmd->add_flag("--half-weights", a->half_weights,
                 "float16 storage of constant MatMul weights (half the bytes; changes numerics slightly)");
   cmd->add_flag("--float32-weights", a->float32_weights,

@@ -257,6 +257,10 @@ struct Session::PlanStep {
   bool root = false, derived = false;
   mutable bool cache_valid = false;
   mutable std::vector<Tensor> cached;
+  // The step's operator, attributes and constant inputs as an id (equal ids: the same function of
+  // the other inputs; -1: not shared, SessionOptions::memo_shapes), and which inputs are constant.
+  int memo = -1;
+  std::vector<char> memo_const;
 };
 
 struct Session::Plan {
@@ -268,7 +272,7 @@ struct Session::Plan {
   std::vector<std::pair<int, const Tensor*>> consts;   // initializers and folded values
   std::deque<Tensor> folded;                           // values of steps computed once when planned
   std::vector<std::pair<std::string, const Tensor*>> folded_values;  // reported to the observer
-  int folded_steps = 0, derived_steps = 0;
+  int folded_steps = 0, derived_steps = 0, memo_steps = 0;
   std::vector<int> output_slots;
   std::vector<std::string> outer_names;  // values read from enclosing scopes
   std::vector<int> outer_slots;
@@ -602,6 +606,122 @@ bool HasSubgraph(const Node& n) {
   return false;
 }
 
+// ---- shape steps shared within a run (SessionOptions::memo_shapes) ----
+
+// Inputs of a derived step up to this many elements are compared by value; a step reading a
+// larger one is not shared.
+constexpr int64_t kMemoMaxElements = 64;
+// Constants up to this many bytes are part of a step's signature by value (a decoder's layers
+// each have their own copies of the same small constants), larger ones by identity.
+constexpr size_t kMemoConstBytes = 256;
+
+void AppendBytes(std::string& out, const void* p, size_t n) { out.append(static_cast<const char*>(p), n); }
+
+void AppendTensor(std::string& out, const Tensor& t) {
+  const int dt = static_cast<int>(t.dtype());
+  AppendBytes(out, &dt, sizeof dt);
+  const int64_t r = t.rank();
+  AppendBytes(out, &r, sizeof r);
+  for (int64_t d : t.shape()) AppendBytes(out, &d, sizeof d);
+  if (t.dtype() != DataType::kString && t.defined()) AppendBytes(out, t.raw(), t.nbytes());
+}
+
+// The signature of a shape step: operator, opset, attributes and constant inputs (is_const per
+// slot, their values in slots). False when the step is not shared (a graph or string-list
+// attribute, a string constant).
+bool MemoSignature(const Session::PlanStep& st, const std::vector<char>& is_const, const std::vector<Tensor>& slots,
+                   std::string* sig) {
+  const Node& n = *st.node;
+  *sig = fmt::format("{}|{}|{}|{}|", n.domain, n.op_type, st.opset, n.attributes.size());
+  for (const Attribute& a : n.attributes) {
+    // A plan root's fallback (ConcatShape's, TransposeShape's: the nodes it replaced) computes the
+    // same shape; it is not part of the signature.
+    if (st.root && n.domain == kPlanDomain && a.name == "fallback" && a.g) continue;
+    if (a.g || !a.graphs.empty() || !a.tensors.empty() || !a.strings.empty() || !a.ref_attr_name.empty()) return false;
+    *sig += a.name;
+    const int type = static_cast<int>(a.type);
+    AppendBytes(*sig, &type, sizeof type);
+    AppendBytes(*sig, &a.f, sizeof a.f);
+    AppendBytes(*sig, &a.i, sizeof a.i);
+    const size_t ls = a.s.size(), lf = a.floats.size(), li = a.ints.size();
+    AppendBytes(*sig, &ls, sizeof ls);
+    *sig += a.s;
+    AppendBytes(*sig, &lf, sizeof lf);
+    AppendBytes(*sig, a.floats.data(), lf * sizeof(float));
+    AppendBytes(*sig, &li, sizeof li);
+    AppendBytes(*sig, a.ints.data(), li * sizeof(int64_t));
+    if (a.t.defined()) {
+      if (a.t.dtype() == DataType::kString || a.t.nbytes() > kMemoConstBytes) return false;
+      *sig += 't';
+      AppendTensor(*sig, a.t);
+    }
+  }
+  for (int s : st.in_slots) {
+    if (s < 0) {
+      *sig += '-';
+    } else if (!is_const[s]) {
+      *sig += 'd';
+    } else {
+      const Tensor& t = slots[s];
+      if (!t.defined() || t.dtype() == DataType::kString) return false;
+      if (t.nbytes() <= kMemoConstBytes) {
+        *sig += 'c';
+        AppendTensor(*sig, t);
+      } else {
+        *sig += 'p';
+        const void* p = t.raw();
+        AppendBytes(*sig, &p, sizeof p);
+      }
+    }
+  }
+  return true;
+}
+
+// The steps one run has computed, by signature and the values they read.
+class ShapeMemo {
+ public:
+  // The outputs of an earlier step of this run with st's signature that read the same values as
+  // st does now, or null (then `key` is what Remember takes).
+  const std::vector<Tensor>* Find(const Session::PlanStep& st, const std::vector<Tensor>& slots, std::string* key) {
+    key->clear();
+    AppendBytes(*key, &st.memo, sizeof st.memo);
+    for (size_t i = 0; i < st.in_slots.size(); ++i) {
+      const int s = st.in_slots[i];
+      if (s < 0 || st.memo_const[i]) continue;
+      const Tensor& t = slots[s];
+      if (!t.defined()) return Refuse(key);
+      if (st.root) {  // Shape and its kind read the input's shape alone
+        const int64_t r = t.rank();
+        AppendBytes(*key, &r, sizeof r);
+        for (int64_t d : t.shape()) AppendBytes(*key, &d, sizeof d);
+      } else {
+        if (t.dtype() == DataType::kString || t.numel() > kMemoMaxElements) return Refuse(key);
+        AppendTensor(*key, t);
+      }
+    }
+    auto it = seen_.find(*key);
+    return it == seen_.end() ? nullptr : &it->second;
+  }
+  void Remember(const Session::PlanStep& st, const std::vector<Tensor>& slots, std::string&& key) {
+    if (key.empty()) return;
+    std::vector<Tensor> out;
+    out.reserve(st.out_slots.size());
+    size_t bytes = 0;
+    for (int o : st.out_slots) {
+      out.push_back(o >= 0 ? slots[o] : Tensor());
+      bytes += out.back().defined() ? out.back().nbytes() : 0;
+    }
+    if (bytes <= kMaxCachedBytes) seen_.emplace(std::move(key), std::move(out));
+  }
+
+ private:
+  static const std::vector<Tensor>* Refuse(std::string* key) {
+    key->clear();
+    return nullptr;
+  }
+  std::unordered_map<std::string, std::vector<Tensor>> seen_;
+};
+
 // Operators whose outputs are a function of their input values and attributes (no state, no
 // randomness, no subgraph): these may be computed once when planned or reused across runs.
 bool IsPureOperator(const Node& n) {
@@ -640,6 +760,7 @@ void Session::FoldAndMarkShapeSteps(Plan& plan) {
   for (const auto& [s, t] : plan.consts) slots[s] = *t;
   std::vector<Plan::Step> kept;
   kept.reserve(plan.steps.size());
+  std::unordered_map<std::string, int> memo_ids;  // shape steps' signatures (memo_shapes)
   FrameRunner runner(this, nullptr);
   const bool profile = options_.profile;
   options_.profile = false;  // folding is not running: the profile counts runs only
@@ -681,12 +802,18 @@ void Session::FoldAndMarkShapeSteps(Plan& plan) {
       }
     }
     st.root = !own_kernel && ((n.domain.empty() && (n.op_type == "Shape" || n.op_type == "Size")) ||
-                              (n.domain == kPlanDomain && n.op_type == "ConcatShape"));
+                              (n.domain == kPlanDomain && (n.op_type == "ConcatShape" || n.op_type == "TransposeShape")));
     st.derived = !st.root && all_known && !all_const;
     if (st.root || st.derived) {
       for (int o : st.out_slots)
         if (o >= 0) is_shape[o] = 1;
       plan.derived_steps += st.derived;
+      std::string sig;
+      if (options_.memo_shapes && MemoSignature(st, is_const, slots, &sig)) {
+        st.memo = memo_ids.emplace(std::move(sig), static_cast<int>(memo_ids.size())).first->second;
+        for (int i : st.in_slots) st.memo_const.push_back(i >= 0 && is_const[i]);
+        ++plan.memo_steps;
+      }
     }
     kept.push_back(std::move(st));
   }
@@ -731,6 +858,8 @@ std::vector<Tensor> Session::Execute(const Plan& plan, Frame* parent, const std:
   // Shape steps: whether a derived value differs from the last run's (constants never do).
   std::vector<char> changed;
   if (plan.derived_steps > 0) changed.assign(plan.slot_names.size(), 0);
+  ShapeMemo memo;
+  std::string memo_key;
   for (const Plan::Step& st : plan.steps) {
     if (st.derived && st.cache_valid) {
       bool same = true;
@@ -745,7 +874,21 @@ std::vector<Tensor> Session::Execute(const Plan& plan, Frame* parent, const std:
         continue;
       }
     }
+    if (st.memo >= 0) {
+      if (const std::vector<Tensor>* same = memo.Find(st, frame.slots, &memo_key)) {
+        for (size_t o = 0; o < st.out_slots.size(); ++o) {
+          if (st.out_slots[o] < 0) continue;
+          frame.slots[st.out_slots[o]] = (*same)[o];
+          if (options_.observer && top) options_.observer(st.node->outputs[o], (*same)[o]);
+        }
+        ++memo_hits_;
+        if (!changed.empty()) RememberShapeStep(st, frame.slots, changed);
+        for (int s : st.release) frame.slots[s] = Tensor();
+        continue;
+      }
+    }
     RunStep(st, frame.slots, runner, top);
+    if (st.memo >= 0) memo.Remember(st, frame.slots, std::move(memo_key));
     if ((st.root || st.derived) && !changed.empty()) RememberShapeStep(st, frame.slots, changed);
     for (int s : st.release) frame.slots[s] = Tensor();
   }

@@ -51,6 +51,11 @@ struct SessionOptions {
   // pure operators on their results and constants) runs again only when a value it reads changed
   // since the last run, else its outputs of the last run are used (a decoder's decode steps).
   bool fold_shapes = true;
+  // Within a run, a shape step (fold_shapes) with the same operator, attributes and constants as
+  // one already run, and the same values read (Shape and its kind: the same input shapes), takes
+  // that step's outputs instead of running: a decoder's layers compute the same shape values from
+  // their caches, and a decode step's past length changes them every step.
+  bool memo_shapes = true;
   // MatMuls read a transposed operand, and a key/value cache repeated per query head, where they
   // are instead of through the copies the graph makes (runtime/plan_rewrite.h). Off while an
   // observer is set (it sees the graph's values as written).
@@ -158,12 +163,15 @@ class Session {
   // led by a task team (SessionOptions::task_team).
   std::map<std::string, int64_t> product_rows_;
   bool last_run_team_ = false;
+  int64_t memo_hits_ = 0;
   ReadAhead read_ahead_;  // the products' order, for the runs led by a team (SessionOptions::read_ahead)
 
  public:
   static constexpr int64_t kTeamMaxRows = 4;
   // Whether the last run was led by a task team (tests, `run --profile`).
   bool last_run_had_team() const { return last_run_team_; }
+  // Shape steps that took an earlier step's outputs in their run (memo_shapes), over all runs.
+  int64_t shape_memo_hits() const { return memo_hits_; }
   // The weight products whose successor the runs led by a team have learned (ReadAhead; tests).
   size_t read_ahead_entries() const { return read_ahead_.size(); }
 };

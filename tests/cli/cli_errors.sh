@@ -158,6 +158,22 @@ assert a["tokens"] == b["tokens"], (a["tokens"], b["tokens"])
 assert a["read_ahead"] is True and b["read_ahead"] is False, (a["read_ahead"], b["read_ahead"])
 PY
 then pass=$((pass + 1)); else echo "FAIL generate --no-read-ahead: $(cat "$TMP/err")"; fail=$((fail + 1)); fi
+# generate's layers share their shape steps within a decode step (a torch.onnx.export decoder's
+# layers compute the same shapes): --profile counts them a step; --no-shape-memo runs every one, with
+# the same tokens.
+if "$BIN" generate "$DEC/model.onnx" -n 6 --profile --json >"$TMP/memo.json" 2>"$TMP/err" &&
+  "$BIN" generate "$DEC/model.onnx" -n 6 --profile --json --no-shape-memo >"$TMP/no_memo.json" 2>>"$TMP/err" &&
+  /usr/bin/python3 - "$TMP/memo.json" "$TMP/no_memo.json" <<'PY'
+import json, sys
+a, b = (json.load(open(f)) for f in sys.argv[1:3])
+assert a["tokens"] == b["tokens"], (a["tokens"], b["tokens"])
+assert a["shape_memo"] is True and b["shape_memo"] is False, (a["shape_memo"], b["shape_memo"])
+assert a["profile"]["shape_steps_shared_per_step"] > 10, a["profile"]["shape_steps_shared_per_step"]
+assert b["profile"]["shape_steps_shared_per_step"] == 0, b["profile"]["shape_steps_shared_per_step"]
+calls = lambda j, op: sum(t["calls"] for t in j["profile"]["op_types"] if t["op_type"] == op)
+assert calls(a, "Unsqueeze") < calls(b, "Unsqueeze"), (calls(a, "Unsqueeze"), calls(b, "Unsqueeze"))
+PY
+then pass=$((pass + 1)); else echo "FAIL generate's shared shape steps: $(cat "$TMP/err")"; fail=$((fail + 1)); fi
 # generate reports its first decode step and its slowest beside the median, in the JSON (also per
 # run) and in the text.
 if "$BIN" generate "$DEC/model.onnx" -n 6 >"$TMP/steps.txt" 2>"$TMP/err" &&

@@ -101,6 +101,73 @@ TEST(ShapeCache, UnchangedValuesOfAChangedShapeKeepTheirConsumersCached) {
   EXPECT_EQ(testing::ProfiledCalls(s, "Range"), 1);
 }
 
+// Two inputs, each with its own copy of ShapeModel's reshape chain (own constants, own names), as a
+// decoder's layers have; `index` is the second chain's Gather index (0: the same as the first's).
+Model TwinChains(int64_t index) {
+  Graph g;
+  g.inputs.push_back(testing::FloatValue("x", {-1, 4}));
+  g.inputs.push_back(testing::FloatValue("y", {-1, 4}));
+  for (int c = 0; c < 2; ++c) {
+    const std::string p = c == 0 ? "a_" : "b_", in = c == 0 ? "x" : "y";
+    g.SetInitializer(p + "index", Tensor::Scalar<int64_t>(c == 0 ? 0 : index));
+    g.SetInitializer(p + "four", Tensor::Scalar<int64_t>(4));
+    g.SetInitializer(p + "axes", Tensor::FromInt64s({0}));
+    g.SetInitializer(p + "one", Tensor::FromInt64s({1}));
+    g.nodes.push_back(MakeNode("Shape", {in}, {p + "s"}, p + "shape"));
+    g.nodes.push_back(MakeNode("Gather", {p + "s", p + "index"}, {p + "n"}, p + "gather"));
+    g.nodes.push_back(MakeNode("Mul", {p + "n", p + "four"}, {p + "n4"}, p + "mul"));
+    g.nodes.push_back(MakeNode("Unsqueeze", {p + "n4", p + "axes"}, {p + "n4v"}, p + "unsqueeze"));
+    g.nodes.push_back(MakeNode("Concat", {p + "one", p + "n4v"}, {p + "shape2"}, p + "concat", {testing::IntAttr("axis", 0)}));
+    g.nodes.push_back(MakeNode("Reshape", {in, p + "shape2"}, {p + "r"}, p + "reshape"));
+    g.outputs.push_back(ValueInfo{p + "r", DataType::kFloat});
+  }
+  return MakeModel(std::move(g));
+}
+
+// Within a run, a shape step with the same operator, attributes and constants as one already run,
+// reading the same values (Shape: an input of the same shape), takes its outputs (memo_shapes); the
+// results are those of every step run, whatever the shapes.
+TEST(ShapeCache, StepsOfTheSameShapesAreSharedWithinARun) {
+  Model m = TwinChains(0);
+  Session s(m, SessionOptions{.profile = true}), plain(m, SessionOptions{.fold_shapes = false});
+  Session unshared(m, SessionOptions{.profile = true, .memo_shapes = false});
+  uint32_t seed = 1;
+  auto run = [&](int64_t nx, int64_t ny) {
+    std::map<std::string, Tensor> feeds{{"x", RandomFloat({nx, 4}, seed++)}, {"y", RandomFloat({ny, 4}, seed++)}};
+    const std::vector<Tensor> got = s.Run(feeds);
+    ExpectSame(got, plain.Run(feeds), fmt::format("x {} y {}", nx, ny));
+    ExpectSame(got, unshared.Run(feeds), fmt::format("x {} y {} (unshared)", nx, ny));
+    EXPECT_EQ(got[1].shape(), (Shape{1, 4 * ny}));
+  };
+  run(3, 3);  // the second chain takes the first's values
+  EXPECT_EQ(testing::ProfiledCalls(s, "Shape"), 1);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Gather"), 1);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Concat"), 1);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Reshape"), 2) << "Reshape reads data: never shared";
+  EXPECT_EQ(testing::ProfiledCalls(unshared, "Gather"), 2);
+  EXPECT_EQ(s.shape_memo_hits(), 5) << "the second chain's Shape, Gather, Mul, Unsqueeze and Concat";
+  run(5, 2);  // other shapes for each: both chains run
+  EXPECT_EQ(testing::ProfiledCalls(s, "Shape"), 3);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Gather"), 3);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Concat"), 3);
+  run(6, 6);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Gather"), 4);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Concat"), 4);
+}
+
+// A different constant is a different step; what follows it is shared again when the values are.
+TEST(ShapeCache, StepsWithOtherConstantsAreNotShared) {
+  Model m = TwinChains(1);  // the second chain gathers dim 1 (4) where the first gathers dim 0
+  Session s(m, SessionOptions{.profile = true}), plain(m, SessionOptions{.fold_shapes = false});
+  std::map<std::string, Tensor> feeds{{"x", RandomFloat({4, 4}, 5)}, {"y", RandomFloat({4, 4}, 6)}};
+  const std::vector<Tensor> got = s.Run(feeds);
+  ExpectSame(got, plain.Run(feeds), "index 1");
+  EXPECT_EQ(got[1].shape(), (Shape{1, 16}));
+  EXPECT_EQ(testing::ProfiledCalls(s, "Shape"), 1) << "the same input shape: shared";
+  EXPECT_EQ(testing::ProfiledCalls(s, "Gather"), 2) << "another index";
+  EXPECT_EQ(testing::ProfiledCalls(s, "Mul"), 1) << "both Gathers gave 4: Mul reads the same values";
+}
+
 TEST(ShapeCache, ObserverSeesFoldedValues) {
   Model m = ShapeModel();
   std::set<std::string> seen;
