@@ -656,6 +656,9 @@ bool MemoSignature(const Session::PlanStep& st, const std::vector<char>& is_cons
       AppendTensor(*sig, a.t);
     }
   }
+  // Which outputs the step makes (a step whose node leaves one out must not lend it to one that needs it).
+  for (int o : st.out_slots) *sig += o >= 0 ? '+' : '_';
+  *sig += '|';
   for (int s : st.in_slots) {
     if (s < 0) {
       *sig += '-';
