@@ -94,9 +94,12 @@ double Layer(Setup& s, Variant var, int threads) {
         cols = std::max(cols, gcols[g]);
         flops += 2.0 * std::min(kGroup, rows - g * kGroup) * gcols[g] * d;
       }
-      const gaf::ScoreEpilogue epi{2, 1.f / std::sqrt(static_cast<float>(d)), std::getenv("NOMASK") && var == kShared ? nullptr : s.mask.data() + s0 * T, T, 1};
-      if (var == kShared) {
-        gaf::ScoresPackedScaled(rows, cols, d, qb, kp, ldt, buf.data(), ldt, epi, top, gcols);
+      const gaf::ScoreEpilogue epi{2, 1.f / std::sqrt(static_cast<float>(d)), s.mask.data() + s0 * T, T, 1};
+      if (var != kPerGroup) {
+        int64_t gzero[kBlockRows / kGroup];  // a group's leading zeros of the mask (its first row's: the fewest)
+        for (int64_t g = 0; g < groups; ++g) gzero[g] = s.zeros[s0 + g * kGroup];
+        gaf::ScoresPackedScaled(rows, cols, d, qb, kp, ldt, buf.data(), ldt, epi, top, gcols,
+                                var == kZeroMask ? gzero : nullptr);
       } else {
         for (int64_t g = 0; g < groups; ++g) {
           const int64_t r0 = g * kGroup, gr = std::min(kGroup, rows - r0);

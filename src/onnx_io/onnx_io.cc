@@ -65,8 +65,13 @@ size_t ParseProtoFile(google::protobuf::MessageLite& msg, const std::string& pat
   } close_fd{fd};
   if (size == 0) return 0;
   google::protobuf::io::FileInputStream raw(fd, 1 << 20);
-  ParseProto(msg, &raw, path);
-  GAF_CHECK(raw.GetErrno() == 0, "{}: cannot be read: {}", path, std::strerror(raw.GetErrno()));
+  try {
+    ParseProto(msg, &raw, path);
+  } catch (const Error&) {
+    // A read that failed ends the parse too: say so rather than "not a valid protobuf".
+    GAF_CHECK(raw.GetErrno() == 0, "{}: cannot be read: {}", path, std::strerror(raw.GetErrno()));
+    throw;
+  }
   return static_cast<size_t>(size);
 }
 

@@ -272,7 +272,7 @@ struct Session::Plan {
   std::vector<std::pair<int, const Tensor*>> consts;   // initializers and folded values
   std::deque<Tensor> folded;                           // values of steps computed once when planned
   std::vector<std::pair<std::string, const Tensor*>> folded_values;  // reported to the observer
-  int folded_steps = 0, derived_steps = 0, memo_steps = 0;
+  int folded_steps = 0, derived_steps = 0;
   std::vector<int> output_slots;
   std::vector<std::string> outer_names;  // values read from enclosing scopes
   std::vector<int> outer_slots;
@@ -815,7 +815,6 @@ void Session::FoldAndMarkShapeSteps(Plan& plan) {
       if (options_.memo_shapes && MemoSignature(st, is_const, slots, &sig)) {
         st.memo = memo_ids.emplace(std::move(sig), static_cast<int>(memo_ids.size())).first->second;
         for (int i : st.in_slots) st.memo_const.push_back(i >= 0 && is_const[i]);
-        ++plan.memo_steps;
       }
     }
     kept.push_back(std::move(st));
