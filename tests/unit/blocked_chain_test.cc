@@ -168,8 +168,10 @@ TEST(BlockedChain, SiluHardSwishSqueezeExciteAndDepthwise) {
   EXPECT_EQ(r.stats.reorders_in, 1);  // a 1x1 convolution reads the blocked copy of the input
   // BN, SiLU and HardSwish pairs, HardSwish, Clip, Tanh and LeakyRelu ride on the convolutions: the
   // steps are the 5 convolutions, the pool and SE Mul, the per-channel Add after the activations,
-  // and the reorders in and out.
-  EXPECT_EQ(r.stats.steps, 10) << r.described;
+  // and the reorders in and out; plus the reorders inside the chain where the convolution timed
+  // fastest when planned wants another layout (the depthwise one in nhwc on a loaded host: 12 steps,
+  // 2 inside, seen under AddressSanitizer in parallel ctest).
+  EXPECT_EQ(r.stats.steps, 10 + r.stats.reorders_inside) << r.described;
 }
 
 // Dense blocks as torch exports them: every layer concatenates all features so far.
