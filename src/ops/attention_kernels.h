@@ -19,6 +19,16 @@
 
 namespace gaf {
 
+// Whether x / c has the bits of x * (1 / c) for every float x: c is plus or minus a power of two
+// whose reciprocal is a normal float (both round the same exact value once). A torch export's
+// scores divided by sqrt(head dim) = 8 then take a product, not a division (vdivps: several
+// times an FMA's cost).
+inline bool ExactReciprocal(float c) {
+  int e = 0;
+  const float m = std::frexp(c, &e);
+  return std::fabs(m) == 0.5f && e >= -125 && e <= 127;
+}
+
 // y[0, n) = x scaled (scale 1: x / c, 2: x * c, 0: x as is) plus the mask row m (m_last 1: m[i],
 // 0: m[0] for all; none when m is null): MaskedSoftmax's arithmetic, one operator's rounding at a
 // time. y may be x.

@@ -429,6 +429,11 @@ void FusedAttentionKernel(KernelContext& ctx) {
     if (ct == nullptr || ct->numel() != 1 || ct->dtype() != DataType::kFloat) return RunParts(ctx, *g);
     c = ct->data<float>()[0];
   }
+  int64_t scale_op = scale;  // what the scores' epilogue does: a division by c as a product where that is exact
+  if (scale == 1 && ExactReciprocal(c)) {
+    scale_op = 2;
+    c = 1.f / c;
+  }
   // The mask's element strides over the scores' axes [b, H, S, T] (0 where it broadcasts).
   int64_t mst[4] = {0, 0, 0, 0};
   const float* mask = nullptr;
@@ -454,7 +459,7 @@ void FusedAttentionKernel(KernelContext& ctx) {
     GAF_CHECK(o == ctx.num_outputs(), "{}: made {} of its {} outputs", ctx.node.Describe(), o, ctx.num_outputs());
   };
   if (decode) {
-    DecodeSteps(Q, K, V, scale, c, mask, mst, &Y);
+    DecodeSteps(Q, K, V, scale_op, c, mask, mst, &Y);
     return finish();
   }
   const float* q = Q.data<float>();
@@ -485,7 +490,7 @@ void FusedAttentionKernel(KernelContext& ctx) {
   std::vector<float> tail(static_cast<size_t>(mask_rows));
   std::vector<int64_t> zeros(static_cast<size_t>(mask_rows));  // per mask row: its leading 0s, to its extent
   // |score * scale| <= factor * |q| * |k| (with room for the dot product's rounding).
-  const float factor = (scale == 1 ? 1.f / std::fabs(c) : scale == 2 ? std::fabs(c) : 1.f) * 1.001f;
+  const float factor = (scale_op == 1 ? 1.f / std::fabs(c) : scale_op == 2 ? std::fabs(c) : 1.f) * 1.001f;
   const int64_t blocks = (S + kBlockRows - 1) / kBlockRows, tasks = b * H * blocks;
   const int threads = std::min<int64_t>(omp_in_parallel() ? 1 : omp_get_max_threads(), tasks);
   if (threads > 1) NoteOwnParallelRegion();
@@ -564,7 +569,7 @@ void FusedAttentionKernel(KernelContext& ctx) {
           // Scaled, masked and each row's largest in the tiles' registers (as ScaleAndMaskRow);
           // each group of rows to its own columns.
           static_assert(kGroup == 8, "ScoresPackedScaled's group_cols are per 8 rows");
-          const ScoreEpilogue epi{scale, c, mask != nullptr ? mask_row(0) : nullptr, mst[2], mst[3]};
+          const ScoreEpilogue epi{scale_op, c, mask != nullptr ? mask_row(0) : nullptr, mst[2], mst[3]};
           ScoresPackedScaled(rows, cols, d, qb, kp + kh * d * ldt, ldt, buf.data(), ldt, epi, top, gcols,
                              skipping ? gzero : nullptr);
         }
@@ -575,7 +580,7 @@ void FusedAttentionKernel(KernelContext& ctx) {
           SgemmF32(false, true, gr, gcols[g], d, 1.f, qb + r0 * d, d, kb, d, 0.f, out, ldt);
           for (int64_t s = 0; s < gr; ++s) {
             float* yr = out + s * ldt;
-            ScaleAndMaskRow(yr, yr, gcols[g], scale, c, mask != nullptr ? mask_row(r0 + s) : nullptr, mst[3]);
+            ScaleAndMaskRow(yr, yr, gcols[g], scale_op, c, mask != nullptr ? mask_row(r0 + s) : nullptr, mst[3]);
             top[r0 + s] = -std::numeric_limits<float>::infinity();
             for (int64_t i = 0; i < gcols[g]; ++i) top[r0 + s] = top[r0 + s] > yr[i] ? top[r0 + s] : yr[i];
           }

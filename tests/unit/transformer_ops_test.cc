@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <random>
@@ -242,6 +243,35 @@ TEST(MaskZeroLead, CountsLeadingZerosOfEitherSign) {
   EXPECT_EQ(MaskZeroLead(row.data(), 70), 3);
   row[0] = -std::numeric_limits<float>::infinity();
   EXPECT_EQ(MaskZeroLead(row.data(), 70), 0);
+}
+
+// The attention divides its scores by a power of two as a product by its reciprocal: the same bits
+// for normal, subnormal, huge, signed-zero, infinite and NaN scores; other divisors keep the division.
+TEST(ExactReciprocal, DividesAsAProductOnlyWhereTheBitsAreTheSame) {
+  const float big = std::numeric_limits<float>::max(), tiny = std::numeric_limits<float>::denorm_min();
+  const std::vector<float> xs = {1.f, -3.7f, 0.f, -0.f, 1e-40f, -2.5e-39f, 1e-38f, big, -big, tiny, 12345.678f,
+                                 std::numeric_limits<float>::infinity(), std::numeric_limits<float>::quiet_NaN()};
+  int checked = 0;
+  for (float c : {8.f, 0.125f, -4.f, 1.f, 0x1p-126f, 0x1p126f}) {
+    ASSERT_TRUE(ExactReciprocal(c)) << c;
+    const float r = 1.f / c;
+    for (float x : xs) {
+      const float q = x / c, p = x * r;
+      if (std::isnan(q)) {
+        EXPECT_TRUE(std::isnan(p));
+        continue;
+      }
+      uint32_t qb, pb;
+      std::memcpy(&qb, &q, 4);
+      std::memcpy(&pb, &p, 4);
+      EXPECT_EQ(qb, pb) << x << " / " << c;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 70);
+  for (float c : {3.f, 11.3137085f, 0.1f, 0.f, -0.f, 0x1p127f, 0x1p-149f, std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN()})
+    EXPECT_FALSE(ExactReciprocal(c)) << c;
 }
 
 // A decode step's scores (DecodeScores: the query rows in registers, 16 dot products advancing
