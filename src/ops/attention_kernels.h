@@ -108,7 +108,7 @@ inline int64_t PrefetchLines(const char* p, int64_t bytes, int64_t done, int64_t
 // kAhead: V's rows asked for `ahead` bytes ahead into L1 (a decode step's values, from memory).
 template <int DV, int MB, bool kAhead = false>
 inline void ValuesBlock(int64_t mb, int64_t T, const float* P, int64_t ldp, const float* V, float* C, bool accumulate,
-                        int64_t ahead = 0) {
+                        int64_t ahead = 0, int64_t ldc = 16 * DV) {
   const char* vp = reinterpret_cast<const char*>(V);
   const int64_t v_bytes = T * 16 * DV * static_cast<int64_t>(sizeof(float));
   int64_t asked = 0;
@@ -117,7 +117,7 @@ inline void ValuesBlock(int64_t mb, int64_t T, const float* P, int64_t ldp, cons
   for (int i = 0; i < MB; ++i)
 #pragma GCC unroll 16
     for (int c = 0; c < DV; ++c)
-      acc[i][c] = accumulate && i < mb ? _mm512_loadu_ps(C + i * 16 * DV + 16 * c) : _mm512_setzero_ps();
+      acc[i][c] = accumulate && i < mb ? _mm512_loadu_ps(C + i * ldc + 16 * c) : _mm512_setzero_ps();
   for (int64_t t = 0; t < T; ++t) {
     if (kAhead && (t & 3) == 0) asked = PrefetchLines<true>(vp, v_bytes, asked, (t + 4) * 64 * DV + ahead);
     __m512 v[DV];
@@ -135,16 +135,19 @@ inline void ValuesBlock(int64_t mb, int64_t T, const float* P, int64_t ldp, cons
   for (int i = 0; i < MB; ++i) {
     if (i >= mb) break;
 #pragma GCC unroll 16
-    for (int c = 0; c < DV; ++c) _mm512_storeu_ps(C + i * 16 * DV + 16 * c, acc[i][c]);
+    for (int c = 0; c < DV; ++c) _mm512_storeu_ps(C + i * ldc + 16 * c, acc[i][c]);
   }
 }
 
+// ldc: C's rows that many floats apart (0: 16 DV, packed; an attention writing its output with the
+// heads interleaved, [b, S, H, dv], H dv).
 template <int DV, int MB, bool kAhead = false>
 inline void ValuesAvx512(int64_t M, int64_t T, const float* P, int64_t ldp, const float* V, float* C, bool accumulate,
-                         int64_t ahead = 0) {
+                         int64_t ahead = 0, int64_t ldc = 0) {
+  if (ldc == 0) ldc = 16 * DV;
   for (int64_t m0 = 0; m0 < M; m0 += MB)
-    ValuesBlock<DV, MB, kAhead>(std::min<int64_t>(MB, M - m0), T, P + m0 * ldp, ldp, V, C + m0 * 16 * DV, accumulate,
-                                m0 == 0 ? ahead : 0);
+    ValuesBlock<DV, MB, kAhead>(std::min<int64_t>(MB, M - m0), T, P + m0 * ldp, ldp, V, C + m0 * ldc, accumulate,
+                                m0 == 0 ? ahead : 0, ldc);
 }
 
 // Lane i of the result = the sum of the lanes of v[i] (16 vectors transposed and added in four

@@ -393,11 +393,16 @@ void FusedAttentionKernel(KernelContext& ctx) {
   const Graph* g = ctx.node.GetGraph("fallback");
   // The parts: the scores product, MaskedSoftmax, perhaps a Cast of the probabilities to float
   // (a no-op on the float32 inputs the paths below take), the values product.
-  GAF_CHECK(g != nullptr && (g->nodes.size() == 3 || g->nodes.size() == 4), "{}: no attention parts",
-            ctx.node.Describe());
+  // With out_transposed, a last part: the Transpose (perm 0, 2, 1, 3) of the values product's result,
+  // which the kernel writes as [b, S, H, dv] directly (FoldAttentionTransposes).
+  const bool out_t = ctx.node.GetInt("out_transposed", 0) != 0;
+  const size_t parts = g != nullptr ? g->nodes.size() - (out_t ? 1 : 0) : 0;
+  GAF_CHECK(g != nullptr && (parts == 3 || parts == 4), "{}: no attention parts", ctx.node.Describe());
   const Node& qk = g->nodes[0];
   const Node& sm = g->nodes[1];
-  const Node& pv = g->nodes.back();
+  const Node& pv = g->nodes[parts - 1];
+  if (out_t && (g->nodes.back().op_type != "Transpose" || g->nodes.back().GetInts("perm") != std::vector<int64_t>{0, 2, 1, 3}))
+    return RunParts(ctx, *g);
   for (size_t i = 0; i < ctx.num_inputs(); ++i)
     if (ctx.has_input(i) && ctx.inputs[i]->dtype() != DataType::kFloat && ctx.inputs[i]->dtype() != DataType::kInt64)
       return RunPlanFallback(ctx);  // half types: the parts' own conversions
@@ -450,7 +455,12 @@ void FusedAttentionKernel(KernelContext& ctx) {
     }
     mask = M->data<float>();
   }
-  Tensor Y = Tensor::Uninitialized(DataType::kFloat, {b, H, S, dv});
+  // The output [b, H, S, dv], or with out_transposed [b, S, H, dv]: row s of head h at yrow(bi, h, s).
+  Tensor Y = Tensor::Uninitialized(DataType::kFloat, out_t ? Shape{b, S, H, dv} : Shape{b, H, S, dv});
+  const int64_t ldy = out_t ? H * dv : dv;
+  auto yrow = [&](int64_t bi, int64_t h, int64_t s) {
+    return out_t ? ((bi * S + s) * H + h) * dv : ((bi * H + h) * S + s) * dv;
+  };
   auto finish = [&] {
     ctx.outputs[0] = std::move(Y);
     size_t o = 1;
@@ -459,7 +469,17 @@ void FusedAttentionKernel(KernelContext& ctx) {
     GAF_CHECK(o == ctx.num_outputs(), "{}: made {} of its {} outputs", ctx.node.Describe(), o, ctx.num_outputs());
   };
   if (decode) {
-    DecodeSteps(Q, K, V, scale_op, c, mask, mst, &Y);
+    if (!out_t || S == 1) {  // one query row: [b, H, 1, dv] and [b, 1, H, dv] are the same memory
+      DecodeSteps(Q, K, V, scale_op, c, mask, mst, &Y);
+      return finish();
+    }
+    Tensor Z = Tensor::Uninitialized(DataType::kFloat, {b, H, S, dv});
+    DecodeSteps(Q, K, V, scale_op, c, mask, mst, &Z);
+    const float* z = Z.data<float>();
+    float* y = Y.data<float>();
+    for (int64_t bi = 0; bi < b; ++bi)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t s = 0; s < S; ++s) std::memcpy(y + yrow(bi, h, s), z + ((bi * H + h) * S + s) * dv, sizeof(float) * dv);
     return finish();
   }
   const float* q = Q.data<float>();
@@ -604,18 +624,18 @@ void FusedAttentionKernel(KernelContext& ctx) {
           SoftmaxRowWithMaxF32(pr, pr, n, top[s]);  // its maximum from the scores tiles
           std::fill(pr + n, pr + cols, 0.f);  // the original's exact zeros there
         }
-        float* yb = y + ((bi * H + h) * S + s0) * dv;
+        float* yb = y + yrow(bi, h, s0);
 #if GAF_ATTENTION_AVX512
         if (dv == 64) {
-          ValuesAvx512<4, 6>(rows, cols, buf.data(), ldt, vb, yb, false);
+          ValuesAvx512<4, 6>(rows, cols, buf.data(), ldt, vb, yb, false, 0, ldy);
           break;
         }
         if (dv == 128) {
-          ValuesAvx512<8, 3>(rows, cols, buf.data(), ldt, vb, yb, false);
+          ValuesAvx512<8, 3>(rows, cols, buf.data(), ldt, vb, yb, false, 0, ldy);
           break;
         }
 #endif
-        SgemmF32(false, false, rows, dv, cols, 1.f, buf.data(), ldt, vb, dv, 0.f, yb, dv);
+        SgemmF32(false, false, rows, dv, cols, 1.f, buf.data(), ldt, vb, dv, 0.f, yb, ldy);
         break;
       }
     }

@@ -69,6 +69,11 @@ inline constexpr int64_t kPackedMatMulMinWeight = int64_t{1} << 18;
 // other input types run the registry's kernel.
 KernelInfo PreparedMatMulKernel(std::shared_ptr<PreparedMatMul> mm);
 KernelInfo PreparedSiblingMatMulKernel(std::vector<std::shared_ptr<PreparedMatMul>> mms);
+// A ResidualMatMul node (A, W, R: A W + R, a residual Add after the product) with W prepared: R of
+// the product's shape is added where each task stores its sums (PanelProduct::add) up to
+// kPanelMaxRows rows (a decode step: no Add node to dispatch), in one pass after the product for
+// more (a prompt); a broadcast R or other types run the registry's kernel (the MatMul and the Add).
+KernelInfo PreparedResidualMatMulKernel(std::shared_ptr<PreparedMatMul> mm);
 // A GatedMatMul node (A, W_gate, W_up: SiLU(A W_gate) * (A W_up)) with both weights prepared: the
 // rows run on one panel copy of the pair (PanelWeight::GatePair, made on the first call) and apply
 // the gate in each task; a prompt without AVX-512 takes the two prepared products, then the gate.

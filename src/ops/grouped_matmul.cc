@@ -377,6 +377,12 @@ void GatedMatMulKernel(KernelContext& ctx) {
   StoreGated(G.data<float>(), F, U.data<float>(), F, M, F, ctx.outputs[0].data<float>(), F);
 }
 
+// ResidualMatMul (inputs A, W, R; attr fallback): A W + R, a product with the Add of its result and
+// another tensor (a transformer's residual; runtime/plan_rewrite.h). Its kernel on a weight packed
+// at load is the session's (ops/gemm.h PreparedResidualMatMulKernel); this one runs the nodes it
+// replaced.
+void ResidualMatMulKernel(KernelContext& ctx) { RunPlanFallback(ctx); }
+
 void RegisterPlanKernels(OpRegistry& r) {
   r.Register({"ai.graph_autofusion.plan", "TransposeShape", OpKind::kOpaque, TransposeShapeKernel, false});
   r.Register({"ai.graph_autofusion.plan", "ConcatShape", OpKind::kOpaque, ConcatShapeKernel, false,
@@ -384,6 +390,7 @@ void RegisterPlanKernels(OpRegistry& r) {
   r.Register({"ai.graph_autofusion.plan", "GroupedMatMul", OpKind::kContraction, GroupedMatMulKernel, true});
   r.Register({"ai.graph_autofusion.plan", "SiblingMatMul", OpKind::kContraction, SiblingMatMulKernel, true});
   r.Register({"ai.graph_autofusion.plan", "GatedMatMul", OpKind::kContraction, GatedMatMulKernel, true});
+  r.Register({"ai.graph_autofusion.plan", "ResidualMatMul", OpKind::kContraction, ResidualMatMulKernel, true});
 }
 
 }  // namespace gaf

@@ -126,6 +126,18 @@ float* ThreadSums(int64_t M, int blocks) {
   return large.data() + (16 - reinterpret_cast<uintptr_t>(large.data()) / 4 % 16) % 16;
 }
 
+// y[m, c0:c0+cols] += add[m, c0:c0+cols] for m in [m0, m1) (leading dimension ld for both): a
+// residual after the sums a task just stored, while they are in L1. No-op without `add`.
+void AddRows(const float* add, int64_t ld, int64_t m0, int64_t m1, int64_t c0, int64_t cols, float* y) {
+  if (add == nullptr) return;
+  for (int64_t m = m0; m < m1; ++m) {
+    const float* a = add + m * ld + c0;
+    float* yr = y + m * ld + c0;
+#pragma omp simd
+    for (int64_t j = 0; j < cols; ++j) yr[j] += a[j];
+  }
+}
+
 // y[0:M, c0:c0+cols] = x * panel (16 * vecs floats per k), through a block of M x kPanelCols sums.
 void PanelTask(const float* x, int64_t M, int64_t K, const float* panel, int vecs, float* y, int64_t ldy,
                int64_t c0, int64_t cols) {
@@ -188,7 +200,7 @@ constexpr std::array<std::array<FullKFn, kTileRows>, 3> kFullKTiles = {
 // itself when the panel's columns are all y's, else through a tile on the stack. The last tiles
 // prefetch `next` (panel_tiles.h NextPanelChunk).
 void FullKRows(const float* x, int64_t K, int64_t m0, int64_t m1, const float* panel, int vecs, float* y,
-               int64_t ldy, int64_t c0, int64_t cols, const panel_detail::NextPanels& next) {
+               int64_t ldy, int64_t c0, int64_t cols, const float* add, const panel_detail::NextPanels& next) {
   alignas(64) float tile[kTileRows * kPanelCols];
   const bool direct = cols == 16 * vecs;
   const int64_t calls = CeilDiv(m1 - m0, kTileRows);
@@ -199,6 +211,7 @@ void FullKRows(const float* x, int64_t K, int64_t m0, int64_t m1, const float* p
                                  panel_detail::NextPanelChunk(next, K, call, calls));
     if (!direct)
       for (int64_t i = 0; i < r; ++i) std::memcpy(y + (m + i) * ldy + c0, tile + i * kPanelCols, sizeof(float) * cols);
+    AddRows(add, ldy, m, m + r, c0, cols, y);
   }
 }
 
@@ -253,7 +266,7 @@ void PanelGemmRows(const float* x, int64_t M, int64_t K, const PanelProduct* ps,
       return FullKGatedRows(x, K, task.m0, task.m1, w, unit.p, prod.y, prod.gated_cols, next);
     const int64_t c0 = unit.p * kPanelCols;
     FullKRows(x, K, task.m0, task.m1, w.panel(unit.p), w.vectors(unit.p), prod.y, w.N(), c0,
-              std::min(kPanelCols, w.N() - c0), next);
+              std::min(kPanelCols, w.N() - c0), prod.add, next);
   };
   panel_detail::RunPanelTasksAhead(static_cast<int64_t>(tasks.size()), weights * M, kPanelMinParallel, run);
 }
@@ -335,6 +348,7 @@ void PanelGemmMany(const float* x, int64_t M, int64_t K, const PanelProduct* ps,
     GAF_CHECK(ps[i].w->K() == K, "PanelGemmMany: weight {} has K {} (expected {})", i, ps[i].w->K(), K);
     const PanelWeight& w = *ps[i].w;
     weights += K * w.N();
+    GAF_CHECK(ps[i].gated_cols == 0 || ps[i].add == nullptr, "PanelGemmMany: weight {} is a gate pair with an addend", i);
     if (ps[i].gated_cols > 0) {  // whole pairs a task: at least two panels
       GAF_CHECK(w.N() == 2 * CeilDiv(ps[i].gated_cols, kPanelCols) * kPanelCols,
                 "PanelGemmMany: weight {} is not a gate pair of {} columns", i, ps[i].gated_cols);
@@ -350,8 +364,10 @@ void PanelGemmMany(const float* x, int64_t M, int64_t K, const PanelProduct* ps,
     }
   }
   if (K == 0) {  // empty sums (SiLU(0) * 0 for a gate pair)
-    for (int i = 0; i < count; ++i)
+    for (int i = 0; i < count; ++i) {
       std::fill(ps[i].y, ps[i].y + M * (ps[i].gated_cols > 0 ? ps[i].gated_cols : ps[i].w->N()), 0.f);
+      if (ps[i].gated_cols == 0) AddRows(ps[i].add, ps[i].w->N(), 0, M, 0, ps[i].w->N(), ps[i].y);
+    }
     return;
   }
   if (M > kPanelMaxRows) return PanelGemmRows(x, M, K, ps, count);
@@ -369,11 +385,13 @@ void PanelGemmMany(const float* x, int64_t M, int64_t K, const PanelProduct* ps,
     if (ps[task.w].gated_cols > 0) return GatedTask(x, M, K, w, task.p, task.n, ps[task.w].y, ps[task.w].gated_cols);
     const int64_t c0 = task.p * kPanelCols;
     if (task.n == 1) {
-      PanelTask(x, M, K, w.panel(task.p), w.vectors(task.p), ps[task.w].y, w.N(), c0,
-                std::min(kPanelCols, w.N() - c0));
+      const int64_t cols = std::min(kPanelCols, w.N() - c0);
+      PanelTask(x, M, K, w.panel(task.p), w.vectors(task.p), ps[task.w].y, w.N(), c0, cols);
+      AddRows(ps[task.w].add, w.N(), 0, M, c0, cols, ps[task.w].y);
       return;
     }
     MultiPanelTask(x, M, K, w.panel(task.p), task.n, ps[task.w].y, w.N(), c0);
+    AddRows(ps[task.w].add, w.N(), 0, M, c0, task.n * kPanelCols, ps[task.w].y);
   };
   panel_detail::RunPanelTasks(static_cast<int64_t>(tasks.size()), weights * M, kPanelMinParallel, run);
 }

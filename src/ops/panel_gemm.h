@@ -57,6 +57,10 @@ struct PanelProduct {
   const PanelWeight* w;
   float* y;  // [M, w->N()] row-major, leading dimension w->N(); [M, gated_cols] for a gate pair
   int64_t gated_cols = 0;  // > 0: w is a GatePair of that many columns; y = SiLU(x G) * (x U)
+  // Not null (no gate pair): [M, w->N()] like y, added to the sums where each task stores them,
+  // y = x W + add (a residual Add after the product: its bits, the sums read back from L1 instead
+  // of a pass over both tensors).
+  const float* add = nullptr;
 };
 
 // y_i = x[M, K] * W_i for each product (x row m at x + m * K), as one set of tasks (one per panel

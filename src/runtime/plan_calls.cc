@@ -50,7 +50,7 @@ void CollectNames(const Node& n, std::vector<std::string>* out) {
 // One trial: a copy of `model` with the main graph's calls inlined (those in `only`, or all when
 // it is null; the others stay calls), rewritten by the plan. Returns the inlined main-graph calls
 // every operator of which the rewrites replaced, one of them by an operator in kAheadOfKernels.
-std::map<std::string, std::string> Trial(const Model& model, bool group_siblings,
+std::map<std::string, std::string> Trial(const Model& model, bool group_siblings, bool fold_residuals,
                                          const std::set<std::pair<std::string, std::string>>& top,
                                          const std::set<std::string>* only) {
   // Inline the calls on a copy, recording each expansion's name prefix (the i-th call expanded
@@ -88,7 +88,7 @@ std::map<std::string, std::string> Trial(const Model& model, bool group_siblings
   std::vector<std::string> before;
   for (const Node& n : trial.graph.nodes) before.push_back(n.name);
 
-  RewriteProducts(trial, group_siblings);
+  RewriteProducts(trial, group_siblings, fold_residuals);
 
   std::unordered_set<std::string> kept_as_is;  // operators the rewrites left
   for (const Node& n : trial.graph.nodes) {
@@ -120,7 +120,7 @@ std::map<std::string, std::string> Trial(const Model& model, bool group_siblings
 
 }  // namespace
 
-std::map<std::string, std::string> CallsThePlanRewrites(const Model& model, bool group_siblings) {
+std::map<std::string, std::string> CallsThePlanRewrites(const Model& model, bool group_siblings, bool fold_residuals) {
   if (model.functions.empty()) return {};
   // The main graph's calls, by name and key (a nested call's output may be renamed to its
   // caller's, but its name carries the caller's prefix).
@@ -128,11 +128,11 @@ std::map<std::string, std::string> CallsThePlanRewrites(const Model& model, bool
   for (const Node& n : model.graph.nodes) top.emplace(n.name, CallKey(n));
   // With every call inlined, then with only the calls found so far: a call whose rewrite needed
   // operators of a call that keeps its kernel is dropped, until the set holds.
-  std::map<std::string, std::string> found = Trial(model, group_siblings, top, nullptr);
+  std::map<std::string, std::string> found = Trial(model, group_siblings, fold_residuals, top, nullptr);
   for (int round = 0; round < kMaxRounds && !found.empty(); ++round) {
     std::set<std::string> only;
     for (const auto& [key, ops] : found) only.insert(key);
-    std::map<std::string, std::string> again = Trial(model, group_siblings, top, &only);
+    std::map<std::string, std::string> again = Trial(model, group_siblings, fold_residuals, top, &only);
     if (again.size() == found.size()) return again;  // a subset of `only`, as large: the same calls
     found = std::move(again);
   }

@@ -24,11 +24,12 @@
 namespace gaf {
 
 // Calls of `model`'s main graph (keyed by their first output, or their name without outputs)
-// every operator of whose body, once inlined, RewriteProducts(…, group_siblings) replaces by the
+// every operator of whose body, once inlined, RewriteProducts(…, group_siblings, fold_residuals) replaces by the
 // plan's operators, one of them FusedAttention, GroupedMatMul or SiblingMatMul; the value names
 // the operators and what they do that a kernel cannot ("SiLUGate, SiblingMatMul (products of one
 // input on weights packed at load)"). Calls the rewrites leave one operator of are not in it: there
 // the call's kernel does more in one pass than the plan would.
-std::map<std::string, std::string> CallsThePlanRewrites(const Model& model, bool group_siblings);
+std::map<std::string, std::string> CallsThePlanRewrites(const Model& model, bool group_siblings,
+                                                        bool fold_residuals = true);
 
 }  // namespace gaf

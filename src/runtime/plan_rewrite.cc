@@ -352,7 +352,7 @@ void MarkLastPositions(Graph& g, ProductRewrites& stats) {
 
 }  // namespace
 
-ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
+ProductRewrites RewriteProducts(Model& model, bool group_siblings, bool fold_residuals) {
   ProductRewrites stats;
   Graph& g = model.graph;
   const int64_t opset = model.OpsetVersion("");
@@ -471,10 +471,12 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings) {
   GroupCopies(g, opset, stats);
   FoldSoftmaxEpilogues(g, opset, stats);
   FoldAttention(g, stats);
+  FoldAttentionTransposes(g, stats);
   FoldSiLUGates(g, stats);
   FoldGatedProducts(g, stats);
   FoldRMSNorms(g, opset, stats);
   FoldRotaryHalves(g, stats);
+  if (fold_residuals) FoldResidualProducts(g, stats);
   FoldElementwiseChains(g, stats);
   MarkLastPositions(g, stats);
   return stats;

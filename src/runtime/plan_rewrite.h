@@ -26,11 +26,17 @@
 //   GroupedMatMul(Q, K...) trans_b -> MaskedSoftmax [-> Cast to float] -> GroupedMatMul(P, V...) or
 //   MatMul(P, V), each value read by the next alone  -> FusedAttention: blocks of query rows whose scores stay in a
 //   thread's buffer, the key columns a causal mask removes skipped; ops/fused_attention.cc
+//   Transpose(FusedAttention(...), perm 0 2 1 3), read by the Transpose alone  -> FusedAttention
+//   out_transposed: each query block's rows written as [b, S, H, dv] (the heads merged back before
+//   the output projection) instead of a copy after it
 //   Mul(W, Mul(X, Div(1, Sqrt(Add(ReduceMean(Pow(X, 2)), eps)))))  (and variants)  -> RMSNorm(X, eps, W):
 //   one pass per row, bit-identical; ops/rms_norm.cc
 //   Add(Mul(X, cos), Mul(Concat(Neg(Slice(X, h, end)), Slice(X, 0, h)), sin))  -> RotaryHalf(X, cos, sin):
 //   rotary embedding with rotate_half in one pass, bit-identical; ops/rotary_half.cc; with X =
 //   Transpose(T) keeping the last axis last and read by it alone -> RotaryHalf(T, cos, sin) perm
+//   Add(MatMul(A, W), R) with W a constant float32 [K, N] weight and R not a constant (a residual)
+//   -> ResidualMatMul(A, W, R): R added where the product's tasks store their sums, bit-identical
+//   (Add's arithmetic), the product never written out alone; ops/gemm.h
 //   elementwise operators left after those (Add, Sub, Mul, Div, Tanh, Erf, Sigmoid, Exp, Relu, Neg,
 //   Abs, Sqrt), two or more whose intermediate values only the chain reads  -> ElementwiseChain:
 //   one pass over blocks of the output, bit-identical (an exporter's GELU, a bias Add and what
@@ -62,10 +68,12 @@ struct ProductRewrites {
   int softmax_epilogues = 0;  // MaskedSoftmax nodes: a Softmax with the scale and/or mask Add before it
   int silu_gates = 0, silus = 0;  // SiLUGate nodes: SiLU(G) * U (SwiGLU), and SiLU(G) alone
   int gated_products = 0;         // GatedMatMul nodes: a SiblingMatMul of gate and up with its SiLUGate
+  int residual_products = 0;      // ResidualMatMul nodes: a MatMul by a constant weight with the Add of its result
   int rms_norms = 0;              // RMSNorm nodes: Pow, ReduceMean, Add, Sqrt, reciprocal, Mul(s)
   int rotaries = 0;               // RotaryHalf nodes: x * cos + rotate_half(x) * sin
   int rotaries_transposed = 0;    // of them, reading x's Transpose's input in place (the copy never made)
   int attention_blocks = 0;       // FusedAttention nodes: scores product, MaskedSoftmax, values product
+  int attention_transposed = 0;   // of them, writing their output with the heads and query rows swapped (a Transpose gone)
   int elementwise_chains = 0, chained_operators = 0;  // ElementwiseChain nodes, and the operators they run
   // LastPosition nodes: before a product by a constant weight that makes a graph output (a
   // decoder's logits), so that a generation's runs (Session::Run's last_position_only) compute it
@@ -75,7 +83,9 @@ struct ProductRewrites {
 };
 
 // Rewrites `model`'s main graph in place (nodes of subgraphs are left alone). group_siblings:
-// also make SiblingMatMul nodes (off where MatMul kernels are replaced per node: float16 weights).
-ProductRewrites RewriteProducts(Model& model, bool group_siblings = true);
+// also make SiblingMatMul nodes (off where MatMul kernels are replaced per node: float16 weights);
+// fold_residuals: also make ResidualMatMul nodes (off where MatMul kernels are replaced per node,
+// which take no ResidualMatMul).
+ProductRewrites RewriteProducts(Model& model, bool group_siblings = true, bool fold_residuals = true);
 
 }  // namespace gaf

@@ -6,6 +6,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ops/gemm.h"  // kPackedMatMulMinWeight
 #include "runtime/plan_rewrite_util.h"
 
 namespace gaf::plan_rewrite {
@@ -138,6 +139,36 @@ void FoldAttention(Graph& g, ProductRewrites& stats) {
   DropNodes(g, absorbed);
 }
 
+// ---- Transpose(FusedAttention, perm 0 2 1 3) -> FusedAttention writing [b, S, H, dv] ----
+
+// A FusedAttention whose output only a Transpose swapping the heads and query axes reads (the
+// heads merged back before the output projection, as exporters write multi-head attention): the
+// node writes each query block's rows straight into the transposed layout (attribute
+// out_transposed; the Transpose is its fallback's last part), so that copy is never made.
+void FoldAttentionTransposes(Graph& g, ProductRewrites& stats) {
+  const ProductIndex ix(g);
+  std::unordered_set<const Node*> absorbed;
+  for (Node& at : g.nodes) {
+    if (at.op_type != "FusedAttention" || at.domain != kPlanDomain || at.outputs.empty() ||
+        at.GetInt("out_transposed", 0) != 0)
+      continue;
+    const Node* tr = ix.SoleConsumer(g, at.outputs[0], "Transpose");
+    if (tr == nullptr || tr->outputs.size() != 1 || tr->GetInts("perm") != std::vector<int64_t>{0, 2, 1, 3}) continue;
+    const Graph* old = at.GetGraph("fallback");
+    if (old == nullptr) continue;
+    auto fallback = std::make_shared<Graph>(*old);
+    fallback->nodes.push_back(*tr);
+    fallback->outputs[0] = ValueInfo{tr->outputs[0]};
+    stats.notes.push_back(fmt::format("{}: writes its output as {} (heads and query rows swapped) in place of {}",
+                                      at.Describe(), tr->outputs[0], tr->Describe()));
+    absorbed.insert(tr);
+    at.outputs[0] = tr->outputs[0];
+    at.attributes = {IntAttr("out_transposed", 1), FallbackAttr(std::move(fallback))};
+    ++stats.attention_transposed;
+  }
+  DropNodes(g, absorbed);
+}
+
 // ---- SiLU, and SwiGLU's SiLU(gate) * up -> SiLUGate ----
 
 // Mul(G, Sigmoid(G)) (either order), the Sigmoid read by that Mul alone: one SiLUGate(G), or
@@ -262,6 +293,53 @@ void FoldGatedProducts(Graph& g, ProductRewrites& stats) {
     n.attributes = {FallbackAttr(std::move(fallback))};
     absorbed.insert(&gate);
     ++stats.gated_products;
+  }
+  DropNodes(g, absorbed);
+}
+
+// ---- Add(MatMul(A, W), R) -> ResidualMatMul(A, W, R) ----
+
+// An Add of a MatMul's result (a float32 [K, N] initializer of at least kPackedMatMulMinWeight
+// elements as W, the product read by the Add alone) and a value that is not a constant (a
+// transformer's residual stream): one ResidualMatMul at the Add's place, so the addend goes in
+// where each task of the product stores its sums (ops/gemm.h PreparedResidualMatMulKernel) and the
+// product is never written out alone. A constant addend (a bias) is left to the Add. Its
+// fallback is the two nodes (a broadcast addend at run time).
+void FoldResidualProducts(Graph& g, ProductRewrites& stats) {
+  const ProductIndex ix(g);
+  std::unordered_set<std::string> fed;
+  for (const ValueInfo& v : g.inputs) fed.insert(v.name);
+  std::unordered_set<const Node*> absorbed;
+  for (Node& add : g.nodes) {
+    if (add.op_type != "Add" || !add.domain.empty() || add.inputs.size() != 2 || add.outputs.size() != 1 ||
+        add.inputs[0].empty() || add.inputs[1].empty() || add.inputs[0] == add.inputs[1])
+      continue;
+    for (int k = 0; k < 2; ++k) {
+      const Node* mm = ix.SoleProducer(g, add.inputs[k], "MatMul");
+      const std::string& r = add.inputs[1 - k];
+      if (mm == nullptr || absorbed.count(mm) || mm->inputs.size() != 2 || mm->outputs.size() != 1 ||
+          ix.constants.count(r) || fed.count(mm->inputs[1]))
+        continue;
+      const Tensor* w = g.FindInitializer(mm->inputs[1]);
+      if (w == nullptr || w->dtype() != DataType::kFloat || w->rank() != 2 || w->numel() < kPackedMatMulMinWeight)
+        continue;
+      auto fallback = std::make_shared<Graph>();
+      fallback->name = mm->name + "/residual/fallback";
+      fallback->inputs = {ValueInfo{mm->inputs[0]}, ValueInfo{mm->inputs[1]}, ValueInfo{r}};
+      fallback->nodes = {*mm, add};
+      fallback->outputs = {ValueInfo{add.outputs[0]}};
+      stats.notes.push_back(fmt::format("{} and {}: {} added where the product's tasks store their sums",
+                                        mm->Describe(), add.Describe(), r));
+      absorbed.insert(mm);
+      const std::vector<std::string> inputs = {mm->inputs[0], mm->inputs[1], r};
+      add.name = mm->name;  // the product's name in profiles (the Add leaves the graph)
+      add.op_type = "ResidualMatMul";
+      add.domain = kPlanDomain;
+      add.inputs = inputs;
+      add.attributes = {FallbackAttr(std::move(fallback))};
+      ++stats.residual_products;
+      break;
+    }
   }
   DropNodes(g, absorbed);
 }

@@ -67,8 +67,10 @@ void DropNodes(Graph& g, const std::unordered_set<const Node*>& absorbed);
 
 void FoldSoftmaxEpilogues(Graph& g, int64_t opset, ProductRewrites& stats);
 void FoldAttention(Graph& g, ProductRewrites& stats);
+void FoldAttentionTransposes(Graph& g, ProductRewrites& stats);
 void FoldSiLUGates(Graph& g, ProductRewrites& stats);
 void FoldGatedProducts(Graph& g, ProductRewrites& stats);
+void FoldResidualProducts(Graph& g, ProductRewrites& stats);
 void FoldRMSNorms(Graph& g, int64_t opset, ProductRewrites& stats);
 void FoldRotaryHalves(Graph& g, ProductRewrites& stats);
 void FoldElementwiseChains(Graph& g, ProductRewrites& stats);

@@ -386,10 +386,11 @@ Session::Session(const Model& model, SessionOptions options) : model_(model), op
   std::vector<std::pair<std::string, KernelInfo>> kept;  // node name/outputs -> kernel
   const bool rewrite = options_.rewrite_products && !options_.observer;
   const bool group_siblings = !options_.node_kernels || options_.node_kernels_take_siblings;
+  const bool fold_residuals = !options_.node_kernels;  // kernels replaced per node take MatMuls, not these
   if (options_.function_kernels) {
     // Calls whose every operator the plan rewrites into its own operators run that way, inlined.
     const std::map<std::string, std::string> by_plan =
-        rewrite ? CallsThePlanRewrites(model_, group_siblings) : std::map<std::string, std::string>();
+        rewrite ? CallsThePlanRewrites(model_, group_siblings, fold_residuals) : std::map<std::string, std::string>();
     InlineFunctions(model_, [&](const Node& call, const Function& f) {
       std::optional<KernelInfo> k = options_.function_kernels(call, f);
       if (!k) return false;
@@ -405,7 +406,7 @@ Session::Session(const Model& model, SessionOptions options) : model_(model), op
     InlineFunctions(model_);
   }
   // The observer sees every value the graph names: it gets the graph as it is.
-  if (rewrite) rewrites_ = RewriteProducts(model_, group_siblings);
+  if (rewrite) rewrites_ = RewriteProducts(model_, group_siblings, fold_residuals);
   // Bind kernels to the kept call nodes (identified by their first output, which is unique).
   for (auto& [key, info] : kept) {
     for (const Node& n : model_.graph.nodes) {
@@ -462,6 +463,11 @@ Session::Session(const Model& model, SessionOptions options) : model_(model), op
         }
         if (any) {
           call_kernels_.push_back(PreparedSiblingMatMulKernel(std::move(mms)));
+          call_kernel_of_[&n] = &call_kernels_.back();
+        }
+      } else if (n.op_type == "ResidualMatMul" && n.domain == kPlanDomain && n.inputs.size() == 3) {
+        if (auto mm = prepared(n.inputs[1])) {  // else the registry's kernel: the MatMul and the Add
+          call_kernels_.push_back(PreparedResidualMatMulKernel(std::move(mm)));
           call_kernel_of_[&n] = &call_kernels_.back();
         }
       } else if (n.op_type == "GatedMatMul" && n.domain == kPlanDomain && n.inputs.size() == 3) {

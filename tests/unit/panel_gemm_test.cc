@@ -2,6 +2,8 @@
 // kPanelMaxRows rows, whole-K tiles for a prompt's rows, and the PreparedMatMul / SiblingMatMul /
 // GatedMatMul paths that take them.
 #include <gtest/gtest.h>
+
+#include <cstring>
 #include <omp.h>
 
 #include <cmath>
@@ -365,6 +367,95 @@ TEST(HalfPanelGemm, GatePairAppliesTheGateInsideItsTasks) {
         ASSERT_EQ(got, want) << "K " << K << " F " << F << ", " << M << " rows, " << threads << " threads";
       }
   }
+}
+
+// An addend given with a product (PanelProduct::add, a residual) goes in where each task stores its
+// sums: bit for bit the product followed by Add's arithmetic (r + p), for every row count (a
+// prompt's whole-K tiles too), thread count, tail panel, K of one and K zero (empty sums: +0 + r),
+// signed zeros among the addends; a second product of the same call without one is untouched; a
+// gate pair takes none.
+TEST(PanelGemm, AddendGoesInWhereTheTasksStoreTheirSums) {
+  for (auto [K, N] : {std::pair<int64_t, int64_t>{300, 130}, {37, 96}, {1, 200}, {0, 50}}) {
+    const Tensor w = RandomFloat({K, N}, 81 + K, -0.5f, 0.5f), w2 = RandomFloat({K, 64}, 82 + K, -0.5f, 0.5f);
+    const PanelWeight pw(w.data<float>(), K, N), pw2(w2.data<float>(), K, 64);
+    const Tensor x = RandomFloat({200, K}, 83, -2.f, 2.f), radd = RandomFloat({200, N}, 84, -3.f, 3.f);
+    std::vector<float> r(radd.data<float>(), radd.data<float>() + 200 * N);
+    for (size_t i = 0; i < r.size(); i += 7) r[i] = i % 2 ? -0.f : 0.f;
+    for (int threads : {1, 2, 3})
+      for (int64_t M : {1, 2, 3, 4, 5, 8, 17, 128, 129, 200}) {
+        std::vector<float> p(M * N), want(M * N), got(M * N, -7.f), other(M * 64), other_want(M * 64);
+        const PanelProduct plain[2] = {{&pw, p.data()}, {&pw2, other_want.data()}};
+        const PanelProduct added[2] = {{&pw, got.data(), 0, r.data()}, {&pw2, other.data()}};
+        const int saved = omp_get_max_threads();
+        omp_set_num_threads(threads);
+        PanelGemmMany(x.data<float>(), M, K, plain, 2);
+        PanelGemmMany(x.data<float>(), M, K, added, 2);
+        omp_set_num_threads(saved);
+        for (int64_t i = 0; i < M * N; ++i) want[i] = r[i] + p[i];
+        const std::string where = "K " + std::to_string(K) + " N " + std::to_string(N) + ", " + std::to_string(M) +
+                                  " rows, " + std::to_string(threads) + " threads";
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data(), sizeof(float) * M * N)) << where;
+        ASSERT_EQ(other, other_want) << where;
+      }
+  }
+  const Tensor wg = RandomFloat({8, 48}, 2), wu = RandomFloat({8, 48}, 3);
+  const PanelWeight pair = PanelWeight::GatePair(wg.data<float>(), wu.data<float>(), 8, 48);
+  std::vector<float> x(8), y(48), r(48);
+  const PanelProduct gated_added{&pair, y.data(), 48, r.data()};
+  EXPECT_THROW(PanelGemmMany(x.data(), 1, 8, &gated_added, 1), Error);
+}
+
+// y = Add(r, MatMul(x, W)) with W a constant weight and r a fed value (a transformer's residual):
+// the plan makes one ResidualMatMul, which has the bits of the prepared product followed by the Add
+// at every row count; a broadcast addend at run time takes the MatMul and the Add (its fallback);
+// a constant addend (a bias), a product that is also a graph output, or a weight too small to
+// pack is left alone.
+TEST(PanelGemm, ResidualAddRunsInsideTheProduct) {
+  const int64_t K = 512, N = 520;
+  static_assert(512 * 520 >= kPackedMatMulMinWeight);
+  auto model = [&](bool r_const, bool p_out, int64_t k, bool add_first) {
+    Graph g;
+    g.inputs = {testing::FloatValue("x", {-1, k})};
+    if (!r_const) g.inputs.push_back(testing::FloatValue("r", {-1, N}));
+    else g.SetInitializer("r", RandomFloat({N}, 91));
+    g.SetInitializer("w", RandomFloat({k, N}, 92, -0.1f, 0.1f));
+    g.nodes.push_back(testing::MakeNode("MatMul", {"x", "w"}, {"p"}, "o_proj"));
+    g.nodes.push_back(testing::MakeNode("Add", add_first ? std::vector<std::string>{"r", "p"}
+                                                         : std::vector<std::string>{"p", "r"},
+                                        {"y"}, "residual"));
+    g.outputs = {ValueInfo{"y", DataType::kFloat}};
+    if (p_out) g.outputs.push_back(ValueInfo{"p", DataType::kFloat});
+    return testing::MakeModel(std::move(g), 17);
+  };
+  SessionOptions on{.profile = true}, off{.profile = true};
+  off.rewrite_products = false;  // the prepared MatMul, then the Add
+  for (bool add_first : {true, false}) {
+    const Model m = model(false, false, K, add_first);
+    Session fast(m, on), plain(m, off);
+    ASSERT_EQ(fast.product_rewrites().residual_products, 1);
+    int runs = 0;
+    for (int64_t rows : {1, 3, 5, 128, 129, 300}) {
+      std::map<std::string, Tensor> feeds = {{"x", RandomFloat({rows, K}, 100 + rows)},
+                                             {"r", RandomFloat({rows, N}, 200 + rows, -2.f, 2.f)}};
+      const Tensor a = fast.Run(feeds)[0], b = plain.Run(feeds)[0];
+      ASSERT_EQ(a.shape(), b.shape());
+      EXPECT_EQ(0, std::memcmp(a.data<float>(), b.data<float>(), a.nbytes())) << rows << " rows";
+      ++runs;
+    }
+    EXPECT_EQ(testing::ProfiledCalls(fast, "ResidualMatMul"), runs);
+    EXPECT_EQ(testing::ProfiledCalls(fast, "Add") + testing::ProfiledCalls(fast, "MatMul"), 0);  // no fallback ran
+    // A broadcast addend ([1, N] against [rows, N]): the fallback's MatMul (the registry's: sums in
+    // another order) and Add.
+    std::map<std::string, Tensor> feeds = {{"x", RandomFloat({6, K}, 300)}, {"r", RandomFloat({1, N}, 301)}};
+    const Tensor a = fast.Run(feeds)[0], b = plain.Run(feeds)[0];
+    ASSERT_EQ(a.shape(), b.shape());
+    const std::vector<double> av = a.ToDoubles(), bv = b.ToDoubles();
+    for (size_t i = 0; i < av.size(); ++i) ASSERT_NEAR(av[i], bv[i], 1e-4) << i;
+    EXPECT_EQ(testing::ProfiledCalls(fast, "Add"), 1);
+  }
+  EXPECT_EQ(Session(model(true, false, K, true), on).product_rewrites().residual_products, 0);   // a bias
+  EXPECT_EQ(Session(model(false, true, K, true), on).product_rewrites().residual_products, 0);   // p an output
+  EXPECT_EQ(Session(model(false, false, 16, true), on).product_rewrites().residual_products, 0);  // too small
 }
 
 TEST(PanelGemm, GatedMlpRunsAsOneGatedMatMul) {

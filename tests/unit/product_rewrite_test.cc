@@ -5,6 +5,8 @@
 // that something else reads, and constant operands, are left alone.
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include <array>
 
 #include <algorithm>
@@ -685,8 +687,9 @@ TEST(ProductRewrite, SiLUGateIsOnePassAndBitIdentical) {
 // Attention as a decoder's export writes it: Q·Kᵀ over the key cache (repeated per query head
 // with `gqa`; Concat(past, new) and a graph output with `append`), Div by sqrt(d), Add of a
 // [b, 1, S, T] mask, Softmax, times the value cache. Nothing else reads the scores or the
-// probabilities, so the three become one FusedAttention.
-Model MaskedAttentionModel(int64_t d, bool gqa, bool append, bool cast_probs = false) {
+// probabilities, so the three become one FusedAttention. With `heads_last`, a Transpose (perm 0 2 1
+// 3) of the result to [b, S, H, d] is the output, as before an output projection.
+Model MaskedAttentionModel(int64_t d, bool gqa, bool append, bool cast_probs = false, bool heads_last = false) {
   Graph g;
   const int64_t kv = gqa ? 2 : 4;
   g.inputs = {testing::FloatValue("q", {-1, 4, -1, d})};
@@ -723,7 +726,9 @@ Model MaskedAttentionModel(int64_t d, bool gqa, bool append, bool cast_probs = f
   g.nodes.push_back(MakeNode("Softmax", {"sa"}, {cast_probs ? "p32" : "p"}, "softmax", {testing::IntAttr("axis", -1)}));
   // Hugging Face's softmax(..., dtype=torch.float32).to(dtype) in a float32 model, as exported.
   if (cast_probs) g.nodes.push_back(MakeNode("Cast", {"p32"}, {"p"}, "cast_probs", {testing::IntAttr("to", 1)}));
-  g.nodes.push_back(MakeNode("MatMul", {"p", v}, {"y"}, "pv"));
+  g.nodes.push_back(MakeNode("MatMul", {"p", v}, {heads_last ? "yh" : "y"}, "pv"));
+  if (heads_last)
+    g.nodes.push_back(MakeNode("Transpose", {"yh"}, {"y"}, "merge_heads", {IntsAttr("perm", {0, 2, 1, 3})}));
   g.outputs = {ValueInfo{"y", DataType::kFloat}};
   if (append) {
     g.outputs.push_back(ValueInfo{"kc", DataType::kFloat});
@@ -767,6 +772,41 @@ void ExpectCloseWithNaNs(const std::vector<Tensor>& a, const std::vector<Tensor>
       if (!std::isnan(y[j])) ASSERT_NEAR(x[j], y[j], tol * std::max(1.0, std::abs(y[j]))) << what << " output " << i << " element " << j;
     }
   }
+}
+
+// The heads merged back after attention (Transpose perm 0 2 1 3, read by it alone): the
+// FusedAttention writes [b, S, H, d] itself, bit for bit the transposed output of the node without
+// it, for prompts (blocks of rows), a few rows after a past (the decode path, then one copy) and one
+// row (the same memory); the Transpose does not run.
+TEST(ProductRewrite, AttentionWritesTheHeadsMergedLayoutItself) {
+  for (const auto& [gqa, append] : std::vector<std::pair<bool, bool>>{{true, true}, {false, false}})
+    for (int64_t d : {64, 48}) {
+      const std::string form = fmt::format("gqa={} append={} d={}", gqa, append, d);
+      SessionOptions on{.profile = true};
+      Session merged(MaskedAttentionModel(d, gqa, append, false, true), on),
+          apart(MaskedAttentionModel(d, gqa, append), on);
+      ASSERT_EQ(merged.product_rewrites().attention_transposed, 1) << form;
+      ASSERT_EQ(apart.product_rewrites().attention_transposed, 0) << form;
+      uint32_t seed = 1300;
+      for (const auto& [b, s, past] :
+           std::vector<std::array<int64_t, 3>>{{1, 40, 0}, {2, 33, 7}, {2, 3, 9}, {1, 1, 20}, {2, 70, 0}}) {
+        auto feeds = MaskedAttentionFeeds(d, gqa, append, b, s, past, -1e9f, seed += 7);
+        const std::vector<Tensor> got = merged.Run(feeds), want = apart.Run(feeds);
+        ASSERT_EQ(got.size(), want.size());
+        ASSERT_EQ(got[0].shape(), (Shape{b, s, 4, d})) << form;
+        const float* y = got[0].data<float>();
+        const float* w = want[0].data<float>();
+        for (int64_t i = 0; i < b; ++i)
+          for (int64_t h = 0; h < 4; ++h)
+            for (int64_t r = 0; r < s; ++r)
+              ASSERT_EQ(0, std::memcmp(y + ((i * s + r) * 4 + h) * d, w + ((i * 4 + h) * s + r) * d, sizeof(float) * d))
+                  << form << " b=" << b << " s=" << s << " past=" << past << " head " << h << " row " << r;
+        for (size_t o = 1; o < got.size(); ++o)  // the present caches
+          ASSERT_EQ(0, std::memcmp(got[o].data<float>(), want[o].data<float>(), got[o].nbytes())) << form;
+      }
+      EXPECT_EQ(testing::ProfiledCalls(merged, "Transpose"), 0) << form;
+      EXPECT_EQ(testing::ProfiledCalls(merged, "FusedAttention"), 5) << form;
+    }
 }
 
 TEST(ProductRewrite, AttentionRunsAsOneNodeAndSkipsOnlyKeysWhoseProbabilityIsZero) {
