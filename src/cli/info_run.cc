@@ -328,11 +328,11 @@ void RunRun(const RunArgs& a) {
                "their scale and mask in one pass ({} of them with their products as one attention node, {} writing its "
                "output with the heads and query rows swapped), {} SiLU(gate) * "
                "up and {} SiLU in one pass ({} of the gates inside their gate and up products' tasks), {} products with "
-               "the Add of their result inside their tasks, {} RMSNorms "
+               "the Add of their result inside their tasks ({} with the RMSNorm of it), {} RMSNorms "
                "and {} rotary embeddings in one pass ({} reading their input's Transpose in place), {} elementwise operators "
                "in {} one-pass chains, {} output product(s) for the last position only in generations\n",
                r.transposed, r.kv_grouped, r.appended, r.siblings, r.sibling_groups, r.copies, r.copy_groups,
-               r.softmax_epilogues, r.attention_blocks, r.attention_transposed, r.silu_gates, r.silus, r.gated_products, r.residual_products, r.rms_norms,
+               r.softmax_epilogues, r.attention_blocks, r.attention_transposed, r.silu_gates, r.silus, r.gated_products, r.residual_products, r.residual_norms, r.rms_norms,
                r.rotaries, r.rotaries_transposed, r.chained_operators, r.elementwise_chains, r.last_positions);
     for (const std::string& n : r.notes) fmt::print("  {}\n", n);
     fmt::print("{}\n", DescribeMemoryPlan(session.memory_plan_stats()));

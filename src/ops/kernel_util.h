@@ -123,6 +123,14 @@ bool MeanRowF32(const float* x, int64_t n, float* mean);
 // normalizations): the squares into sq (n floats), then MeanRowF32; false where that refuses.
 bool MeanSquareRowF32(const float* x, int64_t n, float* sq, float* mean);
 
+// RMSNorm's one pass over a row of n floats (ops/rms_norm.cc): the mean of the squares
+// (MeanSquareRowF32, sq its n floats of scratch), then x / s or x * (1 / s) (`divide`) with
+// s = sqrt(mean + eps), times w when not null; the bits of the operators it replaces. y may not be x.
+void RMSNormRowF32(const float* x, int64_t n, float eps, const float* w, bool divide, float* sq, float* y);
+// Whether an RMSNorm of X (eps, W: null when absent; the node's `axis`) takes that row pass:
+// float32, the last axis, eps one value, W of the rows' length along X's last axis; *n the length.
+bool RMSNormTakes(const Node& node, const Tensor& X, const Tensor* E, const Tensor* W, int64_t* n);
+
 // Runs a plan node's `fallback` graph (the original operators, on the node's inputs) and takes
 // its outputs (runtime/plan_rewrite.h).
 void RunPlanFallback(KernelContext& ctx);

@@ -183,7 +183,13 @@ KernelInfo PreparedResidualMatMulKernel(std::shared_ptr<PreparedMatMul> mm) {
   const KernelInfo* reference = OpRegistry::Global().Find("ai.graph_autofusion.plan", "ResidualMatMul");
   KernelInfo k = *reference;
   k.fn = [mm, fallback = reference->fn](KernelContext& ctx) {
-    if (ctx.num_inputs() != 3 || ctx.num_outputs() != 1) return fallback(ctx);
+    // A, W, R; with `norm`, also eps [, gamma] and a second output: the RMSNorm of the result.
+    const bool norm = ctx.node.GetInt("norm", 0) != 0;
+    if (ctx.num_inputs() < 3 || ctx.num_outputs() != (norm ? 2u : 1u) || (!norm && ctx.num_inputs() != 3) ||
+        (norm && ctx.num_inputs() > 5))
+      return fallback(ctx);
+    for (size_t i = 0; i < ctx.num_inputs(); ++i)
+      if (!ctx.has_input(i)) return fallback(ctx);
     const Tensor& A = ctx.input(0);
     const Tensor& W = ctx.input(1);
     const Tensor& R = ctx.input(2);
@@ -196,23 +202,48 @@ KernelInfo PreparedResidualMatMulKernel(std::shared_ptr<PreparedMatMul> mm) {
     s.back() = N;
     if (R.shape() != s) return fallback(ctx);  // a broadcast addend: the MatMul and the Add
     ctx.outputs[0] = Tensor::Uninitialized(DataType::kFloat, s);
+    const Tensor* gamma = norm && ctx.num_inputs() > 4 ? &ctx.input(4) : nullptr;
+    int64_t n = 0;
+    if (norm && !RMSNormTakes(ctx.node, ctx.outputs[0], &ctx.input(3), gamma, &n)) return fallback(ctx);
     float* y = ctx.outputs[0].data<float>();
     const float* r = R.data<float>();
+    float* z = nullptr;
+    if (norm) {
+      ctx.outputs[1] = Tensor::Uninitialized(DataType::kFloat, s);
+      z = ctx.outputs[1].data<float>();
+    }
     if (M == 0 || N == 0) return;
+    const float eps = norm ? ctx.input(3).data<float>()[0] : 0.f;
+    const float* g = gamma != nullptr ? gamma->data<float>() : nullptr;
+    const bool divide = ctx.node.GetInt("divide", 0) != 0;
+    // Rows [m0, m1): y += r where `add` (else y holds the sum already), then the norm of each row
+    // while it is in L1: the RMSNorm kernel's arithmetic (ops/rms_norm.cc).
+    auto rows = [&](int64_t m0, int64_t m1, bool add) {
+      std::vector<float> sq(norm ? static_cast<size_t>(N) : 0);
+      for (int64_t m = m0; m < m1; ++m) {
+        float* yr = y + m * N;
+        if (add) {
+          const float* rr = r + m * N;
+#pragma omp simd
+          for (int64_t j = 0; j < N; ++j) yr[j] += rr[j];
+        }
+        if (norm) RMSNormRowF32(yr, N, eps, g, divide, sq.data(), z + m * N);
+      }
+    };
+    const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / N);
     if (M <= kPanelMaxRows) {
       const PanelProduct p{&mm->panels(), y, 0, r};
       PanelGemmMany(A.data<float>(), M, K, &p, 1);
+      if (norm) ParallelFor(M, grain, [&](int64_t m0, int64_t m1) { rows(m0, m1, false); });
       return;
     }
-    // A prompt: the product, then the addend in one pass. Added where its whole-K tiles store their
-    // sums, the addend's rows came from memory between the tiles' FMAs, and the sums were long out
-    // of cache when the next node (an RMSNorm) read them: run --profile of the bench Llama's
-    // 256-token prompt, interleaved with the MatMul and Add, showed the products 3.3 ms a prompt
-    // slower and the RMSNorms 2.1 ms slower, for the Add's 2.2 ms.
+    // A prompt: the product, then the addend (and the norm) in one pass over the rows. Added where
+    // its whole-K tiles store their sums, the addend's rows came from memory between the tiles'
+    // FMAs, and the sums were long out of cache when the next node (an RMSNorm) read them: run
+    // --profile of the bench Llama's 256-token prompt, interleaved with the MatMul and Add, showed
+    // the products 3.3 ms a prompt slower and the RMSNorms 2.1 ms slower, for the Add's 2.2 ms.
     mm->Run(A.data<float>(), M, y);
-    ParallelFor(M * N, int64_t{1} << 14, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) y[i] += r[i];
-    });
+    ParallelFor(M, grain, [&](int64_t m0, int64_t m1) { rows(m0, m1, true); });
   };
   return k;
 }

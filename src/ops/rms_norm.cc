@@ -23,25 +23,14 @@ namespace gaf {
 namespace {
 
 void RMSNormKernel(KernelContext& ctx) {
-  const bool has_w = ctx.num_inputs() > 2;
+  int64_t n = 0;
   for (size_t i = 0; i < ctx.num_inputs(); ++i)
-    if (!ctx.has_input(i) || ctx.input(i).dtype() != DataType::kFloat) return RunPlanFallback(ctx);
+    if (!ctx.has_input(i)) return RunPlanFallback(ctx);
   const Tensor& X = ctx.input(0);
-  const Tensor& E = ctx.input(1);
-  const int64_t rank = X.rank();
-  int64_t axis = ctx.node.GetInt("axis", -1);
-  if (axis < 0) axis += rank;
-  if (rank < 1 || axis != rank - 1 || E.numel() != 1 || E.rank() > rank) return RunPlanFallback(ctx);
-  const int64_t n = X.dim(rank - 1);
-  // Rows MeanRowF32 refuses (empty ones; 2^17 elements or more, which ReduceMean may split).
-  if (n == 0 || n >= (int64_t{1} << 17)) return RunPlanFallback(ctx);
-  const float* w = nullptr;
-  if (has_w) {  // W broadcast along the last axis only, not enlarging X
-    const Tensor& W = ctx.input(2);
-    if (W.numel() != n || W.rank() > rank || W.rank() < 1 || W.dim(W.rank() - 1) != n) return RunPlanFallback(ctx);
-    w = W.data<float>();
-  }
-  const float eps = E.data<float>()[0];
+  if (!RMSNormTakes(ctx.node, X, &ctx.input(1), ctx.num_inputs() > 2 ? &ctx.input(2) : nullptr, &n))
+    return RunPlanFallback(ctx);
+  const float* w = ctx.num_inputs() > 2 ? ctx.input(2).data<float>() : nullptr;
+  const float eps = ctx.input(1).data<float>()[0];
   const bool divide = ctx.node.GetInt("divide", 0) != 0;
   const int64_t rows = X.numel() / n;
   Tensor Y = Tensor::Uninitialized(DataType::kFloat, X.shape());
@@ -49,30 +38,45 @@ void RMSNormKernel(KernelContext& ctx) {
   float* y = Y.data<float>();
   ParallelFor(rows, std::max<int64_t>(1, 16384 / n), [&](int64_t r0, int64_t r1) {
     std::vector<float> sq(static_cast<size_t>(n));
-    for (int64_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * n;
-      float* yr = y + r * n;
-      float mean = 0.f;
-      MeanSquareRowF32(xr, n, sq.data(), &mean);
-      const float s = std::sqrt(mean + eps);
-      if (divide) {
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] / s;
-      } else {
-        const float inv = 1.f / s;
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) yr[i] = xr[i] * inv;
-      }
-      if (w != nullptr) {
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) yr[i] = yr[i] * w[i];
-      }
-    }
+    for (int64_t r = r0; r < r1; ++r) RMSNormRowF32(x + r * n, n, eps, w, divide, sq.data(), y + r * n);
   });
   ctx.outputs[0] = std::move(Y);
 }
 
 }  // namespace
+
+bool RMSNormTakes(const Node& node, const Tensor& X, const Tensor* E, const Tensor* W, int64_t* n) {
+  if (E == nullptr || X.dtype() != DataType::kFloat || E->dtype() != DataType::kFloat ||
+      (W != nullptr && W->dtype() != DataType::kFloat))
+    return false;
+  const int64_t rank = X.rank();
+  int64_t axis = node.GetInt("axis", -1);
+  if (axis < 0) axis += rank;
+  if (rank < 1 || axis != rank - 1 || E->numel() != 1 || E->rank() > rank) return false;
+  *n = X.dim(rank - 1);
+  // Rows MeanRowF32 refuses (empty ones; 2^17 elements or more, which ReduceMean may split).
+  if (*n == 0 || *n >= (int64_t{1} << 17)) return false;
+  // W broadcast along the last axis only, not enlarging X.
+  return W == nullptr || (W->numel() == *n && W->rank() <= rank && W->rank() >= 1 && W->dim(W->rank() - 1) == *n);
+}
+
+void RMSNormRowF32(const float* x, int64_t n, float eps, const float* w, bool divide, float* sq, float* y) {
+  float mean = 0.f;
+  MeanSquareRowF32(x, n, sq, &mean);
+  const float s = std::sqrt(mean + eps);
+  if (divide) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] / s;
+  } else {
+    const float inv = 1.f / s;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * inv;
+  }
+  if (w != nullptr) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) y[i] = y[i] * w[i];
+  }
+}
 
 void RegisterRMSNormKernels(OpRegistry& r) {
   // Not upcast: half-precision normalizations run the fallback, which rounds in their type.

@@ -476,7 +476,10 @@ ProductRewrites RewriteProducts(Model& model, bool group_siblings, bool fold_res
   FoldGatedProducts(g, stats);
   FoldRMSNorms(g, opset, stats);
   FoldRotaryHalves(g, stats);
-  if (fold_residuals) FoldResidualProducts(g, stats);
+  if (fold_residuals) {
+    FoldResidualProducts(g, stats);
+    FoldResidualNorms(g, stats);
+  }
   FoldElementwiseChains(g, stats);
   MarkLastPositions(g, stats);
   return stats;

@@ -36,7 +36,9 @@
 //   Transpose(T) keeping the last axis last and read by it alone -> RotaryHalf(T, cos, sin) perm
 //   Add(MatMul(A, W), R) with W a constant float32 [K, N] weight and R not a constant (a residual)
 //   -> ResidualMatMul(A, W, R): R added where the product's tasks store their sums, bit-identical
-//   (Add's arithmetic), the product never written out alone; ops/gemm.h
+//   (Add's arithmetic), the product never written out alone; ops/gemm.h; and an RMSNorm of its
+//   result (whatever else reads it)  -> that ResidualMatMul with the norm as a second output, made
+//   in the same pass over the rows
 //   elementwise operators left after those (Add, Sub, Mul, Div, Tanh, Erf, Sigmoid, Exp, Relu, Neg,
 //   Abs, Sqrt), two or more whose intermediate values only the chain reads  -> ElementwiseChain:
 //   one pass over blocks of the output, bit-identical (an exporter's GELU, a bias Add and what
@@ -69,6 +71,7 @@ struct ProductRewrites {
   int silu_gates = 0, silus = 0;  // SiLUGate nodes: SiLU(G) * U (SwiGLU), and SiLU(G) alone
   int gated_products = 0;         // GatedMatMul nodes: a SiblingMatMul of gate and up with its SiLUGate
   int residual_products = 0;      // ResidualMatMul nodes: a MatMul by a constant weight with the Add of its result
+  int residual_norms = 0;         // of them, also making the RMSNorm of their result (an RMSNorm node gone)
   int rms_norms = 0;              // RMSNorm nodes: Pow, ReduceMean, Add, Sqrt, reciprocal, Mul(s)
   int rotaries = 0;               // RotaryHalf nodes: x * cos + rotate_half(x) * sin
   int rotaries_transposed = 0;    // of them, reading x's Transpose's input in place (the copy never made)

@@ -344,6 +344,51 @@ void FoldResidualProducts(Graph& g, ProductRewrites& stats) {
   DropNodes(g, absorbed);
 }
 
+// ---- RMSNorm(ResidualMatMul) -> ResidualMatMul with the norm as a second output ----
+
+// An RMSNorm (of the plan) of a ResidualMatMul's result, whatever else reads that result (the next
+// residual Add): the norm moves into the product's node, which then takes eps (and the weight) and
+// makes the normalized rows as a second output in the same pass over the rows as the addend (a
+// transformer's post-attention and next layer's input norms), so the sum is not read again from
+// memory. Its fallback is the ResidualMatMul's with the RMSNorm after it.
+void FoldResidualNorms(Graph& g, ProductRewrites& stats) {
+  const ProductIndex ix(g);
+  std::unordered_set<const Node*> absorbed;
+  for (Node& rm : g.nodes) {
+    if (rm.op_type != "ResidualMatMul" || rm.domain != kPlanDomain || rm.inputs.size() != 3 ||
+        rm.outputs.size() != 1 || rm.GetInt("norm", 0) != 0 || ix.read_by_subgraphs.count(rm.outputs[0]))
+      continue;
+    const Node* norm = nullptr;
+    for (const auto& [c, slot] : ix.index.Consumers(rm.outputs[0])) {
+      const Node& n = g.nodes[static_cast<size_t>(c)];
+      if (n.op_type == "RMSNorm" && n.domain == kPlanDomain && slot == 0 && n.outputs.size() == 1 &&
+          (n.inputs.size() == 2 || n.inputs.size() == 3) && !absorbed.count(&n)) {
+        norm = &n;
+        break;
+      }
+    }
+    const Graph* old = rm.GetGraph("fallback");
+    if (norm == nullptr || old == nullptr) continue;
+    // The norm's eps and weight are constants (FoldRMSNorms), defined before any node.
+    bool constant = true;
+    for (size_t i = 1; i < norm->inputs.size(); ++i) constant = constant && ix.constants.count(norm->inputs[i]) > 0;
+    if (!constant) continue;
+    auto fallback = std::make_shared<Graph>(*old);
+    for (size_t i = 1; i < norm->inputs.size(); ++i) fallback->inputs.push_back(ValueInfo{norm->inputs[i]});
+    fallback->nodes.push_back(*norm);
+    fallback->outputs.push_back(ValueInfo{norm->outputs[0]});
+    stats.notes.push_back(fmt::format("{}: also makes {} ({}) in its pass over the rows", rm.Describe(),
+                                      norm->outputs[0], norm->Describe()));
+    for (size_t i = 1; i < norm->inputs.size(); ++i) rm.inputs.push_back(norm->inputs[i]);
+    rm.outputs.push_back(norm->outputs[0]);
+    rm.attributes = {IntAttr("norm", 1), IntAttr("axis", norm->GetInt("axis", -1)),
+                     IntAttr("divide", norm->GetInt("divide", 0)), FallbackAttr(std::move(fallback))};
+    absorbed.insert(norm);
+    ++stats.residual_norms;
+  }
+  DropNodes(g, absorbed);
+}
+
 // ---- RMSNorm: Pow, ReduceMean, Add(eps), Sqrt, the reciprocal and the Muls -> RMSNorm ----
 
 // Mul(W, Mul(X, Div(1, Sqrt(Add(ReduceMean(Pow(X, 2)), eps))))) and its variants (see

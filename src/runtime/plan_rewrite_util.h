@@ -71,6 +71,7 @@ void FoldAttentionTransposes(Graph& g, ProductRewrites& stats);
 void FoldSiLUGates(Graph& g, ProductRewrites& stats);
 void FoldGatedProducts(Graph& g, ProductRewrites& stats);
 void FoldResidualProducts(Graph& g, ProductRewrites& stats);
+void FoldResidualNorms(Graph& g, ProductRewrites& stats);
 void FoldRMSNorms(Graph& g, int64_t opset, ProductRewrites& stats);
 void FoldRotaryHalves(Graph& g, ProductRewrites& stats);
 void FoldElementwiseChains(Graph& g, ProductRewrites& stats);

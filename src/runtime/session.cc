@@ -465,7 +465,7 @@ Session::Session(const Model& model, SessionOptions options) : model_(model), op
           call_kernels_.push_back(PreparedSiblingMatMulKernel(std::move(mms)));
           call_kernel_of_[&n] = &call_kernels_.back();
         }
-      } else if (n.op_type == "ResidualMatMul" && n.domain == kPlanDomain && n.inputs.size() == 3) {
+      } else if (n.op_type == "ResidualMatMul" && n.domain == kPlanDomain && n.inputs.size() >= 3) {
         if (auto mm = prepared(n.inputs[1])) {  // else the registry's kernel: the MatMul and the Add
           call_kernels_.push_back(PreparedResidualMatMulKernel(std::move(mm)));
           call_kernel_of_[&n] = &call_kernels_.back();

@@ -458,6 +458,72 @@ TEST(PanelGemm, ResidualAddRunsInsideTheProduct) {
   EXPECT_EQ(Session(model(false, false, 16, true), on).product_rewrites().residual_products, 0);  // too small
 }
 
+// A residual Add after a product, then the RMSNorm of the sum as exporters write it (the sum also
+// an output, as the residual stream goes on): the plan makes one ResidualMatMul with the norm as a
+// second output, bit for bit the original graph's at every row count (the addend in the tasks up
+// to 128 rows, one pass after the product past them), with and without the norm's weight, in the
+// Div(1, s) then Mul and the Div(X, s) forms; no RMSNorm node or its fallback runs.
+TEST(PanelGemm, ResidualAddAndItsRMSNormRunInTheProductsNode) {
+  const int64_t K = 512, N = 520;
+  auto model = [&](bool weighted, bool divide) {
+    Graph g;
+    g.inputs = {testing::FloatValue("x", {-1, K}), testing::FloatValue("r", {-1, N})};
+    g.SetInitializer("w", RandomFloat({K, N}, 93, -0.1f, 0.1f));
+    g.SetInitializer("two", Tensor::FromVector<float>({2.f}, {}));
+    g.SetInitializer("one", Tensor::FromVector<float>({1.f}, {}));
+    g.SetInitializer("eps", Tensor::FromVector<float>({1e-6f}, {}));
+    g.nodes.push_back(testing::MakeNode("MatMul", {"x", "w"}, {"p"}, "down_proj"));
+    g.nodes.push_back(testing::MakeNode("Add", {"r", "p"}, {"y"}, "residual"));
+    g.nodes.push_back(testing::MakeNode("Pow", {"y", "two"}, {"sq"}, "pow"));
+    g.nodes.push_back(testing::MakeNode("ReduceMean", {"sq"}, {"m"}, "mean", {testing::IntsAttr("axes", {-1})}));
+    g.nodes.push_back(testing::MakeNode("Add", {"m", "eps"}, {"v"}, "add_eps"));
+    g.nodes.push_back(testing::MakeNode("Sqrt", {"v"}, {"s"}, "sqrt"));
+    const std::string normed = weighted ? "n" : "z";
+    if (divide) {
+      g.nodes.push_back(testing::MakeNode("Div", {"y", "s"}, {normed}, "scale"));
+    } else {
+      g.nodes.push_back(testing::MakeNode("Div", {"one", "s"}, {"inv"}, "recip"));
+      g.nodes.push_back(testing::MakeNode("Mul", {"y", "inv"}, {normed}, "scale"));
+    }
+    if (weighted) {
+      std::vector<float> gamma(N);
+      for (int64_t i = 0; i < N; ++i) gamma[i] = 0.5f + 0.002f * static_cast<float>(i);
+      g.SetInitializer("gamma", Tensor::FromVector<float>(gamma, {N}));
+      g.nodes.push_back(testing::MakeNode("Mul", {"gamma", "n"}, {"z"}, "weight"));
+    }
+    g.outputs = {ValueInfo{"z", DataType::kFloat}, ValueInfo{"y", DataType::kFloat}};
+    return testing::MakeModel(std::move(g), 17);
+  };
+  SessionOptions on{.profile = true}, off;
+  off.rewrite_products = false;  // the prepared MatMul, the Add, the norm's operators
+  for (bool weighted : {true, false})
+    for (bool divide : {false, true}) {
+      const std::string what = std::string(weighted ? "weighted" : "unweighted") + (divide ? ", Div(X, s)" : ", Mul");
+      const Model m = model(weighted, divide);
+      Session fast(m, on), plain(m, off);
+      ASSERT_EQ(fast.product_rewrites().residual_products, 1) << what;
+      ASSERT_EQ(fast.product_rewrites().residual_norms, 1) << what;
+      int runs = 0;
+      for (int64_t rows : {1, 3, 128, 129, 300}) {
+        std::map<std::string, Tensor> feeds = {{"x", RandomFloat({rows, K}, 400 + rows)},
+                                               {"r", RandomFloat({rows, N}, 500 + rows, -2.f, 2.f)}};
+        const std::vector<Tensor> a = fast.Run(feeds), b = plain.Run(feeds);
+        ASSERT_EQ(a.size(), 2u);
+        for (size_t o = 0; o < 2; ++o) {
+          ASSERT_EQ(a[o].shape(), b[o].shape()) << what;
+          EXPECT_EQ(0, std::memcmp(a[o].data<float>(), b[o].data<float>(), a[o].nbytes()))
+              << what << ", " << rows << " rows, output " << o;
+        }
+        ++runs;
+      }
+      EXPECT_EQ(testing::ProfiledCalls(fast, "ResidualMatMul"), runs) << what;
+      EXPECT_EQ(testing::ProfiledCalls(fast, "RMSNorm") + testing::ProfiledCalls(fast, "ReduceMean") +
+                    testing::ProfiledCalls(fast, "Add"),
+                0)
+          << what;  // no fallback ran
+    }
+}
+
 TEST(PanelGemm, GatedMlpRunsAsOneGatedMatMul) {
   const int64_t K = 512, F = 520;
   static_assert(512 * 520 >= kPackedMatMulMinWeight);  // both weights prepared
