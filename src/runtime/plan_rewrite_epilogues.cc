@@ -354,6 +354,7 @@ void FoldResidualProducts(Graph& g, ProductRewrites& stats) {
 void FoldResidualNorms(Graph& g, ProductRewrites& stats) {
   const ProductIndex ix(g);
   std::unordered_set<const Node*> absorbed;
+  std::unordered_map<const Node*, const Node*> hoisted;  // Constant node -> the node it moves before
   for (Node& rm : g.nodes) {
     if (rm.op_type != "ResidualMatMul" || rm.domain != kPlanDomain || rm.inputs.size() != 3 ||
         rm.outputs.size() != 1 || rm.GetInt("norm", 0) != 0 || ix.read_by_subgraphs.count(rm.outputs[0]))
@@ -369,10 +370,22 @@ void FoldResidualNorms(Graph& g, ProductRewrites& stats) {
     }
     const Graph* old = rm.GetGraph("fallback");
     if (norm == nullptr || old == nullptr) continue;
-    // The norm's eps and weight are constants (FoldRMSNorms), defined before any node.
+    // The norm's eps and weight are constants (FoldRMSNorms): initializers, or Constant nodes, which
+    // move to just before the product's node that now reads them where they came after it (a torch
+    // export writes each Constant right before its reader); a Constant reads nothing, so it may.
+    const int at = static_cast<int>(&rm - g.nodes.data());
     bool constant = true;
-    for (size_t i = 1; i < norm->inputs.size(); ++i) constant = constant && ix.constants.count(norm->inputs[i]) > 0;
+    std::vector<const Node*> hoist;
+    for (size_t i = 1; i < norm->inputs.size(); ++i) {
+      const int p = ix.index.Producer(norm->inputs[i]);
+      constant = constant && ix.constants.count(norm->inputs[i]) > 0;
+      if (p <= at) continue;
+      const Node& c = g.nodes[static_cast<size_t>(p)];
+      constant = constant && c.op_type == "Constant" && c.domain.empty() && c.inputs.empty();
+      hoist.push_back(&c);
+    }
     if (!constant) continue;
+    for (const Node* c : hoist) hoisted.emplace(c, &rm);  // the first reader in order: the earliest
     auto fallback = std::make_shared<Graph>(*old);
     for (size_t i = 1; i < norm->inputs.size(); ++i) fallback->inputs.push_back(ValueInfo{norm->inputs[i]});
     fallback->nodes.push_back(*norm);
@@ -386,7 +399,19 @@ void FoldResidualNorms(Graph& g, ProductRewrites& stats) {
     absorbed.insert(norm);
     ++stats.residual_norms;
   }
-  DropNodes(g, absorbed);
+  if (hoisted.empty()) return DropNodes(g, absorbed);
+  // The nodes in order without the absorbed norms, each hoisted Constant right before its reader.
+  std::unordered_map<const Node*, std::vector<const Node*>> before;
+  for (const auto& [c, reader] : hoisted) before[reader].push_back(c);
+  std::vector<Node> kept;
+  kept.reserve(g.nodes.size());
+  for (Node& n : g.nodes) {
+    if (absorbed.count(&n) || hoisted.count(&n)) continue;
+    if (auto it = before.find(&n); it != before.end())
+      for (const Node* c : it->second) kept.push_back(*c);
+    kept.push_back(std::move(n));
+  }
+  g.nodes = std::move(kept);
 }
 
 // ---- RMSNorm: Pow, ReduceMean, Add(eps), Sqrt, the reciprocal and the Muls -> RMSNorm ----

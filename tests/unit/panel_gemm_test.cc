@@ -465,15 +465,20 @@ TEST(PanelGemm, ResidualAddRunsInsideTheProduct) {
 // Div(1, s) then Mul and the Div(X, s) forms; no RMSNorm node or its fallback runs.
 TEST(PanelGemm, ResidualAddAndItsRMSNormRunInTheProductsNode) {
   const int64_t K = 512, N = 520;
-  auto model = [&](bool weighted, bool divide) {
+  // `constant_eps`: eps from a Constant node written after the Add, as torch.onnx.export places it.
+  auto model = [&](bool weighted, bool divide, bool constant_eps = false) {
     Graph g;
     g.inputs = {testing::FloatValue("x", {-1, K}), testing::FloatValue("r", {-1, N})};
     g.SetInitializer("w", RandomFloat({K, N}, 93, -0.1f, 0.1f));
     g.SetInitializer("two", Tensor::FromVector<float>({2.f}, {}));
     g.SetInitializer("one", Tensor::FromVector<float>({1.f}, {}));
-    g.SetInitializer("eps", Tensor::FromVector<float>({1e-6f}, {}));
+    if (!constant_eps) g.SetInitializer("eps", Tensor::FromVector<float>({1e-6f}, {}));
     g.nodes.push_back(testing::MakeNode("MatMul", {"x", "w"}, {"p"}, "down_proj"));
     g.nodes.push_back(testing::MakeNode("Add", {"r", "p"}, {"y"}, "residual"));
+    if (constant_eps) {
+      g.nodes.push_back(testing::MakeNode("Constant", {}, {"eps"}, "eps_constant",
+                                          {testing::TensorAttr("value", Tensor::FromVector<float>({1e-6f}, {}))}));
+    }
     g.nodes.push_back(testing::MakeNode("Pow", {"y", "two"}, {"sq"}, "pow"));
     g.nodes.push_back(testing::MakeNode("ReduceMean", {"sq"}, {"m"}, "mean", {testing::IntsAttr("axes", {-1})}));
     g.nodes.push_back(testing::MakeNode("Add", {"m", "eps"}, {"v"}, "add_eps"));
@@ -494,12 +499,17 @@ TEST(PanelGemm, ResidualAddAndItsRMSNormRunInTheProductsNode) {
     g.outputs = {ValueInfo{"z", DataType::kFloat}, ValueInfo{"y", DataType::kFloat}};
     return testing::MakeModel(std::move(g), 17);
   };
-  SessionOptions on{.profile = true}, off;
-  off.rewrite_products = false;  // the prepared MatMul, the Add, the norm's operators
   for (bool weighted : {true, false})
-    for (bool divide : {false, true}) {
-      const std::string what = std::string(weighted ? "weighted" : "unweighted") + (divide ? ", Div(X, s)" : ", Mul");
-      const Model m = model(weighted, divide);
+    for (bool divide : {false, true})
+      for (bool constant_eps : {false, true}) {
+      // With eps a Constant node, also without folding the session's constants: the node runs in
+      // the plan's order, moved before the product that now reads it.
+      SessionOptions on{.profile = true}, off;
+      off.rewrite_products = false;  // the prepared MatMul, the Add, the norm's operators
+      if (constant_eps) on.fold_shapes = off.fold_shapes = false;
+      const std::string what = std::string(weighted ? "weighted" : "unweighted") + (divide ? ", Div(X, s)" : ", Mul") +
+                               (constant_eps ? ", eps a Constant node" : "");
+      const Model m = model(weighted, divide, constant_eps);
       Session fast(m, on), plain(m, off);
       ASSERT_EQ(fast.product_rewrites().residual_products, 1) << what;
       ASSERT_EQ(fast.product_rewrites().residual_norms, 1) << what;
