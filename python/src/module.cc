@@ -202,7 +202,7 @@ std::unique_ptr<Runtime> MakeRuntime(const Model& model, bool use_kernels, const
     rt->kernels = fr.kernels;
     rt->session = std::move(fr.session);
   } else {
-    if (half_weights) so.node_kernels = HalfWeightProvider();
+    if (half_weights) UseHalfWeights(so, HalfWeights::kAll);  // siblings grouped, residual Adds folded, as the CLI
     rt->session = std::make_unique<Session>(model, so);
   }
   return rt;

@@ -139,6 +139,57 @@ KernelInfo GatedKernelOf(const Tensor& wg, const Tensor& wu, std::shared_ptr<Hal
   return info;
 }
 
+// ResidualMatMul(A, W, R [, eps [, gamma]]) of the plan (a residual Add after the product, perhaps
+// with the RMSNorm of the sum: runtime/plan_rewrite.h): calls of at most max_rows rows run the
+// float16 copy, then the addend and the norm in one pass over the rows (ResidualMatMulKernelOf);
+// longer ones (kDecode's prompts) the float32 weight's prepared residual product. An addend that
+// broadcasts takes the float16 product, then the node's fallback graph past its MatMul, so that
+// every product of a kAll session streams float16 weights as the MatMul alone did.
+KernelInfo ResidualKernelOf(std::shared_ptr<HalfCopy> c, const Node& n, HalfWeights mode) {
+  const int64_t max_rows = MaxHalfRows(mode);
+  ResidualProduct f32;
+  if (c->prepared) f32 = PreparedResidualProduct(c->prepared);
+  ResidualProduct p;
+  p.K = c->K;
+  p.N = c->N;
+  p.takes = [c, max_rows, f32](int64_t M) { return M <= max_rows ? c->panels != nullptr : f32.run != nullptr; };
+  p.run = [c, max_rows, f32](const float* a, int64_t M, float* y, const float* add) {
+    if (M > max_rows) return f32.run(a, M, y, add);
+    const HalfPanelProduct hp{c->panels.get(), y};
+    HalfPanelGemmMany(a, M, c->K, &hp, 1);
+    return false;
+  };
+  // The fallback graph {MatMul(A, W), Add, [RMSNorm]} on (A, W, R [, eps, gamma]) without its
+  // MatMul: the product becomes its first input.
+  std::shared_ptr<const Graph> rest;
+  const Graph* g = n.GetGraph("fallback");
+  if (g != nullptr && g->nodes.size() >= 2 && g->nodes[0].op_type == "MatMul" && g->nodes[0].outputs.size() == 1 &&
+      g->inputs.size() >= 3) {
+    auto r = std::make_shared<Graph>(*g);
+    const std::string product = r->nodes[0].outputs[0];
+    r->nodes.erase(r->nodes.begin());
+    r->inputs.erase(r->inputs.begin(), r->inputs.begin() + 2);
+    r->inputs.insert(r->inputs.begin(), ValueInfo{product});
+    rest = std::move(r);
+  }
+  const KernelInfo* reference = OpRegistry::Global().Find(kPlanDomain, "ResidualMatMul");
+  p.broadcast = [c, max_rows, rest, fallback = reference->fn](KernelContext& ctx, int64_t M) {
+    if (M > max_rows || rest == nullptr || ctx.subgraphs == nullptr || !c->panels) return fallback(ctx);
+    Shape s = ctx.input(0).shape();
+    s.back() = c->N;
+    Tensor product = Tensor::Uninitialized(DataType::kFloat, s);
+    const HalfPanelProduct hp{c->panels.get(), product.data<float>()};
+    HalfPanelGemmMany(ctx.input(0).data<float>(), M, c->K, &hp, 1);
+    std::vector<Tensor> ins = {std::move(product)};
+    for (size_t i = 2; i < ctx.num_inputs(); ++i) ins.push_back(ctx.input(i));
+    std::vector<Tensor> out = ctx.subgraphs->RunSubgraph(*rest, ins);
+    GAF_CHECK(out.size() == ctx.num_outputs(), "{}: its fallback past the product gave {} outputs", ctx.node.Describe(),
+              out.size());
+    for (size_t i = 0; i < out.size(); ++i) ctx.outputs[i] = std::move(out[i]);
+  };
+  return ResidualMatMulKernelOf(std::move(p));
+}
+
 }  // namespace
 
 KernelInfo HalfWeightMatMulKernel(const Tensor& weight, HalfWeights mode) {
@@ -149,6 +200,7 @@ void UseHalfWeights(SessionOptions& options, HalfWeights mode) {
   if (mode == HalfWeights::kOff) return;
   options.node_kernels = HalfWeightProvider(mode);
   options.node_kernels_take_siblings = true;
+  options.node_kernels_take_residuals = true;
 }
 
 std::function<std::optional<KernelInfo>(const Node&, const Model&)> HalfWeightProvider(HalfWeights mode) {
@@ -157,11 +209,16 @@ std::function<std::optional<KernelInfo>(const Node&, const Model&)> HalfWeightPr
   return [copies, mu, mode](const Node& n, const Model& m) -> std::optional<KernelInfo> {
     const bool sibling = n.op_type == "SiblingMatMul" && n.domain == kPlanDomain;
     const bool gated = n.op_type == "GatedMatMul" && n.domain == kPlanDomain;
+    // ResidualMatMul(A, W, R [, eps [, gamma]]): W the only weight.
+    const bool residual = n.op_type == "ResidualMatMul" && n.domain == kPlanDomain;
     if (gated && n.inputs.size() != 3) return std::nullopt;
-    if (!sibling && !gated && (n.op_type != "MatMul" || !n.domain.empty() || n.inputs.size() != 2)) return std::nullopt;
+    if (residual && (n.inputs.size() < 3 || n.inputs.size() > 5)) return std::nullopt;
+    if (!sibling && !gated && !residual && (n.op_type != "MatMul" || !n.domain.empty() || n.inputs.size() != 2))
+      return std::nullopt;
     if (n.inputs.size() < 2) return std::nullopt;
     std::vector<const Tensor*> ws;
-    for (size_t i = 1; i < n.inputs.size(); ++i) {
+    const size_t weights_end = residual ? 2 : n.inputs.size();
+    for (size_t i = 1; i < weights_end; ++i) {
       const Tensor* w = m.graph.FindInitializer(n.inputs[i]);
       if (w == nullptr || w->dtype() != DataType::kFloat || w->shape().size() != 2) return std::nullopt;
       for (const ValueInfo& v : m.graph.inputs)  // an IR < 4 default a feed may override: not a constant
@@ -180,6 +237,7 @@ std::function<std::optional<KernelInfo>(const Node&, const Model&)> HalfWeightPr
       cs.push_back(it->second);
     }
     if (gated) return GatedKernelOf(*ws[0], *ws[1], cs[0], cs[1], mode);
+    if (residual) return ResidualKernelOf(cs.front(), n, mode);
     return sibling ? SiblingKernelOf(std::move(cs), mode) : MatMulKernelOf(cs.front(), mode);
   };
 }

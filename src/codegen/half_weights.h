@@ -35,12 +35,14 @@ bool ModelRequestsHalfWeights(const Model& model);
 KernelInfo HalfWeightMatMulKernel(const Tensor& weight, HalfWeights mode = HalfWeights::kAll);
 
 // For SessionOptions::node_kernels: every MatMul of the main graph whose weight is a float32 2-D
-// initializer, and the plan's SiblingMatMul nodes of such weights (the decode step's q/k/v and
-// gate/up, streamed as one set of tasks); copies shared by initializer name.
+// initializer, and the plan's SiblingMatMul, GatedMatMul and ResidualMatMul nodes of such weights
+// (the decode step's q/k/v and gate/up streamed as one set of tasks, the residual Adds after o and
+// down); copies shared by initializer name.
 std::function<std::optional<KernelInfo>(const Node&, const Model&)> HalfWeightProvider(
     HalfWeights mode = HalfWeights::kAll);
 
-// Sets options.node_kernels to HalfWeightProvider(mode), with siblings grouped (nothing for kOff).
+// Sets options.node_kernels to HalfWeightProvider(mode), with siblings grouped and residual Adds
+// folded into their products (nothing for kOff).
 void UseHalfWeights(SessionOptions& options, HalfWeights mode = HalfWeights::kAll);
 
 }  // namespace gaf

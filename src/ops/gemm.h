@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -74,6 +75,24 @@ KernelInfo PreparedSiblingMatMulKernel(std::vector<std::shared_ptr<PreparedMatMu
 // kPanelMaxRows rows (a decode step: no Add node to dispatch), in one pass after the product for
 // more (a prompt); a broadcast R or other types run the registry's kernel (the MatMul and the Add).
 KernelInfo PreparedResidualMatMulKernel(std::shared_ptr<PreparedMatMul> mm);
+// The product a ResidualMatMul kernel runs, by a constant [K, N] weight (its prepared float32
+// panels, or float16 ones: codegen/half_weights.cc).
+struct ResidualProduct {
+  int64_t K = 0, N = 0;
+  // Whether `run` takes M rows (else the node's registry kernel runs: the MatMul and the Add).
+  std::function<bool(int64_t M)> takes;
+  // y[M, N] = a[M, K] W, plus add[M, N] where it returns true (added in its tasks); false: y is
+  // the product alone and the kernel adds in one pass after it.
+  std::function<bool(const float* a, int64_t M, float* y, const float* add)> run;
+  // The node's outputs where the addend broadcasts to the product's shape (M rows); unset: the
+  // registry's kernel (the fallback graph: the MatMul, the Add, the norm).
+  std::function<void(KernelContext& ctx, int64_t M)> broadcast;
+};
+// The ResidualMatMul node's kernel around `product`: the node's checks and outputs, the product,
+// the addend where the product did not add it, and with `norm` the RMSNorm of each row of the sum
+// while it is in L1 (ops/rms_norm.cc's arithmetic), in one pass over the rows.
+KernelInfo ResidualMatMulKernelOf(ResidualProduct product);
+ResidualProduct PreparedResidualProduct(std::shared_ptr<PreparedMatMul> mm);
 // A GatedMatMul node (A, W_gate, W_up: SiLU(A W_gate) * (A W_up)) with both weights prepared: the
 // rows run on one panel copy of the pair (PanelWeight::GatePair, made on the first call) and apply
 // the gate in each task; a prompt without AVX-512 takes the two prepared products, then the gate.

@@ -179,10 +179,11 @@ KernelInfo PreparedGemmKernel(std::shared_ptr<PreparedMatMul> mm) {
   return k;
 }
 
-KernelInfo PreparedResidualMatMulKernel(std::shared_ptr<PreparedMatMul> mm) {
+KernelInfo ResidualMatMulKernelOf(ResidualProduct product) {
   const KernelInfo* reference = OpRegistry::Global().Find("ai.graph_autofusion.plan", "ResidualMatMul");
   KernelInfo k = *reference;
-  k.fn = [mm, fallback = reference->fn](KernelContext& ctx) {
+  if (!product.broadcast) product.broadcast = [fallback = reference->fn](KernelContext& ctx, int64_t) { fallback(ctx); };
+  k.fn = [product, fallback = reference->fn](KernelContext& ctx) {
     // A, W, R; with `norm`, also eps [, gamma] and a second output: the RMSNorm of the result.
     const bool norm = ctx.node.GetInt("norm", 0) != 0;
     if (ctx.num_inputs() < 3 || ctx.num_outputs() != (norm ? 2u : 1u) || (!norm && ctx.num_inputs() != 3) ||
@@ -193,14 +194,14 @@ KernelInfo PreparedResidualMatMulKernel(std::shared_ptr<PreparedMatMul> mm) {
     const Tensor& A = ctx.input(0);
     const Tensor& W = ctx.input(1);
     const Tensor& R = ctx.input(2);
-    const int64_t K = mm->K(), N = mm->N();
+    const int64_t K = product.K, N = product.N;
     int64_t M = 0;
     if (A.dtype() != DataType::kFloat || A.rank() < 2 || !RowsOf(A, K, &M) || W.dtype() != DataType::kFloat ||
-        W.shape() != Shape{K, N} || R.dtype() != DataType::kFloat)
+        W.shape() != Shape{K, N} || R.dtype() != DataType::kFloat || !product.takes(M))
       return fallback(ctx);
     Shape s = A.shape();
     s.back() = N;
-    if (R.shape() != s) return fallback(ctx);  // a broadcast addend: the MatMul and the Add
+    if (R.shape() != s) return product.broadcast(ctx, M);  // a broadcast addend: the MatMul and the Add
     ctx.outputs[0] = Tensor::Uninitialized(DataType::kFloat, s);
     const Tensor* gamma = norm && ctx.num_inputs() > 4 ? &ctx.input(4) : nullptr;
     int64_t n = 0;
@@ -230,22 +231,38 @@ KernelInfo PreparedResidualMatMulKernel(std::shared_ptr<PreparedMatMul> mm) {
         if (norm) RMSNormRowF32(yr, N, eps, g, divide, sq.data(), z + m * N);
       }
     };
+    const bool added = product.run(A.data<float>(), M, y, r);
+    if (added && !norm) return;
     const int64_t grain = std::max<int64_t>(1, (int64_t{1} << 14) / N);
+    ParallelFor(M, grain, [&](int64_t m0, int64_t m1) { rows(m0, m1, !added); });
+  };
+  return k;
+}
+
+ResidualProduct PreparedResidualProduct(std::shared_ptr<PreparedMatMul> mm) {
+  ResidualProduct p;
+  p.K = mm->K();
+  p.N = mm->N();
+  p.takes = [](int64_t) { return true; };
+  p.run = [mm](const float* a, int64_t M, float* y, const float* add) {
     if (M <= kPanelMaxRows) {
-      const PanelProduct p{&mm->panels(), y, 0, r};
-      PanelGemmMany(A.data<float>(), M, K, &p, 1);
-      if (norm) ParallelFor(M, grain, [&](int64_t m0, int64_t m1) { rows(m0, m1, false); });
-      return;
+      const PanelProduct p{&mm->panels(), y, 0, add};
+      PanelGemmMany(a, M, mm->K(), &p, 1);
+      return true;
     }
     // A prompt: the product, then the addend (and the norm) in one pass over the rows. Added where
     // its whole-K tiles store their sums, the addend's rows came from memory between the tiles'
     // FMAs, and the sums were long out of cache when the next node (an RMSNorm) read them: run
     // --profile of the bench Llama's 256-token prompt, interleaved with the MatMul and Add, showed
     // the products 3.3 ms a prompt slower and the RMSNorms 2.1 ms slower, for the Add's 2.2 ms.
-    mm->Run(A.data<float>(), M, y);
-    ParallelFor(M, grain, [&](int64_t m0, int64_t m1) { rows(m0, m1, true); });
+    mm->Run(a, M, y);
+    return false;
   };
-  return k;
+  return p;
+}
+
+KernelInfo PreparedResidualMatMulKernel(std::shared_ptr<PreparedMatMul> mm) {
+  return ResidualMatMulKernelOf(PreparedResidualProduct(std::move(mm)));
 }
 
 KernelInfo PreparedSiblingMatMulKernel(std::vector<std::shared_ptr<PreparedMatMul>> mms) {

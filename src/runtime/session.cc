@@ -386,7 +386,7 @@ Session::Session(const Model& model, SessionOptions options) : model_(model), op
   std::vector<std::pair<std::string, KernelInfo>> kept;  // node name/outputs -> kernel
   const bool rewrite = options_.rewrite_products && !options_.observer;
   const bool group_siblings = !options_.node_kernels || options_.node_kernels_take_siblings;
-  const bool fold_residuals = !options_.node_kernels;  // kernels replaced per node take MatMuls, not these
+  const bool fold_residuals = !options_.node_kernels || options_.node_kernels_take_residuals;
   if (options_.function_kernels) {
     // Calls whose every operator the plan rewrites into its own operators run that way, inlined.
     const std::map<std::string, std::string> by_plan =

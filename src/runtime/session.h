@@ -40,6 +40,10 @@ struct SessionOptions {
   // several weights, runtime/plan_rewrite.h), so the plan may group siblings; otherwise it does
   // not, and each MatMul keeps the kernel node_kernels gives it.
   bool node_kernels_take_siblings = false;
+  // node_kernels also gives the kernels of the plan's ResidualMatMul nodes (a product by a constant
+  // weight and the residual Add after it, perhaps the RMSNorm of the sum), so the plan may fold
+  // them; otherwise it does not, and the MatMul keeps the kernel node_kernels gives it.
+  bool node_kernels_take_residuals = false;
   // Conv nodes of the main graph with a float32 initializer weight run a convolution prepared once
   // for that weight where it is faster (ops/conv.h, PreparedConv: oneDNN's blocked layouts), and
   // MatMuls by a float32 [K, N] initializer (of kPackedMatMulMinWeight elements or more) run

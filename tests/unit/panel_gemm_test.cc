@@ -10,6 +10,7 @@
 #include <map>
 #include <vector>
 
+#include "codegen/half_weights.h"
 #include "ir/half.h"
 #include "ops/gemm.h"
 #include "ops/panel_gemm.h"
@@ -463,41 +464,48 @@ TEST(PanelGemm, ResidualAddRunsInsideTheProduct) {
 // second output, bit for bit the original graph's at every row count (the addend in the tasks up
 // to 128 rows, one pass after the product past them), with and without the norm's weight, in the
 // Div(1, s) then Mul and the Div(X, s) forms; no RMSNorm node or its fallback runs.
+// y = r + x W (W [K, N]) and the RMSNorm of y as exporters write it (the sum also an output, as
+// the residual stream goes on): with and without the norm's weight, in the Div(1, s) then Mul and
+// the Div(X, s) forms; `constant_eps`: eps from a Constant node written after the Add, as
+// torch.onnx.export places it.
+Model ResidualNormModel(int64_t K, int64_t N, bool weighted, bool divide, bool constant_eps = false) {
+  Graph g;
+  g.inputs = {testing::FloatValue("x", {-1, K}), testing::FloatValue("r", {-1, N})};
+  g.SetInitializer("w", RandomFloat({K, N}, 93, -0.1f, 0.1f));
+  g.SetInitializer("two", Tensor::FromVector<float>({2.f}, {}));
+  g.SetInitializer("one", Tensor::FromVector<float>({1.f}, {}));
+  if (!constant_eps) g.SetInitializer("eps", Tensor::FromVector<float>({1e-6f}, {}));
+  g.nodes.push_back(testing::MakeNode("MatMul", {"x", "w"}, {"p"}, "down_proj"));
+  g.nodes.push_back(testing::MakeNode("Add", {"r", "p"}, {"y"}, "residual"));
+  if (constant_eps) {
+    g.nodes.push_back(testing::MakeNode("Constant", {}, {"eps"}, "eps_constant",
+                                        {testing::TensorAttr("value", Tensor::FromVector<float>({1e-6f}, {}))}));
+  }
+  g.nodes.push_back(testing::MakeNode("Pow", {"y", "two"}, {"sq"}, "pow"));
+  g.nodes.push_back(testing::MakeNode("ReduceMean", {"sq"}, {"m"}, "mean", {testing::IntsAttr("axes", {-1})}));
+  g.nodes.push_back(testing::MakeNode("Add", {"m", "eps"}, {"v"}, "add_eps"));
+  g.nodes.push_back(testing::MakeNode("Sqrt", {"v"}, {"s"}, "sqrt"));
+  const std::string normed = weighted ? "n" : "z";
+  if (divide) {
+    g.nodes.push_back(testing::MakeNode("Div", {"y", "s"}, {normed}, "scale"));
+  } else {
+    g.nodes.push_back(testing::MakeNode("Div", {"one", "s"}, {"inv"}, "recip"));
+    g.nodes.push_back(testing::MakeNode("Mul", {"y", "inv"}, {normed}, "scale"));
+  }
+  if (weighted) {
+    std::vector<float> gamma(N);
+    for (int64_t i = 0; i < N; ++i) gamma[i] = 0.5f + 0.002f * static_cast<float>(i);
+    g.SetInitializer("gamma", Tensor::FromVector<float>(gamma, {N}));
+    g.nodes.push_back(testing::MakeNode("Mul", {"gamma", "n"}, {"z"}, "weight"));
+  }
+  g.outputs = {ValueInfo{"z", DataType::kFloat}, ValueInfo{"y", DataType::kFloat}};
+  return testing::MakeModel(std::move(g), 17);
+}
+
 TEST(PanelGemm, ResidualAddAndItsRMSNormRunInTheProductsNode) {
   const int64_t K = 512, N = 520;
-  // `constant_eps`: eps from a Constant node written after the Add, as torch.onnx.export places it.
   auto model = [&](bool weighted, bool divide, bool constant_eps = false) {
-    Graph g;
-    g.inputs = {testing::FloatValue("x", {-1, K}), testing::FloatValue("r", {-1, N})};
-    g.SetInitializer("w", RandomFloat({K, N}, 93, -0.1f, 0.1f));
-    g.SetInitializer("two", Tensor::FromVector<float>({2.f}, {}));
-    g.SetInitializer("one", Tensor::FromVector<float>({1.f}, {}));
-    if (!constant_eps) g.SetInitializer("eps", Tensor::FromVector<float>({1e-6f}, {}));
-    g.nodes.push_back(testing::MakeNode("MatMul", {"x", "w"}, {"p"}, "down_proj"));
-    g.nodes.push_back(testing::MakeNode("Add", {"r", "p"}, {"y"}, "residual"));
-    if (constant_eps) {
-      g.nodes.push_back(testing::MakeNode("Constant", {}, {"eps"}, "eps_constant",
-                                          {testing::TensorAttr("value", Tensor::FromVector<float>({1e-6f}, {}))}));
-    }
-    g.nodes.push_back(testing::MakeNode("Pow", {"y", "two"}, {"sq"}, "pow"));
-    g.nodes.push_back(testing::MakeNode("ReduceMean", {"sq"}, {"m"}, "mean", {testing::IntsAttr("axes", {-1})}));
-    g.nodes.push_back(testing::MakeNode("Add", {"m", "eps"}, {"v"}, "add_eps"));
-    g.nodes.push_back(testing::MakeNode("Sqrt", {"v"}, {"s"}, "sqrt"));
-    const std::string normed = weighted ? "n" : "z";
-    if (divide) {
-      g.nodes.push_back(testing::MakeNode("Div", {"y", "s"}, {normed}, "scale"));
-    } else {
-      g.nodes.push_back(testing::MakeNode("Div", {"one", "s"}, {"inv"}, "recip"));
-      g.nodes.push_back(testing::MakeNode("Mul", {"y", "inv"}, {normed}, "scale"));
-    }
-    if (weighted) {
-      std::vector<float> gamma(N);
-      for (int64_t i = 0; i < N; ++i) gamma[i] = 0.5f + 0.002f * static_cast<float>(i);
-      g.SetInitializer("gamma", Tensor::FromVector<float>(gamma, {N}));
-      g.nodes.push_back(testing::MakeNode("Mul", {"gamma", "n"}, {"z"}, "weight"));
-    }
-    g.outputs = {ValueInfo{"z", DataType::kFloat}, ValueInfo{"y", DataType::kFloat}};
-    return testing::MakeModel(std::move(g), 17);
+    return ResidualNormModel(K, N, weighted, divide, constant_eps);
   };
   for (bool weighted : {true, false})
     for (bool divide : {false, true})
@@ -531,6 +539,52 @@ TEST(PanelGemm, ResidualAddAndItsRMSNormRunInTheProductsNode) {
                     testing::ProfiledCalls(fast, "Add"),
                 0)
           << what;  // no fallback ran
+    }
+}
+
+// With float16 weight storage (--half-weights: the session's kernels given per node) the residual
+// Add and its RMSNorm fold into the product's node too: bit for bit the float16 MatMul, the Add and
+// the norm's operators, for decode rows on the float16 panels, a kDecode session's prompt rows on
+// the float32 ones, and an addend that broadcasts (the float16 product, then the fallback past it:
+// no float32 MatMul runs).
+TEST(HalfPanelGemm, ResidualAddAndItsRMSNormRunInTheFloat16ProductsNode) {
+  const int64_t K = 512, N = 520;
+  for (HalfWeights mode : {HalfWeights::kAll, HalfWeights::kDecode})
+    for (bool weighted : {true, false}) {
+      const std::string what = std::string(mode == HalfWeights::kAll ? "every product" : "decode rows") +
+                               (weighted ? ", weighted" : ", unweighted");
+      SessionOptions on{.profile = true}, off;
+      UseHalfWeights(on, mode);
+      UseHalfWeights(off, mode);
+      off.rewrite_products = false;  // the float16 MatMul, the Add, the norm's operators
+      const Model m = ResidualNormModel(K, N, weighted, /*divide=*/false);
+      Session fast(m, on), plain(m, off);
+      ASSERT_EQ(fast.product_rewrites().residual_products, 1) << what;
+      ASSERT_EQ(fast.product_rewrites().residual_norms, 1) << what;
+      int runs = 0;
+      for (int64_t rows : {1, 3, 4, 5, 129}) {
+        std::map<std::string, Tensor> feeds = {{"x", RandomFloat({rows, K}, 700 + rows)},
+                                               {"r", RandomFloat({rows, N}, 800 + rows, -2.f, 2.f)}};
+        const std::vector<Tensor> a = fast.Run(feeds), b = plain.Run(feeds);
+        ASSERT_EQ(a.size(), 2u);
+        for (size_t o = 0; o < 2; ++o) {
+          ASSERT_EQ(a[o].shape(), b[o].shape()) << what;
+          EXPECT_EQ(0, std::memcmp(a[o].data<float>(), b[o].data<float>(), a[o].nbytes()))
+              << what << ", " << rows << " rows, output " << o;
+        }
+        ++runs;
+      }
+      EXPECT_EQ(testing::ProfiledCalls(fast, "ResidualMatMul"), runs) << what;
+      EXPECT_EQ(testing::ProfiledCalls(fast, "MatMul") + testing::ProfiledCalls(fast, "Add"), 0) << what;
+      // A broadcast addend at 2 rows: the float16 product, then the Add and the norm.
+      std::map<std::string, Tensor> feeds = {{"x", RandomFloat({2, K}, 900)}, {"r", RandomFloat({1, N}, 901)}};
+      const std::vector<Tensor> a = fast.Run(feeds), b = plain.Run(feeds);
+      for (size_t o = 0; o < 2; ++o) {
+        ASSERT_EQ(a[o].shape(), b[o].shape()) << what;
+        EXPECT_EQ(0, std::memcmp(a[o].data<float>(), b[o].data<float>(), a[o].nbytes())) << what << ", broadcast, output " << o;
+      }
+      EXPECT_EQ(testing::ProfiledCalls(fast, "Add"), 1) << what;
+      EXPECT_EQ(testing::ProfiledCalls(fast, "MatMul"), 0) << what;
     }
 }
 
