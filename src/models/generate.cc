@@ -268,6 +268,7 @@ GenerateResult Generate(Session& session, const DecoderSignature& sig, const Gen
     token = ArgmaxLastPosition(loop.Step({token}));
     result.step_seconds.push_back(Since(ts));
     result.tokens.push_back(token);
+    if (result.step_seconds.size() == 1 && options.after_first_step) options.after_first_step();
   }
   return result;
 }

@@ -37,6 +37,7 @@ struct GenerateOptions {
   int max_new_tokens = 50;          // tokens produced (the first comes from the prefill)
   int64_t eos_token_id = -1;        // stop after producing it; -1: never stop early
   std::function<void()> after_prefill;  // called after the prefill, outside the timings (may be empty)
+  std::function<void()> after_first_step;  // called after the first decode step, outside the timings (may be empty)
 };
 
 struct GenerateResult {

@@ -65,6 +65,18 @@ else
   fail=$((fail + 1)); echo "FAIL --profile-nodes / --json run_seconds:"; head -n 12 "$TMP/out" "$TMP/err"
 fi
 expect_error "negative --profile-nodes" "$BIN" run "$MODEL" --profile-nodes -1
+# After the warm-up runs, runs until the memory plan is made stay untimed too (one records the
+# buffers, the next makes and first touches the arena): reported in the timing line and the JSON;
+# none without the plan.
+if "$BIN" run "$MODEL" --warmup 1 --repeat 2 --json >"$TMP/plan.json" 2>"$TMP/err" &&
+   "$BIN" run "$MODEL" --warmup 1 --repeat 2 --json --no-memory-plan >"$TMP/noplan.json" 2>>"$TMP/err" &&
+   "$BIN" run "$MODEL" --warmup 1 --repeat 2 >"$TMP/out" 2>>"$TMP/err" &&
+   grep -qE 'median of 2 runs after 1 warm-up run and [1-4] while the memory plan was made' "$TMP/out" &&
+   /usr/bin/python3 -c 'import json, sys; a, b = (json.load(open(f)) for f in sys.argv[1:3]); assert 1 <= a["memory_plan_warmup_runs"] <= 4 and b["memory_plan_warmup_runs"] == 0 and len(a["run_seconds"]) == 2, (a, b)' "$TMP/plan.json" "$TMP/noplan.json"; then
+  pass=$((pass + 1))
+else
+  fail=$((fail + 1)); echo "FAIL run's memory plan warm-up runs:"; head -n 3 "$TMP/out" "$TMP/err"
+fi
 # A CNN fused into a oneDNN chain: `run --profile` lists the chain's slowest steps by node and kernel,
 # and the chains' time by kind of step (sorted by share: with two timed runs on a loaded machine one
 # preempted reorder or pool can outweigh the convolutions, so the test does not ask for convolution first).
@@ -203,6 +215,13 @@ types = {t["op_type"]: t["calls"] for t in p["op_types"]}
 assert types.get("FusedAttention", 0) % 5 == 0 and types.get("FusedAttention", 0) > 0, types
 PY
 then pass=$((pass + 1)); else echo "FAIL generate --profile-nodes: $(cat "$TMP/err")"; head -n 5 "$TMP/prof.txt"; fail=$((fail + 1)); fi
+# Without a warm-up generation the profile leaves out the first decode step too (it moves the
+# caches into storage with room): -n 6 profiles 4 steps, one call of each node a step.
+if "$BIN" generate "$DEC/model.onnx" -n 6 --profile-nodes 3 --json >"$TMP/cold.json" 2>"$TMP/err" &&
+  "$BIN" generate "$DEC/model.onnx" -n 6 --profile >"$TMP/cold.txt" 2>>"$TMP/err" &&
+  grep -q "^time per op type (the last generation's 4 decode steps after its first (one-time set-up" "$TMP/cold.txt" &&
+  /usr/bin/python3 -c 'import json, sys; p = json.load(open(sys.argv[1]))["profile"]; assert p["decode_steps"] == 4 and all(n["calls"] == 4 for n in p["nodes"]), p' "$TMP/cold.json"
+then pass=$((pass + 1)); else echo "FAIL generate --profile of a cold generation: $(cat "$TMP/err")"; head -n 12 "$TMP/cold.txt"; fail=$((fail + 1)); fi
 expect_error "generate negative --profile-nodes" "$BIN" generate "$DEC/model.onnx" -n 2 --profile-nodes -2
 # A test_data_set folder is one sample: it runs.
 "$BIN" run "$DEC/model.onnx" -i "$DEC/test_data_set_0" >/dev/null 2>"$TMP/err" || { echo "FAIL run -i test_data_set_0: $(cat "$TMP/err")"; fail=$((fail + 1)); }
