@@ -27,11 +27,23 @@ print(total)
 PY
 )
 echo "KV cache at past $PROMPT: $(awk -v b="$kv" 'BEGIN { printf "%.1f MB", b / 1e6 }')"
+# A generation's decode ms/token (and with `tokens`, its first tokens) from its JSON; a generation
+# that fails stops the bench with its own error (a model whose position table is shorter than the
+# past, say), not a JSON parser's.
+decode() {
+  local tokens=$1 out
+  shift
+  if ! out=$("$@" 2>&1); then
+    echo "long_context_bench: $1 $2 (prompt of $PROMPT tokens) failed: $(tail -n 1 <<<"$out")" >&2
+    exit 1
+  fi
+  python3 -c 'import json,sys; j=json.load(sys.stdin); print(round(j["decode_ms_per_token"],3), *([j["tokens"][:6]] if sys.argv[1] == "1" else []))' "$tokens" <<<"$out"
+}
 for r in $(seq "$ROUNDS"); do
-  a=$(build/autofusion generate $M --prompt-ids $ids -n 40 --threads 2 --repeat 2 --json | python3 -c 'import json,sys; j=json.load(sys.stdin); print(round(j["decode_ms_per_token"],3), j["tokens"][:6])')
-  b=$(build/autofusion generate $M --prompt-ids $ids -n 40 --threads 2 --repeat 2 --no-cache-in-place --json | python3 -c 'import json,sys; j=json.load(sys.stdin); print(round(j["decode_ms_per_token"],3), j["tokens"][:6])')
-  o=$(node bench/ort_generate.js $M --prompt-ids $ids --max-new-tokens 40 --threads 2 --opt all --repeat 2 | python3 -c 'import json,sys; j=json.load(sys.stdin); print(round(j["decode_ms_per_token"],3), j["tokens"][:6])')
-  s=$(build/autofusion generate $M --prompt-len 16 -n 40 --threads 2 --repeat 2 --json | python3 -c 'import json,sys; j=json.load(sys.stdin); print(round(j["decode_ms_per_token"],3))')
+  a=$(decode 1 build/autofusion generate $M --prompt-ids $ids -n 40 --threads 2 --repeat 2 --json)
+  b=$(decode 1 build/autofusion generate $M --prompt-ids $ids -n 40 --threads 2 --repeat 2 --no-cache-in-place --json)
+  o=$(decode 1 node bench/ort_generate.js $M --prompt-ids $ids --max-new-tokens 40 --threads 2 --opt all --repeat 2)
+  s=$(decode 0 build/autofusion generate $M --prompt-len 16 -n 40 --threads 2 --repeat 2 --json)
   bw=$(build/bench/membw 2>/dev/null | python3 -c 'import json,sys; print([x["gbps"] for x in json.load(sys.stdin)["results"] if x["threads"]==2][0])')
   echo "round $r | decode ms/token and first tokens at past $PROMPT: in place $a | copied $b | ONNX Runtime (all) $o |"\
        "ours at past 16: $s | membw $bw GB/s"
