@@ -7,7 +7,9 @@
 #include <omp.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "codegen/half_weights.h"
@@ -502,6 +504,27 @@ Model ResidualNormModel(int64_t K, int64_t N, bool weighted, bool divide, bool c
   return testing::MakeModel(std::move(g), 17);
 }
 
+// Runs both sessions on x [rows, K] and r [rows, N] (seeded by `seed` and the row count) for each
+// row count and expects the same bits in each of their two outputs; the runs made.
+int ExpectSameBitsPerRowCount(Session& fast, Session& plain, int64_t K, int64_t N,
+                              std::initializer_list<int64_t> row_counts, uint32_t seed, const std::string& what) {
+  int runs = 0;
+  for (int64_t rows : row_counts) {
+    std::map<std::string, Tensor> feeds = {{"x", RandomFloat({rows, K}, seed + rows)},
+                                           {"r", RandomFloat({rows, N}, seed + 100 + rows, -2.f, 2.f)}};
+    const std::vector<Tensor> a = fast.Run(feeds), b = plain.Run(feeds);
+    EXPECT_EQ(a.size(), 2u) << what;
+    for (size_t o = 0; o < 2 && o < a.size(); ++o) {
+      EXPECT_EQ(a[o].shape(), b[o].shape()) << what;
+      if (a[o].shape() == b[o].shape())
+        EXPECT_EQ(0, std::memcmp(a[o].data<float>(), b[o].data<float>(), a[o].nbytes()))
+            << what << ", " << rows << " rows, output " << o;
+    }
+    ++runs;
+  }
+  return runs;
+}
+
 TEST(PanelGemm, ResidualAddAndItsRMSNormRunInTheProductsNode) {
   const int64_t K = 512, N = 520;
   auto model = [&](bool weighted, bool divide, bool constant_eps = false) {
@@ -521,19 +544,7 @@ TEST(PanelGemm, ResidualAddAndItsRMSNormRunInTheProductsNode) {
       Session fast(m, on), plain(m, off);
       ASSERT_EQ(fast.product_rewrites().residual_products, 1) << what;
       ASSERT_EQ(fast.product_rewrites().residual_norms, 1) << what;
-      int runs = 0;
-      for (int64_t rows : {1, 3, 128, 129, 300}) {
-        std::map<std::string, Tensor> feeds = {{"x", RandomFloat({rows, K}, 400 + rows)},
-                                               {"r", RandomFloat({rows, N}, 500 + rows, -2.f, 2.f)}};
-        const std::vector<Tensor> a = fast.Run(feeds), b = plain.Run(feeds);
-        ASSERT_EQ(a.size(), 2u);
-        for (size_t o = 0; o < 2; ++o) {
-          ASSERT_EQ(a[o].shape(), b[o].shape()) << what;
-          EXPECT_EQ(0, std::memcmp(a[o].data<float>(), b[o].data<float>(), a[o].nbytes()))
-              << what << ", " << rows << " rows, output " << o;
-        }
-        ++runs;
-      }
+      const int runs = ExpectSameBitsPerRowCount(fast, plain, K, N, {1, 3, 128, 129, 300}, 400, what);
       EXPECT_EQ(testing::ProfiledCalls(fast, "ResidualMatMul"), runs) << what;
       EXPECT_EQ(testing::ProfiledCalls(fast, "RMSNorm") + testing::ProfiledCalls(fast, "ReduceMean") +
                     testing::ProfiledCalls(fast, "Add"),
@@ -561,19 +572,7 @@ TEST(HalfPanelGemm, ResidualAddAndItsRMSNormRunInTheFloat16ProductsNode) {
       Session fast(m, on), plain(m, off);
       ASSERT_EQ(fast.product_rewrites().residual_products, 1) << what;
       ASSERT_EQ(fast.product_rewrites().residual_norms, 1) << what;
-      int runs = 0;
-      for (int64_t rows : {1, 3, 4, 5, 129}) {
-        std::map<std::string, Tensor> feeds = {{"x", RandomFloat({rows, K}, 700 + rows)},
-                                               {"r", RandomFloat({rows, N}, 800 + rows, -2.f, 2.f)}};
-        const std::vector<Tensor> a = fast.Run(feeds), b = plain.Run(feeds);
-        ASSERT_EQ(a.size(), 2u);
-        for (size_t o = 0; o < 2; ++o) {
-          ASSERT_EQ(a[o].shape(), b[o].shape()) << what;
-          EXPECT_EQ(0, std::memcmp(a[o].data<float>(), b[o].data<float>(), a[o].nbytes()))
-              << what << ", " << rows << " rows, output " << o;
-        }
-        ++runs;
-      }
+      const int runs = ExpectSameBitsPerRowCount(fast, plain, K, N, {1, 3, 4, 5, 129}, 700, what);
       EXPECT_EQ(testing::ProfiledCalls(fast, "ResidualMatMul"), runs) << what;
       EXPECT_EQ(testing::ProfiledCalls(fast, "MatMul") + testing::ProfiledCalls(fast, "Add"), 0) << what;
       // A broadcast addend at 2 rows: the float16 product, then the Add and the norm.
