@@ -239,8 +239,9 @@ void RunGenerate(const GenerateArgs& a) {
   else
     fmt::print("(one cold run: the prefill includes one-time setup; use --repeat R for steady-state timings)\n");
   if (so.profile) {
-    const std::string what = fmt::format("the last generation's {} decode steps{}", profiled_steps,
-                                         skip_first_step ? " after its first (one-time set-up: --repeat R profiles warm generations)" : "");
+    const std::string what =
+        fmt::format("the last generation's {} decode steps{}", profiled_steps,
+                    skip_first_step ? " after its first (one-time set-up: --repeat R profiles warm generations)" : "");
     fmt::print("time per op type ({}; calls and ms a step):\n", what);
     const double steps = static_cast<double>(std::max<int64_t>(profiled_steps, 1));
     for (const OpProfile& p : session.Profile())

@@ -267,7 +267,8 @@ void RunRun(const RunArgs& a) {
   constexpr int kPlanWarmupRuns = 4;
   int plan_warmup = 0;
   if (a.warmup > 0 && so.memory_plan) {
-    for (MemoryPlanStats before = session.memory_plan_stats(); plan_warmup < kPlanWarmupRuns && !before.stopped;) {
+    MemoryPlanStats before = session.memory_plan_stats();
+    while (plan_warmup < kPlanWarmupRuns && !before.stopped) {
       session.Run(feeds);
       ++plan_warmup;
       const MemoryPlanStats now = session.memory_plan_stats();
@@ -329,8 +330,11 @@ void RunRun(const RunArgs& a) {
   fmt::print("ran {} in {:.3f} ms (median of {} run{}{}, {} thread(s))\n", a.model, median * 1e3, times.size(),
              times.size() == 1 ? "" : "s",
              a.warmup > 0 ? fmt::format(" after {} warm-up run{}{}", a.warmup, a.warmup == 1 ? "" : "s",
-                                        plan_warmup > 0 ? fmt::format(" and {} while the memory plan was made", plan_warmup) : "")
-                          : "", a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency()));
+                                        plan_warmup > 0
+                                            ? fmt::format(" and {} while the memory plan was made", plan_warmup)
+                                            : "")
+                          : "",
+             a.threads > 0 ? a.threads : static_cast<int>(std::thread::hardware_concurrency()));
   for (size_t i = 0; i < outs.size(); ++i) fmt::print("  {:<24} {}\n", session.outputs()[i].name, Summarize(outs[i]));
   if (!a.output_dir.empty()) {
     fmt::print("outputs written to {}/ as .npy\n", a.output_dir);

@@ -182,7 +182,8 @@ KernelInfo PreparedGemmKernel(std::shared_ptr<PreparedMatMul> mm) {
 KernelInfo ResidualMatMulKernelOf(ResidualProduct product) {
   const KernelInfo* reference = OpRegistry::Global().Find("ai.graph_autofusion.plan", "ResidualMatMul");
   KernelInfo k = *reference;
-  if (!product.broadcast) product.broadcast = [fallback = reference->fn](KernelContext& ctx, int64_t) { fallback(ctx); };
+  if (!product.broadcast)
+    product.broadcast = [fallback = reference->fn](KernelContext& ctx, int64_t) { fallback(ctx); };
   k.fn = [product, fallback = reference->fn](KernelContext& ctx) {
     // A, W, R; with `norm`, also eps [, gamma] and a second output: the RMSNorm of the result.
     const bool norm = ctx.node.GetInt("norm", 0) != 0;

@@ -518,6 +518,10 @@ TEST(ConvChoice, MeasurementKeepsOneDnnsChoiceUnlessAnotherIsFaster) {
   EXPECT_EQ(MeasureConvCandidates(c, {}, 1.0).index, 0u);
   const ConvChoice any = MeasureConvCandidates(c, {}, -1e9);
   ASSERT_EQ(any.ms.size(), c.size());
+  if (any.ms[0] == 0) {  // oneDNN's kernel took past kMaxTimedMs to warm up (a loaded machine): its choice stands
+    EXPECT_EQ(any.index, 0u);
+    GTEST_SKIP() << "the first candidate's warm-up took past kMaxTimedMs: not timed, oneDNN's choice kept";
+  }
   EXPECT_GT(any.ms[0], 0);
   for (size_t i = 0; i < c.size(); ++i) {
     if (any.ms[i] > 0) {
