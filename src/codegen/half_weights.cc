@@ -153,10 +153,14 @@ KernelInfo ResidualKernelOf(std::shared_ptr<HalfCopy> c, const Node& n, HalfWeig
   p.K = c->K;
   p.N = c->N;
   p.takes = [c, max_rows, f32](int64_t M) { return M <= max_rows ? c->panels != nullptr : f32.run != nullptr; };
-  p.run = [c, max_rows, f32](const float* a, int64_t M, float* y, const float* add) {
-    if (M > max_rows) return f32.run(a, M, y, add);
+  // y = a W on the float16 panels, M >= 1 rows.
+  auto half = [c](const float* a, int64_t M, float* y) {
     const HalfPanelProduct hp{c->panels.get(), y};
     HalfPanelGemmMany(a, M, c->K, &hp, 1);
+  };
+  p.run = [max_rows, f32, half](const float* a, int64_t M, float* y, const float* add) {
+    if (M > max_rows) return f32.run(a, M, y, add);
+    half(a, M, y);
     return false;
   };
   // The fallback graph {MatMul(A, W), Add, [RMSNorm]} on (A, W, R [, eps, gamma]) without its
@@ -173,13 +177,13 @@ KernelInfo ResidualKernelOf(std::shared_ptr<HalfCopy> c, const Node& n, HalfWeig
     rest = std::move(r);
   }
   const KernelInfo* reference = OpRegistry::Global().Find(kPlanDomain, "ResidualMatMul");
-  p.broadcast = [c, max_rows, rest, fallback = reference->fn](KernelContext& ctx, int64_t M) {
-    if (M > max_rows || rest == nullptr || ctx.subgraphs == nullptr || !c->panels) return fallback(ctx);
+  // (No rows: the registry's kernel makes the empty result.)
+  p.broadcast = [c, max_rows, rest, half, fallback = reference->fn](KernelContext& ctx, int64_t M) {
+    if (M < 1 || M > max_rows || rest == nullptr || ctx.subgraphs == nullptr || !c->panels) return fallback(ctx);
     Shape s = ctx.input(0).shape();
     s.back() = c->N;
     Tensor product = Tensor::Uninitialized(DataType::kFloat, s);
-    const HalfPanelProduct hp{c->panels.get(), product.data<float>()};
-    HalfPanelGemmMany(ctx.input(0).data<float>(), M, c->K, &hp, 1);
+    half(ctx.input(0).data<float>(), M, product.data<float>());
     std::vector<Tensor> ins = {std::move(product)};
     for (size_t i = 2; i < ctx.num_inputs(); ++i) ins.push_back(ctx.input(i));
     std::vector<Tensor> out = ctx.subgraphs->RunSubgraph(*rest, ins);

@@ -584,6 +584,11 @@ TEST(HalfPanelGemm, ResidualAddAndItsRMSNormRunInTheFloat16ProductsNode) {
       }
       EXPECT_EQ(testing::ProfiledCalls(fast, "Add"), 1) << what;
       EXPECT_EQ(testing::ProfiledCalls(fast, "MatMul"), 0) << what;
+      // No rows and a broadcast addend: empty results, as the unfolded session's.
+      feeds = {{"x", Tensor::Uninitialized(DataType::kFloat, {0, K})}, {"r", RandomFloat({1, N}, 902)}};
+      const std::vector<Tensor> e = fast.Run(feeds), f = plain.Run(feeds);
+      ASSERT_EQ(e.size(), 2u);
+      for (size_t o = 0; o < 2; ++o) EXPECT_EQ(e[o].shape(), f[o].shape()) << what << ", no rows, output " << o;
     }
 }
 
