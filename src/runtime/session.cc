@@ -261,6 +261,9 @@ struct Session::PlanStep {
   // the other inputs; -1: not shared, SessionOptions::memo_shapes), and which inputs are constant.
   int memo = -1;
   std::vector<char> memo_const;
+  // Slots whose last use is this step and whose values the main graph's frame keeps from run to
+  // run while their producer's cache is valid (`keep_if_cached`: each with that producer's index).
+  std::vector<std::pair<int, int>> release_if_uncached;
 };
 
 struct Session::Plan {
@@ -277,6 +280,19 @@ struct Session::Plan {
   std::vector<std::string> outer_names;  // values read from enclosing scopes
   std::vector<int> outer_slots;
   std::vector<Step> steps;
+  // The main graph's slots between runs (resident): its constants, and the outputs of shape steps
+  // whose cache is valid (they hold the cached values), so that a run neither copies the constants
+  // in again nor the unchanged shape values; every other slot is empty between runs. Empty until
+  // the first run, and again after a run that failed.
+  bool resident = false;
+  mutable std::vector<Tensor> resident_slots;
+  std::vector<char> is_const_slot;  // (resident plans) slots of constants: never released
+  std::vector<int> producer;        // (resident plans) the shape step making a slot, or -1
+  // Shape steps (main graph): per slot, the derived steps reading it; per step, whether it is a
+  // derived step with a valid cache (PlanStep::cache_valid, kept here too so that the run's walk
+  // over the steps it skips reads one byte a step).
+  std::vector<std::vector<int>> shape_readers;
+  mutable std::vector<char> skip_if_clean;
 };
 
 struct Session::Frame {
@@ -355,8 +371,35 @@ const Session::Plan& Session::PlanFor(const Graph& g) {
     }
   }
   std::unordered_set<int> keep(plan->output_slots.begin(), plan->output_slots.end());
-  for (int s = 0; s < static_cast<int>(last.size()); ++s)
-    if (last[s] >= 0 && !keep.count(s)) plan->steps[last[s]].release.push_back(s);
+  if (&g == &model_.graph) {
+    // The main graph's frame stays resident between runs (Plan::resident): its constants are never
+    // released, shape steps' outputs only when their step keeps no cache.
+    plan->resident = true;
+    plan->is_const_slot.assign(plan->slot_names.size(), 0);
+    for (const auto& [s, t] : plan->consts) plan->is_const_slot[s] = 1;
+    for (int s : plan->input_slots) plan->is_const_slot[s] = 0;  // an initializer a feed may override
+    plan->producer.assign(plan->slot_names.size(), -1);
+    plan->shape_readers.assign(plan->slot_names.size(), {});
+    plan->skip_if_clean.assign(plan->steps.size(), 0);
+    for (int i = 0; i < static_cast<int>(plan->steps.size()); ++i)
+      if (plan->steps[i].root || plan->steps[i].derived) {
+        for (int o : plan->steps[i].out_slots)
+          if (o >= 0) plan->producer[o] = i;
+        if (plan->steps[i].derived)
+          for (int in : plan->steps[i].in_slots)
+            if (in >= 0) plan->shape_readers[in].push_back(i);
+      }
+  }
+  for (int s = 0; s < static_cast<int>(last.size()); ++s) {
+    if (last[s] < 0 || keep.count(s)) continue;
+    Plan::Step& at = plan->steps[last[s]];
+    if (plan->resident && plan->is_const_slot[s]) continue;
+    if (plan->resident && plan->producer[s] >= 0) {
+      at.release_if_uncached.emplace_back(s, plan->producer[s]);
+    } else {
+      at.release.push_back(s);
+    }
+  }
   // Outputs that are never consumed (unused optional results) are released right away.
   for (int s = 0; s < static_cast<int>(plan->steps.size()); ++s)
     for (int o : plan->steps[s].out_slots)
@@ -743,7 +786,9 @@ bool IsPureOperator(const Node& n) {
 
 }  // namespace
 
-void Session::RememberShapeStep(const PlanStep& st, const std::vector<Tensor>& slots, std::vector<char>& changed) {
+void Session::RememberShapeStep(const Plan& plan, size_t index, const std::vector<Tensor>& slots,
+                                std::vector<char>& dirty) {
+  const PlanStep& st = plan.steps[index];
   size_t bytes = 0;
   for (int o : st.out_slots) bytes += o >= 0 ? slots[o].nbytes() : 0;
   const bool had = st.cache_valid;
@@ -752,10 +797,12 @@ void Session::RememberShapeStep(const PlanStep& st, const std::vector<Tensor>& s
     const int s = st.out_slots[o];
     if (s < 0) continue;
     const Tensor& t = slots[s];
-    changed[s] = !(had && t.numel() <= kMaxComparedElements && SameValue(t, st.cached[o]));
+    if (!(had && t.numel() <= kMaxComparedElements && SameValue(t, st.cached[o])))
+      for (int reader : plan.shape_readers[s]) dirty[reader] = 1;
     st.cached[o] = bytes <= kMaxCachedBytes ? t : Tensor();
   }
   st.cache_valid = bytes <= kMaxCachedBytes;
+  plan.skip_if_clean[index] = st.derived && st.cache_valid;
 }
 
 void Session::FoldAndMarkShapeSteps(Plan& plan) {
@@ -834,15 +881,39 @@ std::vector<Tensor> Session::Execute(const Plan& plan, Frame* parent, const std:
   Frame frame;
   frame.plan = &plan;
   frame.parent = parent;
-  frame.slots.resize(plan.slot_names.size());
-  for (const auto& [s, t] : plan.consts) frame.slots[s] = *t;
+  // The main graph's frame is resident between runs (Plan::resident): taken from the plan here and
+  // given back at the end; a run that fails leaves none, and no shape step's cache valid.
+  const bool resident = plan.resident && parent == nullptr && feeds != nullptr;
+  struct GiveBack {
+    const Plan& plan;
+    Frame& frame;
+    bool resident, done = false;
+    ~GiveBack() {
+      if (!resident) return;
+      if (done) {
+        plan.resident_slots.swap(frame.slots);
+        return;
+      }
+      plan.resident_slots.clear();
+      for (const Plan::Step& st : plan.steps) st.cache_valid = false;
+      std::fill(plan.skip_if_clean.begin(), plan.skip_if_clean.end(), 0);
+    }
+  } give_back{plan, frame, resident};
+  if (resident && !plan.resident_slots.empty()) {
+    frame.slots.swap(plan.resident_slots);
+  } else {
+    frame.slots.resize(plan.slot_names.size());
+    for (const auto& [s, t] : plan.consts) frame.slots[s] = *t;
+  }
   const Graph& g = *plan.graph;
   if (feeds != nullptr) {
     for (size_t i = 0; i < g.inputs.size(); ++i) {
       const ValueInfo& v = g.inputs[i];
       auto it = feeds->find(v.name);
       if (it == feeds->end()) {
-        GAF_CHECK(g.FindInitializer(v.name) != nullptr, "input '{}' was not given", v.name);
+        const Tensor* init = g.FindInitializer(v.name);
+        GAF_CHECK(init != nullptr, "input '{}' was not given", v.name);
+        if (resident) frame.slots[plan.input_slots[i]] = *init;  // not the last run's feed
         continue;  // initializer default
       }
       CheckFeed(v, it->second);
@@ -863,42 +934,47 @@ std::vector<Tensor> Session::Execute(const Plan& plan, Frame* parent, const std:
   const bool top = parent == nullptr;
   if (top && options_.observer)
     for (const auto& [name, t] : plan.folded_values) options_.observer(name, *t);
-  // Shape steps: whether a derived value differs from the last run's (constants never do).
-  std::vector<char> changed;
-  if (plan.derived_steps > 0) changed.assign(plan.slot_names.size(), 0);
+  // Shape steps: a derived step with a valid cache runs only when one of its inputs differs from
+  // the last run's (`dirty`, set by the steps that made them; constants never do). In a resident
+  // frame a clean one costs two bytes read: its values are in their slots since the last run (the
+  // slots of shape steps with a valid cache are not released), and releases nothing (what it
+  // reads is constant or cached). A decoder's step skips about half its steps so.
+  const bool shapes = plan.derived_steps > 0;
+  const bool observe = top && options_.observer;
+  std::vector<char> dirty;
+  if (shapes) dirty.assign(plan.steps.size(), 0);
   ShapeMemo memo;
   std::string memo_key;
-  for (const Plan::Step& st : plan.steps) {
-    if (st.derived && st.cache_valid) {
-      bool same = true;
-      for (int i : st.in_slots) same = same && (i < 0 || !changed[i]);
-      if (same) {
-        for (size_t o = 0; o < st.out_slots.size(); ++o) {
-          if (st.out_slots[o] < 0) continue;
-          frame.slots[st.out_slots[o]] = st.cached[o];
-          if (options_.observer && top) options_.observer(st.node->outputs[o], st.cached[o]);
-        }
-        for (int s : st.release) frame.slots[s] = Tensor();
-        continue;
+  for (size_t index = 0; index < plan.steps.size(); ++index) {
+    if (shapes && plan.skip_if_clean[index] && !dirty[index]) {
+      if (resident && !observe) continue;
+      const Plan::Step& st = plan.steps[index];
+      for (size_t o = 0; o < st.out_slots.size(); ++o) {
+        if (st.out_slots[o] < 0) continue;
+        if (!resident) frame.slots[st.out_slots[o]] = st.cached[o];
+        if (observe) options_.observer(st.node->outputs[o], st.cached[o]);
       }
+      Release(plan, st, frame.slots);
+      continue;
     }
+    const Plan::Step& st = plan.steps[index];
     if (st.memo >= 0) {
       if (const std::vector<Tensor>* same = memo.Find(st, frame.slots, &memo_key)) {
         for (size_t o = 0; o < st.out_slots.size(); ++o) {
           if (st.out_slots[o] < 0) continue;
           frame.slots[st.out_slots[o]] = (*same)[o];
-          if (options_.observer && top) options_.observer(st.node->outputs[o], (*same)[o]);
+          if (observe) options_.observer(st.node->outputs[o], (*same)[o]);
         }
         ++memo_hits_;
-        if (!changed.empty()) RememberShapeStep(st, frame.slots, changed);
-        for (int s : st.release) frame.slots[s] = Tensor();
+        if (shapes) RememberShapeStep(plan, index, frame.slots, dirty);
+        Release(plan, st, frame.slots);
         continue;
       }
     }
     RunStep(st, frame.slots, runner, top);
     if (st.memo >= 0) memo.Remember(st, frame.slots, std::move(memo_key));
-    if ((st.root || st.derived) && !changed.empty()) RememberShapeStep(st, frame.slots, changed);
-    for (int s : st.release) frame.slots[s] = Tensor();
+    if ((st.root || st.derived) && shapes) RememberShapeStep(plan, index, frame.slots, dirty);
+    Release(plan, st, frame.slots);
   }
   std::vector<Tensor> results;
   results.reserve(plan.output_slots.size());
@@ -912,7 +988,21 @@ std::vector<Tensor> Session::Execute(const Plan& plan, Frame* parent, const std:
       results.push_back(*outer);
     }
   }
+  if (resident) {
+    // A resident frame keeps constants and cached shape values only (an output kept would share
+    // its buffer with the caller: a cache could no longer grow in place).
+    for (int s : plan.output_slots)
+      if (!plan.is_const_slot[s] && !(plan.producer[s] >= 0 && plan.steps[plan.producer[s]].cache_valid))
+        frame.slots[s] = Tensor();
+  }
+  give_back.done = true;
   return results;
+}
+
+void Session::Release(const Plan& plan, const PlanStep& st, std::vector<Tensor>& slots) {
+  for (int s : st.release) slots[s] = Tensor();
+  for (const auto& [s, producer] : st.release_if_uncached)
+    if (!plan.steps[producer].cache_valid) slots[s] = Tensor();
 }
 
 std::vector<Tensor> Session::Run(const std::map<std::string, Tensor>& feeds,

@@ -140,7 +140,12 @@ class Session {
   void RunStep(const PlanStep& st, std::vector<Tensor>& slots, SubgraphRunner& runner, bool top);
   // Constant folding and shape caching of the main graph's plan (SessionOptions::fold_shapes).
   void FoldAndMarkShapeSteps(Plan& plan);
-  static void RememberShapeStep(const PlanStep& st, const std::vector<Tensor>& slots, std::vector<char>& changed);
+  // Empties the slots whose last use is `st`.
+  static void Release(const Plan& plan, const PlanStep& st, std::vector<Tensor>& slots);
+  // Keeps a shape step's outputs as its cache, and marks the derived steps reading an output that
+  // differs from the last run's dirty.
+  static void RememberShapeStep(const Plan& plan, size_t index, const std::vector<Tensor>& slots,
+                                std::vector<char>& dirty);
   std::vector<Tensor> Execute(const Plan& plan, Frame* parent, const std::vector<Tensor>& graph_inputs,
                               const std::map<std::string, Tensor>* feeds);
   friend class FrameRunner;

@@ -168,6 +168,49 @@ TEST(ShapeCache, StepsWithOtherConstantsAreNotShared) {
   EXPECT_EQ(testing::ProfiledCalls(s, "Mul"), 1) << "both Gathers gave 4: Mul reads the same values";
 }
 
+// ShapeModel and w = Add(r, y): a run whose y does not broadcast against r fails after its shape
+// steps ran.
+Model ShapeModelWithAdd() {
+  Model m = ShapeModel();
+  m.graph.inputs.push_back(testing::FloatValue("y", {1, -1}));
+  m.graph.nodes.push_back(MakeNode("Add", {"r", "y"}, {"w"}, "add"));
+  m.graph.outputs.push_back(ValueInfo{"w", DataType::kFloat});
+  return m;
+}
+
+// The main graph's frame stays between runs with its constants and cached shape values (the steps
+// that would make them again are skipped): after a run that failed half-way, the next runs, of
+// that shape or the earlier one, still give the unfolded session's results.
+TEST(ShapeCache, RunsAfterAFailedRunGiveTheSameResults) {
+  Model m = ShapeModelWithAdd();
+  Session s(m), plain(m, SessionOptions{.fold_shapes = false});
+  uint32_t seed = 1;
+  auto feeds = [&](int64_t n, int64_t ny) {
+    return std::map<std::string, Tensor>{{"x", RandomFloat({n, 4}, seed++)}, {"y", RandomFloat({1, ny}, seed++)}};
+  };
+  for (int r = 0; r < 2; ++r) {
+    auto f = feeds(3, 12);
+    ExpectSame(s.Run(f), plain.Run(f), "N=3");
+  }
+  EXPECT_THROW(s.Run(feeds(5, 7)), Error) << "y [1, 7] does not broadcast against r [1, 20]";
+  for (auto [n, ny] : {std::pair<int64_t, int64_t>{5, 20}, {3, 12}, {3, 12}}) {
+    auto f = feeds(n, ny);
+    ExpectSame(s.Run(f), plain.Run(f), "after the failed run, N=" + std::to_string(n));
+  }
+}
+
+// What a run returns is the caller's alone: the resident frame keeps no output that is not a
+// constant or a cached shape value.
+TEST(ShapeCache, TheResidentFrameKeepsNoOutput) {
+  Model m = ShapeModelWithAdd();
+  Session s(m);
+  for (int r = 0; r < 3; ++r) {
+    std::vector<Tensor> out = s.Run({{"x", RandomFloat({2, 4}, 1)}, {"y", RandomFloat({1, 8}, 2)}});
+    ASSERT_EQ(out.size(), 3u);
+    EXPECT_FALSE(out[2].SharesBuffer()) << "run " << r << ": w is held elsewhere too";
+  }
+}
+
 TEST(ShapeCache, ObserverSeesFoldedValues) {
   Model m = ShapeModel();
   std::set<std::string> seen;
