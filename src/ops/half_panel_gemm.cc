@@ -170,6 +170,14 @@ void HalfPanelGemmMany(const float* x, int64_t M, int64_t K, const HalfPanelProd
     return;
   }
   if (M > kHalfPanelMaxRows) return HalfPanelGemmRows(x, M, K, ps, count, weights);
+  {  // balanced for the threads that claim them (panel_tiles.h BalanceSpanTasks); panels of one size
+    std::vector<panel_detail::SpanTask> spans;
+    spans.reserve(tasks.size());
+    for (const Task& t : tasks) spans.push_back({t.w, t.p, t.n, t.n, ps[t.w].gated_cols > 0 ? 2 : 1});
+    panel_detail::BalanceSpanTasks(spans, panel_detail::TaskThreads());
+    tasks.clear();
+    for (const panel_detail::SpanTask& t : spans) tasks.push_back({t.w, t.p, t.n});
+  }
   const int64_t panel_bytes = K * W * static_cast<int64_t>(sizeof(uint16_t));  // (ops/task_team.h ReadAhead)
   panel_detail::AnnounceFirstTasks(ps[0].w, static_cast<int64_t>(tasks.size()), panel_bytes, panel_bytes,
                                    [&](int64_t r) {

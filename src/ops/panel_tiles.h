@@ -229,6 +229,62 @@ inline std::vector<RowRangeTask> RowRangeTasks(int64_t units, int64_t M, int64_t
   return tasks;
 }
 
+// The threads that will take a product's tasks: the leading team's, else OpenMP's.
+inline int TaskThreads() {
+  if (TaskTeam* team = TaskTeam::Active()) return team->threads();
+  return omp_in_parallel() ? 1 : omp_get_max_threads();
+}
+
+// A decode product's task: `n` panels of weight `w` from panel `p`, reading `cost` (in any unit
+// common to the product's tasks), divisible into tasks of whole `unit`s of panels (a gate pair's
+// two).
+struct SpanTask {
+  int w;
+  int64_t p, n, cost, unit;
+};
+
+// The time the last of `threads` threads ends when they claim `tasks` in order, each the next one
+// when it is done with its own, at one speed (cost a unit of time).
+inline int64_t ClaimedEnd(const std::vector<SpanTask>& tasks, int threads) {
+  int64_t load[ReadAhead::kMaxThreads] = {};
+  const int t = std::clamp(threads, 1, ReadAhead::kMaxThreads);
+  for (const SpanTask& task : tasks) *std::min_element(load, load + t) += task.cost;
+  return *std::max_element(load, load + t);
+}
+
+// Orders a decode product's tasks largest first (the small ones fill in at the end), then, while
+// the team's threads claiming them in order would not end together, splits the smallest divisible
+// task in two, as long as each split brings the simulated end nearer (at most 16 splits). A
+// product's tasks are few (a bench Llama's attention output: 4-panel tasks of 12 vectors and a
+// 1-panel and a 1-vector task, 64 vectors in all): in order, one thread took 36 vectors while the
+// other ended at 28 and waited.
+inline void BalanceSpanTasks(std::vector<SpanTask>& tasks, int threads) {
+  auto order = [&] {
+    std::stable_sort(tasks.begin(), tasks.end(), [](const SpanTask& a, const SpanTask& b) { return a.cost > b.cost; });
+  };
+  order();
+  if (threads < 2) return;
+  int64_t end = ClaimedEnd(tasks, threads);
+  for (int split = 0; split < 16; ++split) {
+    int64_t pick = -1;
+    for (size_t i = 0; i < tasks.size(); ++i)
+      if (tasks[i].n >= 2 * tasks[i].unit && (pick < 0 || tasks[i].cost <= tasks[pick].cost)) pick = static_cast<int64_t>(i);
+    if (pick < 0) return;
+    std::vector<SpanTask> tried = tasks;
+    SpanTask& a = tried[pick];
+    const int64_t n1 = a.n / a.unit / 2 * a.unit;
+    SpanTask b{a.w, a.p + n1, a.n - n1, a.cost - a.cost * n1 / a.n, a.unit};
+    a.n = n1;
+    a.cost -= b.cost;
+    tried.push_back(b);
+    std::stable_sort(tried.begin(), tried.end(), [](const SpanTask& x, const SpanTask& y) { return x.cost > y.cost; });
+    const int64_t e = ClaimedEnd(tried, threads);
+    if (e >= end) return;
+    end = e;
+    tasks = std::move(tried);
+  }
+}
+
 // Tells the team leading the run (if any) what a decode product's first tasks read, so that it
 // prefetches them at the end of the product before (TaskTeam::Announce): rank r takes task r
 // first, its panels side by side. task(r) gives task r's first panel and panel count; panels lie

@@ -179,6 +179,87 @@ TEST(PanelGemm, SeveralProductsInOneTaskSet) {
   EXPECT_LT(WorstError(x, w2, y2, M), 1e-4 * 16);
 }
 
+// A decode product's tasks after BalanceSpanTasks: every panel in exactly one task, gate pairs
+// whole, and the threads claiming them in order end nearer together than in the order they were
+// made (or as near, with no split, when they already do).
+TEST(PanelGemm, BalancedTasksCoverEveryPanelOnceAndEndTogether) {
+  using panel_detail::SpanTask;
+  auto made = [](std::initializer_list<std::pair<int64_t, int64_t>> weights, int64_t group, int64_t unit) {
+    // (full panels, vectors of a last partial panel (0: none)) per weight, in tasks of `group`.
+    std::vector<SpanTask> tasks;
+    int w = 0;
+    for (const auto& [full, partial] : weights) {
+      for (int64_t p = 0; p < full; p += group) {
+        const int64_t n = std::min(group, full - p);
+        tasks.push_back({w, p, n, 3 * n, unit});
+      }
+      if (partial > 0) tasks.push_back({w, full, 1, partial, 1});
+      ++w;
+    }
+    return tasks;
+  };
+  auto covered = [](const std::vector<SpanTask>& tasks) {
+    std::map<std::pair<int, int64_t>, int> seen;
+    for (const SpanTask& t : tasks) {
+      EXPECT_EQ(t.p % t.unit, 0);
+      EXPECT_EQ(t.n % t.unit, 0);
+      for (int64_t q = t.p; q < t.p + t.n; ++q) ++seen[{t.w, q}];
+    }
+    return seen;
+  };
+  struct Case {
+    const char* what;
+    std::vector<SpanTask> tasks;
+    int64_t balanced_end;  // the ideal: the cost over the threads, rounded up, within a panel
+  };
+  const std::vector<Case> cases = {
+      {"attention output: 21 panels and a 1-vector one", made({{21, 1}}, 4, 1), 32},
+      {"q, k, v: 21 + 1 vector, 5 + 1, 5 + 1", made({{21, 1}, {5, 1}, {5, 1}}, 4, 1), 48},
+      {"32 panels: already even", made({{32, 0}}, 4, 1), 48},
+      {"gate pairs: 118 panels", made({{118, 0}}, 4, 2), 177},
+  };
+  for (const Case& c : cases) {
+    std::vector<SpanTask> tasks = c.tasks;
+    const int64_t before = panel_detail::ClaimedEnd(tasks, 2);
+    panel_detail::BalanceSpanTasks(tasks, 2);
+    const int64_t after = panel_detail::ClaimedEnd(tasks, 2);
+    EXPECT_EQ(covered(tasks), covered(c.tasks)) << c.what;
+    for (const auto& [panel, times] : covered(tasks)) EXPECT_EQ(times, 1) << c.what;
+    EXPECT_LE(after, before) << c.what;
+    EXPECT_LE(after, c.balanced_end + 3) << c.what << ": within a panel of the even share";
+    for (size_t i = 1; i < tasks.size(); ++i) EXPECT_GE(tasks[i - 1].cost, tasks[i].cost) << c.what << ": largest first";
+  }
+  std::vector<SpanTask> even = made({{32, 0}}, 4, 1);
+  panel_detail::BalanceSpanTasks(even, 2);
+  EXPECT_EQ(even.size(), 8u) << "no split where the threads already end together";
+  std::vector<SpanTask> o = made({{21, 1}}, 4, 1);
+  EXPECT_EQ(panel_detail::ClaimedEnd(o, 2), 36) << "in the order made, one thread takes 36 vectors of 64";
+  panel_detail::BalanceSpanTasks(o, 2);
+  EXPECT_EQ(panel_detail::ClaimedEnd(o, 2), 33);
+}
+
+// Decode products whose tasks were reordered and split for a team of two give the bits of one
+// thread running the tasks as made.
+TEST(PanelGemm, BalancedDecodeProductsUnderATeamGiveTheSameBits) {
+  const int64_t K = 320;
+  const Tensor wq = RandomFloat({K, 1024}, 11, -0.5f, 0.5f), wk = RandomFloat({K, 256}, 12, -0.5f, 0.5f);
+  const PanelWeight pq(wq.data<float>(), K, 1024), pk(wk.data<float>(), K, 256);
+  for (int64_t M : {1, 2, 4}) {
+    const Tensor x = RandomFloat({M, K}, 13 + static_cast<uint32_t>(M));
+    std::vector<float> yq(M * 1024), yk(M * 256), aq(M * 1024), ak(M * 256);
+    const PanelProduct team_ps[2] = {{&pq, yq.data()}, {&pk, yk.data()}};
+    TaskTeam::Run(2, [&] { PanelGemmMany(x.data<float>(), M, K, team_ps, 2); });
+    const PanelProduct one_ps[2] = {{&pq, aq.data()}, {&pk, ak.data()}};
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    PanelGemmMany(x.data<float>(), M, K, one_ps, 2);
+    omp_set_num_threads(threads);
+    EXPECT_EQ(yq, aq) << M << " rows";
+    EXPECT_EQ(yk, ak) << M << " rows";
+    EXPECT_LT(WorstError(x, wq, yq, M), 1e-4 * 16);
+  }
+}
+
 TEST(PanelGemm, RejectsRowCountsOutsideItsRange) {
   const Tensor w = RandomFloat({8, 8}, 1);
   const PanelWeight pw(w.data<float>(), 8, 8);
