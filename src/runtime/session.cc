@@ -261,6 +261,11 @@ struct Session::PlanStep {
   // the other inputs; -1: not shared, SessionOptions::memo_shapes), and which inputs are constant.
   int memo = -1;
   std::vector<char> memo_const;
+  // The step whose outputs this one took in the last run that shared them (-1: none yet), and a
+  // root's input shapes in this run (rank, then dims, per input that is not constant): a step reads
+  // the same values as its partner far more cheaply than it finds them by signature.
+  mutable int memo_partner = -1;
+  mutable std::vector<int64_t> memo_dims;
   // Slots whose last use is this step and whose values the main graph's frame keeps from run to
   // run while their producer's cache is valid (`keep_if_cached`: each with that producer's index).
   std::vector<std::pair<int, int>> release_if_uncached;
@@ -734,7 +739,8 @@ class ShapeMemo {
  public:
   // The outputs of an earlier step of this run with st's signature that read the same values as
   // st does now, or null (then `key` is what Remember takes).
-  const std::vector<Tensor>* Find(const Session::PlanStep& st, const std::vector<Tensor>& slots, std::string* key) {
+  const std::vector<Tensor>* Find(const Session::PlanStep& st, const std::vector<Tensor>& slots, std::string* key,
+                                  int* step) {
     key->clear();
     AppendBytes(*key, &st.memo, sizeof st.memo);
     for (size_t i = 0; i < st.in_slots.size(); ++i) {
@@ -752,9 +758,11 @@ class ShapeMemo {
       }
     }
     auto it = seen_.find(*key);
-    return it == seen_.end() ? nullptr : &it->second;
+    if (it == seen_.end()) return nullptr;
+    *step = it->second.first;
+    return &it->second.second;
   }
-  void Remember(const Session::PlanStep& st, const std::vector<Tensor>& slots, std::string&& key) {
+  void Remember(const Session::PlanStep& st, int step, const std::vector<Tensor>& slots, std::string&& key) {
     if (key.empty()) return;
     std::vector<Tensor> out;
     out.reserve(st.out_slots.size());
@@ -763,7 +771,7 @@ class ShapeMemo {
       out.push_back(o >= 0 ? slots[o] : Tensor());
       bytes += out.back().defined() ? out.back().nbytes() : 0;
     }
-    if (bytes <= kMaxCachedBytes) seen_.emplace(std::move(key), std::move(out));
+    if (bytes <= kMaxCachedBytes) seen_.emplace(std::move(key), std::make_pair(step, std::move(out)));
   }
 
  private:
@@ -771,8 +779,52 @@ class ShapeMemo {
     key->clear();
     return nullptr;
   }
-  std::unordered_map<std::string, std::vector<Tensor>> seen_;
+  std::unordered_map<std::string, std::pair<int, std::vector<Tensor>>> seen_;  // -> step, its outputs
 };
+
+// A root's input shapes as ShapeMemo::Find reads them (rank, then dims, of each input that is not
+// constant), into `dims`.
+void RootDims(const Session::PlanStep& st, const std::vector<Tensor>& slots, std::vector<int64_t>& dims) {
+  dims.clear();
+  for (size_t i = 0; i < st.in_slots.size(); ++i) {
+    const int s = st.in_slots[i];
+    if (s < 0 || st.memo_const[i] || !slots[s].defined()) continue;
+    dims.push_back(slots[s].rank());
+    dims.insert(dims.end(), slots[s].shape().begin(), slots[s].shape().end());
+  }
+}
+
+// Whether `st` reads now what `partner` (an earlier step of this run with its signature) read: then
+// its outputs are partner's (its cache, which holds this run's values). Roots: the same input
+// shapes; derived steps: the same tensors or the same small values in the slots partner read.
+bool ReadsWhatPartnerRead(const Session::PlanStep& st, const Session::PlanStep& partner,
+                          const std::vector<Tensor>& slots) {
+  if (!partner.cache_valid || partner.memo != st.memo) return false;
+  if (st.root) {
+    size_t at = 0;
+    const std::vector<int64_t>& d = partner.memo_dims;
+    for (size_t i = 0; i < st.in_slots.size(); ++i) {
+      const int s = st.in_slots[i];
+      if (s < 0 || st.memo_const[i]) continue;
+      const Tensor& t = slots[s];
+      if (!t.defined() || at + 1 + t.shape().size() > d.size() || d[at] != t.rank() ||
+          !std::equal(t.shape().begin(), t.shape().end(), d.begin() + static_cast<std::ptrdiff_t>(at) + 1))
+        return false;
+      at += 1 + t.shape().size();
+    }
+    return at == d.size();
+  }
+  for (size_t i = 0; i < st.in_slots.size(); ++i) {
+    const int s = st.in_slots[i], ps = partner.in_slots[i];
+    if (s < 0 || st.memo_const[i]) continue;
+    const Tensor& a = slots[s];
+    const Tensor& b = slots[ps];
+    if (!a.defined() || !b.defined() || a.dtype() == DataType::kString || a.numel() > kMemoMaxElements ||
+        !SameValue(a, b))
+      return false;
+  }
+  return true;
+}
 
 // Operators whose outputs are a function of their input values and attributes (no state, no
 // randomness, no subgraph): these may be computed once when planned or reused across runs.
@@ -959,7 +1011,17 @@ std::vector<Tensor> Session::Execute(const Plan& plan, Frame* parent, const std:
     }
     const Plan::Step& st = plan.steps[index];
     if (st.memo >= 0) {
-      if (const std::vector<Tensor>* same = memo.Find(st, frame.slots, &memo_key)) {
+      const std::vector<Tensor>* same = nullptr;
+      if (st.memo_partner >= 0 && ReadsWhatPartnerRead(st, plan.steps[st.memo_partner], frame.slots)) {
+        same = &plan.steps[st.memo_partner].cached;
+        memo_key.clear();
+      } else {
+        int partner = -1;
+        same = memo.Find(st, frame.slots, &memo_key, &partner);
+        if (same != nullptr) st.memo_partner = partner;
+      }
+      if (st.root) RootDims(st, frame.slots, st.memo_dims);
+      if (same != nullptr) {
         for (size_t o = 0; o < st.out_slots.size(); ++o) {
           if (st.out_slots[o] < 0) continue;
           frame.slots[st.out_slots[o]] = (*same)[o];
@@ -972,7 +1034,7 @@ std::vector<Tensor> Session::Execute(const Plan& plan, Frame* parent, const std:
       }
     }
     RunStep(st, frame.slots, runner, top);
-    if (st.memo >= 0) memo.Remember(st, frame.slots, std::move(memo_key));
+    if (st.memo >= 0) memo.Remember(st, static_cast<int>(index), frame.slots, std::move(memo_key));
     if ((st.root || st.derived) && shapes) RememberShapeStep(plan, index, frame.slots, dirty);
     Release(plan, st, frame.slots);
   }

@@ -153,6 +153,19 @@ TEST(ShapeCache, StepsOfTheSameShapesAreSharedWithinARun) {
   run(6, 6);
   EXPECT_EQ(testing::ProfiledCalls(s, "Gather"), 4);
   EXPECT_EQ(testing::ProfiledCalls(s, "Concat"), 4);
+  // The second chain now checks the first's (its partner's) inputs before any signature: shared
+  // while they read the same, not once they do not, and again after.
+  const int64_t hits = s.shape_memo_hits();
+  run(7, 7);
+  EXPECT_EQ(s.shape_memo_hits(), hits + 5);
+  run(7, 8);
+  EXPECT_EQ(s.shape_memo_hits(), hits + 5) << "other shapes: nothing shared";
+  EXPECT_EQ(testing::ProfiledCalls(s, "Concat"), 6) << "the second chain's (the first's did not change)";
+  run(9, 9);
+  EXPECT_EQ(s.shape_memo_hits(), hits + 10);
+  run(9, 9);  // the second chain's Shape takes the first's, the same as its last: the rest is clean
+  EXPECT_EQ(s.shape_memo_hits(), hits + 11);
+  EXPECT_EQ(testing::ProfiledCalls(s, "Concat"), 7) << "the first chain's, once";
 }
 
 // A different constant is a different step; what follows it is shared again when the values are.
