@@ -146,22 +146,12 @@ HalfPanelWeight HalfPanelWeight::GatePair(const float* gate, const float* up, in
 void HalfPanelGemmMany(const float* x, int64_t M, int64_t K, const HalfPanelProduct* ps, int count) {
   GAF_CHECK(M >= 1, "HalfPanelGemmMany: {} rows (at least 1)", M);
   NoteProductRows(M);
-  struct Task {
-    int w;
-    int64_t p, n;
-  };
-  const int64_t group = HalfPanelsPerTask(std::min(M, kHalfPanelMaxRows));
-  std::vector<Task> tasks;
   int64_t weights = 0;
   for (int i = 0; i < count; ++i) {
     const HalfPanelWeight& w = *ps[i].w;
     GAF_CHECK(w.K() == K, "HalfPanelGemmMany: weight {} has K {} (expected {})", i, w.K(), K);
-    // A gate pair's tasks hold whole pairs: at least two panels.
-    const bool gated = ps[i].gated_cols > 0;
-    GAF_CHECK(!gated || w.N() == 2 * CeilDiv(ps[i].gated_cols, W) * W,
+    GAF_CHECK(ps[i].gated_cols == 0 || w.N() == 2 * CeilDiv(ps[i].gated_cols, W) * W,
               "HalfPanelGemmMany: weight {} is not a gate pair of {} columns", i, ps[i].gated_cols);
-    const int64_t g = gated ? std::max<int64_t>(2, group) : group;
-    for (int64_t p = 0; p < w.panels(); p += g) tasks.push_back({i, p, std::min(g, w.panels() - p)});
     weights += K * w.N();
   }
   if (K == 0) {  // empty sums (SiLU(0) * 0 for a gate pair)
@@ -170,22 +160,44 @@ void HalfPanelGemmMany(const float* x, int64_t M, int64_t K, const HalfPanelProd
     return;
   }
   if (M > kHalfPanelMaxRows) return HalfPanelGemmRows(x, M, K, ps, count, weights);
-  {  // balanced for the threads that claim them (panel_tiles.h BalanceSpanTasks); panels of one size
-    std::vector<panel_detail::SpanTask> spans;
-    spans.reserve(tasks.size());
-    for (const Task& t : tasks) spans.push_back({t.w, t.p, t.n, t.n, ps[t.w].gated_cols > 0 ? 2 : 1});
-    panel_detail::BalanceSpanTasks(spans, panel_detail::TaskThreads());
-    tasks.clear();
-    for (const panel_detail::SpanTask& t : spans) tasks.push_back({t.w, t.p, t.n});
+  // Tasks of up to HalfPanelsPerTask(M) panels (a gate pair's: whole pairs, at least two panels),
+  // balanced for the threads that claim them (panel_tiles.h BalanceSpanTasks; panels of one size),
+  // made once per shape (PanelTaskCache).
+  const int threads = panel_detail::TaskThreads();
+  panel_detail::PanelTaskCache::Key key{};
+  key[0] = M;
+  key[1] = threads;
+  key[2] = count;
+  for (int i = 0; i < std::min(count, panel_detail::PanelTaskCache::kMaxWeights); ++i) {
+    key[3 + 2 * i] = ps[i].w->N();
+    key[4 + 2 * i] = ps[i].gated_cols > 0;
   }
+  std::vector<panel_detail::PanelSpan> own;
+  const std::vector<panel_detail::PanelSpan>& tasks = panel_detail::PanelTaskCache::Get(
+      key, count <= panel_detail::PanelTaskCache::kMaxWeights, own, [&] {
+        const int64_t group = HalfPanelsPerTask(M);
+        std::vector<panel_detail::SpanTask> spans;
+        for (int i = 0; i < count; ++i) {
+          const int64_t g = ps[i].gated_cols > 0 ? std::max<int64_t>(2, group) : group;
+          for (int64_t p = 0; p < ps[i].w->panels(); p += g) {
+            const int64_t n = std::min(g, ps[i].w->panels() - p);
+            spans.push_back({i, p, n, n, ps[i].gated_cols > 0 ? 2 : 1});
+          }
+        }
+        panel_detail::BalanceSpanTasks(spans, threads);
+        std::vector<panel_detail::PanelSpan> made;
+        made.reserve(spans.size());
+        for (const panel_detail::SpanTask& t : spans) made.push_back({t.w, t.p, t.n});
+        return made;
+      });
   const int64_t panel_bytes = K * W * static_cast<int64_t>(sizeof(uint16_t));  // (ops/task_team.h ReadAhead)
   panel_detail::AnnounceFirstTasks(ps[0].w, static_cast<int64_t>(tasks.size()), panel_bytes, panel_bytes,
                                    [&](int64_t r) {
-                                     const Task& t = tasks[r];
+                                     const panel_detail::PanelSpan& t = tasks[r];
                                      return std::pair<const void*, int64_t>(ps[t.w].w->panel(t.p), t.n);
                                    });
   auto run = [&](int64_t t) {
-    const Task& task = tasks[t];
+    const panel_detail::PanelSpan& task = tasks[t];
     const HalfPanelWeight& w = *ps[task.w].w;
     constexpr int64_t ldo = 4 * W;
     alignas(64) float out[kHalfPanelMaxRows * ldo];

@@ -332,36 +332,58 @@ void StoreGated(const float* g, int64_t ldg, const float* u, int64_t ldu, int64_
   }
 }
 
+namespace {
+
+// The tasks of PanelGemmMany's products at M rows (up to kPanelMaxRows; made once per shape,
+// panel_tiles.h PanelTaskCache): (weight, first panel,
+// panels). A few rows take up to MultiPanels(M) full panels a task (that many streams); more rows,
+// one panel a task (their tiles reuse it from L1). A decode step's (M <= kMultiPanelMaxRows) are
+// balanced for the threads that claim them (panel_tiles.h BalanceSpanTasks): the bench Llama's
+// attention output and down products (7 tasks) had the leader wait 18.9 us a call for the other
+// thread, 3.3 after; q/k/v (13 tasks) 8.6, 3.0 after; those calls took 3% and 1.7% less time
+// (interleaved in one process, a loaded host).
+std::vector<panel_detail::PanelSpan> RowsTasks(const PanelProduct* ps, int count, int64_t M, int threads) {
+  const int64_t group = MultiPanels(M);
+  std::vector<panel_detail::SpanTask> spans;
+  for (int i = 0; i < count; ++i) {
+    const PanelWeight& w = *ps[i].w;
+    auto add = [&](int64_t p, int64_t n) {
+      int64_t vectors = 0;
+      for (int64_t q = p; q < p + n; ++q) vectors += w.vectors(q);
+      spans.push_back({i, p, n, vectors, ps[i].gated_cols > 0 ? 2 : 1});
+    };
+    if (ps[i].gated_cols > 0) {  // whole pairs a task: at least two panels
+      const int64_t pairs = std::max<int64_t>(2, group);
+      for (int64_t p = 0; p < w.panels(); p += pairs) add(p, std::min(pairs, w.panels() - p));
+      continue;
+    }
+    const int64_t full = w.N() / kPanelCols;  // panels of 3 vectors
+    for (int64_t p = 0; p < w.panels();) {
+      const int64_t n = p < full ? std::min(group, full - p) : 1;
+      add(p, n);
+      p += n;
+    }
+  }
+  if (M <= kMultiPanelMaxRows) panel_detail::BalanceSpanTasks(spans, threads);
+  std::vector<panel_detail::PanelSpan> tasks;
+  tasks.reserve(spans.size());
+  for (const panel_detail::SpanTask& t : spans) tasks.push_back({t.w, t.p, t.n});
+  return tasks;
+}
+
+}  // namespace
+
 void PanelGemmMany(const float* x, int64_t M, int64_t K, const PanelProduct* ps, int count) {
   GAF_CHECK(M >= 1, "PanelGemmMany: {} rows (at least 1)", M);
   NoteProductRows(M);
-  // Tasks: (weight, first panel, panels). A few rows take up to MultiPanels(M) full panels a task
-  // (that many streams); more rows, one panel a task (their tiles reuse it from L1).
-  struct Task {
-    int w;
-    int64_t p, n;
-  };
-  const int64_t group = MultiPanels(M);
-  std::vector<Task> tasks;
   int64_t weights = 0;
   for (int i = 0; i < count; ++i) {
     GAF_CHECK(ps[i].w->K() == K, "PanelGemmMany: weight {} has K {} (expected {})", i, ps[i].w->K(), K);
     const PanelWeight& w = *ps[i].w;
     weights += K * w.N();
     GAF_CHECK(ps[i].gated_cols == 0 || ps[i].add == nullptr, "PanelGemmMany: weight {} is a gate pair with an addend", i);
-    if (ps[i].gated_cols > 0) {  // whole pairs a task: at least two panels
-      GAF_CHECK(w.N() == 2 * CeilDiv(ps[i].gated_cols, kPanelCols) * kPanelCols,
-                "PanelGemmMany: weight {} is not a gate pair of {} columns", i, ps[i].gated_cols);
-      const int64_t pairs = std::max<int64_t>(2, group);
-      for (int64_t p = 0; p < w.panels(); p += pairs) tasks.push_back({i, p, std::min(pairs, w.panels() - p)});
-      continue;
-    }
-    const int64_t full = w.N() / kPanelCols;  // panels of 3 vectors
-    for (int64_t p = 0; p < w.panels();) {
-      const int64_t n = p < full ? std::min(group, full - p) : 1;
-      tasks.push_back({i, p, n});
-      p += n;
-    }
+    GAF_CHECK(ps[i].gated_cols == 0 || w.N() == 2 * CeilDiv(ps[i].gated_cols, kPanelCols) * kPanelCols,
+              "PanelGemmMany: weight {} is not a gate pair of {} columns", i, ps[i].gated_cols);
   }
   if (K == 0) {  // empty sums (SiLU(0) * 0 for a gate pair)
     for (int i = 0; i < count; ++i) {
@@ -371,31 +393,28 @@ void PanelGemmMany(const float* x, int64_t M, int64_t K, const PanelProduct* ps,
     return;
   }
   if (M > kPanelMaxRows) return PanelGemmRows(x, M, K, ps, count);
+  const int threads = panel_detail::TaskThreads();
+  panel_detail::PanelTaskCache::Key key{};
+  key[0] = M;
+  key[1] = threads;
+  key[2] = count;
+  for (int i = 0; i < std::min(count, panel_detail::PanelTaskCache::kMaxWeights); ++i) {
+    key[3 + 2 * i] = ps[i].w->N();
+    key[4 + 2 * i] = ps[i].gated_cols > 0;
+  }
+  std::vector<panel_detail::PanelSpan> own;
+  const std::vector<panel_detail::PanelSpan>& tasks = panel_detail::PanelTaskCache::Get(
+      key, count <= panel_detail::PanelTaskCache::kMaxWeights, own, [&] { return RowsTasks(ps, count, M, threads); });
   if (M <= kMultiPanelMaxRows) {  // a decode step's product: the team reads its first tasks ahead
-    // Balanced for the threads that claim them (panel_tiles.h BalanceSpanTasks): the bench
-    // Llama's attention output and down products (7 tasks) had the leader wait 18.9 us a call for
-    // the other thread, 3.3 after; q/k/v (13 tasks) 8.6, 3.0 after; those calls took 3% and 1.7%
-    // less time (interleaved in one process, a loaded host).
-    std::vector<panel_detail::SpanTask> spans;
-    spans.reserve(tasks.size());
-    for (const Task& t : tasks) {
-      const PanelWeight& w = *ps[t.w].w;
-      int64_t vectors = 0;
-      for (int64_t q = t.p; q < t.p + t.n; ++q) vectors += w.vectors(q);
-      spans.push_back({t.w, t.p, t.n, vectors, ps[t.w].gated_cols > 0 ? 2 : 1});
-    }
-    panel_detail::BalanceSpanTasks(spans, panel_detail::TaskThreads());
-    tasks.clear();
-    for (const panel_detail::SpanTask& t : spans) tasks.push_back({t.w, t.p, t.n});
     const int64_t panel_bytes = K * kPanelCols * static_cast<int64_t>(sizeof(float));
     panel_detail::AnnounceFirstTasks(ps[0].w, static_cast<int64_t>(tasks.size()), panel_bytes, panel_bytes,
                                      [&](int64_t r) {
-                                       const Task& t = tasks[r];
+                                       const panel_detail::PanelSpan& t = tasks[r];
                                        return std::pair<const void*, int64_t>(ps[t.w].w->panel(t.p), t.n);
                                      });
   }
   auto run = [&](int64_t t) {
-    const Task& task = tasks[t];
+    const panel_detail::PanelSpan& task = tasks[t];
     const PanelWeight& w = *ps[task.w].w;
     if (ps[task.w].gated_cols > 0) return GatedTask(x, M, K, w, task.p, task.n, ps[task.w].y, ps[task.w].gated_cols);
     const int64_t c0 = task.p * kPanelCols;

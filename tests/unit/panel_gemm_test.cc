@@ -260,6 +260,31 @@ TEST(PanelGemm, BalancedDecodeProductsUnderATeamGiveTheSameBits) {
   }
 }
 
+// Each thread keeps the task lists it made by shape (PanelTaskCache): products of other weights of
+// the same shapes, and of other shapes in between, get the bits of one thread running them.
+TEST(PanelGemm, TaskListsKeptByShapeServeOtherWeightsOfThatShape) {
+  const int64_t K = 192;
+  auto check = [&](int64_t N1, int64_t N2, uint32_t seed) {
+    const Tensor w1 = RandomFloat({K, N1}, seed, -0.5f, 0.5f), w2 = RandomFloat({K, N2}, seed + 1, -0.5f, 0.5f);
+    const PanelWeight p1(w1.data<float>(), K, N1), p2(w2.data<float>(), K, N2);
+    const Tensor x = RandomFloat({1, K}, seed + 2);
+    std::vector<float> a1(N1), a2(N2), b1(N1), b2(N2);
+    const PanelProduct team_ps[2] = {{&p1, a1.data()}, {&p2, a2.data()}};
+    TaskTeam::Run(2, [&] { PanelGemmMany(x.data<float>(), 1, K, team_ps, 2); });
+    const PanelProduct one_ps[2] = {{&p1, b1.data()}, {&p2, b2.data()}};
+    const int threads = omp_get_max_threads();
+    omp_set_num_threads(1);
+    PanelGemmMany(x.data<float>(), 1, K, one_ps, 2);
+    omp_set_num_threads(threads);
+    EXPECT_EQ(a1, b1) << N1 << ", " << N2 << " seed " << seed;
+    EXPECT_EQ(a2, b2) << N1 << ", " << N2 << " seed " << seed;
+  };
+  check(1024, 256, 1);
+  check(1024, 256, 10);  // other weights, the same shapes: the kept list
+  check(1000, 300, 20);
+  check(1024, 256, 30);
+}
+
 TEST(PanelGemm, RejectsRowCountsOutsideItsRange) {
   const Tensor w = RandomFloat({8, 8}, 1);
   const PanelWeight pw(w.data<float>(), 8, 8);
