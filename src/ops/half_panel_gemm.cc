@@ -164,17 +164,9 @@ void HalfPanelGemmMany(const float* x, int64_t M, int64_t K, const HalfPanelProd
   // balanced for the threads that claim them (panel_tiles.h BalanceSpanTasks; panels of one size),
   // made once per shape (PanelTaskCache).
   const int threads = panel_detail::TaskThreads();
-  panel_detail::PanelTaskCache::Key key{};
-  key[0] = M;
-  key[1] = threads;
-  key[2] = count;
-  for (int i = 0; i < std::min(count, panel_detail::PanelTaskCache::kMaxWeights); ++i) {
-    key[3 + 2 * i] = ps[i].w->N();
-    key[4 + 2 * i] = ps[i].gated_cols > 0;
-  }
   std::vector<panel_detail::PanelSpan> own;
   const std::vector<panel_detail::PanelSpan>& tasks = panel_detail::PanelTaskCache::Get(
-      key, count <= panel_detail::PanelTaskCache::kMaxWeights, own, [&] {
+      M, threads, ps, count, own, [&] {
         const int64_t group = HalfPanelsPerTask(M);
         std::vector<panel_detail::SpanTask> spans;
         for (int i = 0; i < count; ++i) {

@@ -394,17 +394,9 @@ void PanelGemmMany(const float* x, int64_t M, int64_t K, const PanelProduct* ps,
   }
   if (M > kPanelMaxRows) return PanelGemmRows(x, M, K, ps, count);
   const int threads = panel_detail::TaskThreads();
-  panel_detail::PanelTaskCache::Key key{};
-  key[0] = M;
-  key[1] = threads;
-  key[2] = count;
-  for (int i = 0; i < std::min(count, panel_detail::PanelTaskCache::kMaxWeights); ++i) {
-    key[3 + 2 * i] = ps[i].w->N();
-    key[4 + 2 * i] = ps[i].gated_cols > 0;
-  }
   std::vector<panel_detail::PanelSpan> own;
   const std::vector<panel_detail::PanelSpan>& tasks = panel_detail::PanelTaskCache::Get(
-      key, count <= panel_detail::PanelTaskCache::kMaxWeights, own, [&] { return RowsTasks(ps, count, M, threads); });
+      M, threads, ps, count, own, [&] { return RowsTasks(ps, count, M, threads); });
   if (M <= kMultiPanelMaxRows) {  // a decode step's product: the team reads its first tasks ahead
     const int64_t panel_bytes = K * kPanelCols * static_cast<int64_t>(sizeof(float));
     panel_detail::AnnounceFirstTasks(ps[0].w, static_cast<int64_t>(tasks.size()), panel_bytes, panel_bytes,

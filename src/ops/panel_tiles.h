@@ -303,10 +303,21 @@ class PanelTaskCache {
  public:
   static constexpr int kMaxWeights = 8;
   using Key = std::array<int64_t, 3 + 2 * kMaxWeights>;  // group, threads, weights, (columns, gated)...
-  // The list for `key`, made by make() the first time; `cacheable` false: made every time, into `own`.
-  template <class Make>
-  static const std::vector<PanelSpan>& Get(const Key& key, bool cacheable, std::vector<PanelSpan>& own, Make&& make) {
-    if (!cacheable) return own = make();
+  // The list for products `ps` (PanelProduct or HalfPanelProduct: each weight's N and gated_cols)
+  // at M rows on `threads` threads, made by make() the first time; past kMaxWeights weights made
+  // every time, into `own`.
+  template <class Product, class Make>
+  static const std::vector<PanelSpan>& Get(int64_t M, int threads, const Product* ps, int count,
+                                           std::vector<PanelSpan>& own, Make&& make) {
+    if (count > kMaxWeights) return own = make();
+    Key key{};
+    key[0] = M;
+    key[1] = threads;
+    key[2] = count;
+    for (int i = 0; i < count; ++i) {
+      key[3 + 2 * i] = ps[i].w->N();
+      key[4 + 2 * i] = ps[i].gated_cols > 0;
+    }
     thread_local std::map<Key, std::vector<PanelSpan>> lists;
     auto it = lists.find(key);
     if (it != lists.end()) return it->second;
