@@ -261,10 +261,10 @@ inline int64_t ClaimedEnd(const std::vector<SpanTask>& tasks, int threads) {
 // 1-panel and a 1-vector task, 64 vectors in all): in order, one thread took 36 vectors while the
 // other ended at 28 and waited.
 inline void BalanceSpanTasks(std::vector<SpanTask>& tasks, int threads) {
-  auto order = [&] {
-    std::stable_sort(tasks.begin(), tasks.end(), [](const SpanTask& a, const SpanTask& b) { return a.cost > b.cost; });
+  const auto largest_first = [](std::vector<SpanTask>& v) {
+    std::stable_sort(v.begin(), v.end(), [](const SpanTask& x, const SpanTask& y) { return x.cost > y.cost; });
   };
-  order();
+  largest_first(tasks);
   if (threads < 2) return;
   int64_t end = ClaimedEnd(tasks, threads);
   for (int split = 0; split < 16; ++split) {
@@ -279,7 +279,7 @@ inline void BalanceSpanTasks(std::vector<SpanTask>& tasks, int threads) {
     a.n = n1;
     a.cost -= b.cost;
     tried.push_back(b);
-    std::stable_sort(tried.begin(), tried.end(), [](const SpanTask& x, const SpanTask& y) { return x.cost > y.cost; });
+    largest_first(tried);
     const int64_t e = ClaimedEnd(tried, threads);
     if (e >= end) return;
     end = e;

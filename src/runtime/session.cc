@@ -267,7 +267,7 @@ struct Session::PlanStep {
   mutable int memo_partner = -1;
   mutable std::vector<int64_t> memo_dims;
   // Slots whose last use is this step and whose values the main graph's frame keeps from run to
-  // run while their producer's cache is valid (`keep_if_cached`: each with that producer's index).
+  // run while their producer's cache is valid: (slot, that producer's step index).
   std::vector<std::pair<int, int>> release_if_uncached;
 };
 
@@ -783,12 +783,16 @@ class ShapeMemo {
 };
 
 // A root's input shapes as ShapeMemo::Find reads them (rank, then dims, of each input that is not
-// constant), into `dims`.
+// constant; -1 for one without a value, which no shape matches), into `dims`.
 void RootDims(const Session::PlanStep& st, const std::vector<Tensor>& slots, std::vector<int64_t>& dims) {
   dims.clear();
   for (size_t i = 0; i < st.in_slots.size(); ++i) {
     const int s = st.in_slots[i];
-    if (s < 0 || st.memo_const[i] || !slots[s].defined()) continue;
+    if (s < 0 || st.memo_const[i]) continue;
+    if (!slots[s].defined()) {
+      dims.push_back(-1);
+      continue;
+    }
     dims.push_back(slots[s].rank());
     dims.insert(dims.end(), slots[s].shape().begin(), slots[s].shape().end());
   }
