@@ -302,7 +302,7 @@ struct PanelSpan {
 class PanelTaskCache {
  public:
   static constexpr int kMaxWeights = 8;
-  using Key = std::array<int64_t, 3 + 2 * kMaxWeights>;  // group, threads, weights, (columns, gated)...
+  using Key = std::array<int64_t, 3 + 2 * kMaxWeights>;  // rows, threads, weights, (columns, gated)...
   // The list for products `ps` (PanelProduct or HalfPanelProduct: each weight's N and gated_cols)
   // at M rows on `threads` threads, made by make() the first time; past kMaxWeights weights made
   // every time, into `own`.
