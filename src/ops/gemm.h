@@ -57,6 +57,12 @@ class PreparedMatMul {
   std::unique_ptr<Impl> impl_;
 };
 
+// The PreparedMatMul of a weight for kernels made apart from a session's (a fused function's
+// MatMul stage, one kernel per call site and shape class): one per weight buffer and shape while
+// any of them holds it, so the variants of a call site share one packed copy. It keeps the weight's
+// storage, so the buffer is not another weight's while the entry lives.
+std::shared_ptr<PreparedMatMul> SharedPreparedMatMul(const Tensor& weight);
+
 // Rows from which PreparedMatMul takes oneDNN's matmul on its packed weight in builds without
 // AVX-512 (below, and always with AVX-512: the panels).
 inline constexpr int64_t kPackedMatMulMinRows = kPanelMaxRows + 1;

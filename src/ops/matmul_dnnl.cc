@@ -3,6 +3,7 @@
 
 #include <map>
 #include <mutex>
+#include <tuple>
 #include <memory>
 
 #include "ops/copy_kernels.h"
@@ -41,6 +42,21 @@ struct PreparedMatMul::Impl {
 
 PreparedMatMul::PreparedMatMul(Tensor weight) : weight_(std::move(weight)), impl_(std::make_unique<Impl>()) {}
 PreparedMatMul::~PreparedMatMul() = default;
+
+std::shared_ptr<PreparedMatMul> SharedPreparedMatMul(const Tensor& weight) {
+  using Key = std::tuple<const void*, int64_t, int64_t>;
+  static std::mutex mu;
+  static std::map<Key, std::weak_ptr<PreparedMatMul>> made;
+  const Key key{weight.raw(), weight.dim(0), weight.dim(1)};
+  std::lock_guard<std::mutex> lock(mu);
+  if (std::shared_ptr<PreparedMatMul> mm = made[key].lock()) return mm;
+  // Entries of weights no kernel holds any more, dropped now and then (bounded by the live ones).
+  if (made.size() > 64)
+    for (auto it = made.begin(); it != made.end();) it = it->second.expired() ? made.erase(it) : std::next(it);
+  auto mm = std::make_shared<PreparedMatMul>(weight);
+  made[key] = mm;
+  return mm;
+}
 
 size_t PreparedMatMul::packed_copies() const {
   std::lock_guard<std::mutex> lock(impl_->mu);

@@ -8,6 +8,8 @@
 #include "codegen/compiler.h"
 #include "codegen/row_kernel.h"
 #include "codegen/row_program.h"
+#include "codegen/staged_kernel.h"
+#include "ops/gemm.h"
 #include "runtime/session.h"
 #include "row_case.h"
 #include "test_util.h"
@@ -125,6 +127,54 @@ TEST_F(RowCodegen, GeneratedKernelsMatchTheReference) {
   // The same kernels again: served from the cache, nothing compiled.
   auto again = compiler.Compile(sources);
   EXPECT_TRUE(again->from_cache());
+}
+
+// A fused function's MatMul by a constant float32 weight runs the packed product a session gives
+// such a MatMul node (PreparedMatMul), not the registry's GEMV on the weight as given: the same
+// bits as the model run unfused, at one row and at several; the call site's variants (one per
+// shape class) hold one packed copy between them.
+TEST_F(RowCodegen, ConstantMatMulStagesRunTheSessionsPackedProduct) {
+  constexpr int64_t K = 512, N = 512;  // K * N = kPackedMatMulMinWeight
+  static_assert(K * N >= kPackedMatMulMinWeight);
+  Case c;
+  c.f.name = "FusedMatMulRelu";
+  c.f.inputs = {"a", "w"};
+  c.f.outputs = {"y"};
+  c.f.nodes = {MakeNode("MatMul", {"a", "w"}, {"t"}), MakeNode("Relu", {"t"}, {"y"})};
+  c.f.opset_imports.push_back({"", 17});
+  const Tensor w = Random({K, N}, 21);
+  c.constant = {false, true};
+  std::vector<StagedKernel> kernels;
+  KernelCompiler compiler(CacheDir());
+  for (int64_t M : {1, 3}) {
+    c.inputs = {Random({M, K}, 22 + static_cast<uint32_t>(M)), w};
+    RowKernelRequest req;
+    req.function = &c.f;
+    req.input_types = {DataType::kFloat, DataType::kFloat};
+    req.input_shapes = {c.inputs[0].shape(), w.shape()};
+    req.constants = {nullptr, &w};
+    StagedKernel k = GenerateStagedKernel(req, "gaf_test_packed_" + std::to_string(M), 17);
+    ASSERT_TRUE(k.ok) << k.reason;
+    ASSERT_EQ(k.stages.size(), 2u) << k.Describe();
+    ASSERT_TRUE(k.stages[0].library) << k.Describe();
+    EXPECT_NE(k.stages[0].own_kernel, nullptr) << "no prepared product: " << k.Describe();
+    auto lib = compiler.Compile(k.Sources());
+    ASSERT_TRUE(k.Bind(*lib)) << k.reason;
+    std::vector<Tensor> got = RunStagedKernel(k, {&c.inputs[0], &w}, 2);
+    std::vector<Tensor> want = Reference(c);
+    ASSERT_EQ(got.size(), 1u);
+    ASSERT_EQ(got[0].shape(), want[0].shape());
+    for (int64_t e = 0; e < want[0].numel(); ++e)
+      ASSERT_EQ(got[0].data<float>()[e], want[0].data<float>()[e]) << "M " << M << " element " << e;
+    kernels.push_back(std::move(k));
+  }
+  // One packed product for both variants: held by each variant's kernel and this lookup.
+  const std::shared_ptr<PreparedMatMul> shared = SharedPreparedMatMul(w);
+  EXPECT_GE(shared.use_count(), 3);
+  EXPECT_EQ(shared->packed_copies(), 1u);
+  // Another buffer of the same shape is another weight.
+  const Tensor other = Random({K, N}, 23);
+  EXPECT_NE(SharedPreparedMatMul(other), shared);
 }
 
 TEST_F(RowCodegen, UnsupportedGroupsSayWhy) {
