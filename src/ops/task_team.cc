@@ -86,7 +86,9 @@ void TaskTeam::Announce(const void* key, const FirstReads* first, int count) {
 
 void TaskTeam::Run(int threads, const std::function<void()>& body, ReadAhead* read_ahead) {
   // Never more threads than cores: threads that spin while they wait must each have one.
-  if (threads < 2 || threads > omp_get_num_procs() || omp_in_parallel() || tl_leading != nullptr) return body();
+  // (The processors asked once: omp_get_num_procs() is a system call, about 1 us a decode step.)
+  static const int procs = omp_get_num_procs();
+  if (threads < 2 || threads > procs || omp_in_parallel() || tl_leading != nullptr) return body();
   TaskTeam team;
   team.read_ahead_ = read_ahead;
   std::exception_ptr error;
