@@ -1,6 +1,8 @@
 // Fused kernels for groups that contain contractions (MatMul, Gemm, Conv): the group's body is
 // split into stages by contraction depth. Contractions run through the matrix library (our MatMul
-// kernel: oneDNN sgemm, or the streaming GEMV for batch-1 decode); everything between them is
+// kernel: oneDNN sgemm, or the streaming GEMV for batch-1 decode; a MatMul by a constant float32
+// weight the packed product a session gives such a node, PreparedMatMul, one copy per weight shared
+// by the call site's variants; float16 copies with --half-weights); everything between them is
 // generated: each connected piece of elementwise/reduction work at one depth becomes one
 // generated row loop nest (see row_kernel.h) that reads the contraction's output once.
 //
